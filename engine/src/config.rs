@@ -1,0 +1,142 @@
+//! The engine's configuration: where the inventory cluster, the lock nodes and
+//! PostgreSQL are, and the knobs of the hot path. Plain data with defaults that
+//! point at the `ops/up` topology; reading files and environment lives in the
+//! binary. Never opens a connection.
+
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+/// Everything [`crate::Engine::connect`] needs.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(default, deny_unknown_fields)]
+pub struct Config {
+    /// Seed nodes of the inventory Redis Cluster (`redis://host:port`).
+    pub cluster_nodes: Vec<String>,
+    /// Independent Redis instances for locks, never part of the cluster.
+    pub lock_nodes: Vec<String>,
+    /// PostgreSQL connection string for the order writer and reconcile.
+    pub postgres_url: String,
+    /// When a purchase counts as confirmed.
+    pub ack: Ack,
+    /// How long a process trusts its own "sold out" flag before asking Redis
+    /// again; bounds how late a restock is seen by other processes.
+    #[serde(with = "millis")]
+    pub sold_out_recheck: Duration,
+    /// How long request records and user quotas are kept in Redis; retries of
+    /// a request_id later than this are treated as new requests.
+    #[serde(with = "millis")]
+    pub request_ttl: Duration,
+    /// Largest quantity one purchase may ask for.
+    pub max_qty: u32,
+    /// Retry policy for Redis errors that may pass (failover, reshard).
+    pub retry: Backoff,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            cluster_nodes: (7001..=7006)
+                .map(|p| format!("redis://127.0.0.1:{p}"))
+                .collect(),
+            lock_nodes: (7101..=7103)
+                .map(|p| format!("redis://127.0.0.1:{p}"))
+                .collect(),
+            postgres_url: "host=127.0.0.1 port=5432 user=postgres dbname=flashsale".into(),
+            ack: Ack::Leader,
+            sold_out_recheck: Duration::from_millis(500),
+            request_ttl: Duration::from_secs(24 * 3600),
+            max_qty: 100,
+            retry: Backoff::default(),
+        }
+    }
+}
+
+impl Config {
+    /// Checks the values that cannot be right; names the field that is not.
+    pub fn validate(&self) -> Result<(), String> {
+        if self.cluster_nodes.is_empty() {
+            return Err("cluster_nodes: at least one seed node is needed".into());
+        }
+        for n in self.cluster_nodes.iter().chain(&self.lock_nodes) {
+            if !n.starts_with("redis://") {
+                return Err(format!("node {n:?}: must start with redis://"));
+            }
+        }
+        if self.max_qty == 0 {
+            return Err("max_qty: must be at least 1".into());
+        }
+        if self.request_ttl < Duration::from_secs(1) {
+            return Err("request_ttl_ms: must be at least 1000".into());
+        }
+        if self.retry.initial.is_zero() || self.retry.max < self.retry.initial {
+            return Err("retry: need 0 < initial_ms <= max_ms".into());
+        }
+        Ok(())
+    }
+}
+
+/// When a purchase is confirmed to the buyer.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum Ack {
+    /// As soon as the bucket's master ran the script (fastest).
+    #[default]
+    Leader,
+    /// After one replica has the write too (`WAIT 1`), so a master crash
+    /// cannot take back a confirmed order.
+    Replicated,
+}
+
+/// Exponential backoff with jitter, bounded by a deadline.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq)]
+#[serde(default, deny_unknown_fields)]
+pub struct Backoff {
+    /// First delay.
+    #[serde(with = "millis", rename = "initial_ms")]
+    pub initial: Duration,
+    /// Longest single delay.
+    #[serde(with = "millis", rename = "max_ms")]
+    pub max: Duration,
+    /// Give up once this much time has passed since the first attempt.
+    #[serde(with = "millis", rename = "deadline_ms")]
+    pub deadline: Duration,
+}
+
+impl Default for Backoff {
+    fn default() -> Self {
+        Backoff {
+            initial: Duration::from_millis(20),
+            max: Duration::from_millis(500),
+            deadline: Duration::from_secs(10),
+        }
+    }
+}
+
+impl Backoff {
+    /// The delay before retry number `attempt` (0-based): doubling from
+    /// `initial` up to `max`, then scaled by a random factor in [0.5, 1) so
+    /// that a crowd of retrying buyers does not return in lockstep.
+    pub fn delay(&self, attempt: u32) -> Duration {
+        let base = self
+            .initial
+            .saturating_mul(1u32 << attempt.min(16))
+            .min(self.max);
+        base.mul_f64(0.5 + rand::random::<f64>() * 0.5)
+    }
+}
+
+/// Durations as whole milliseconds in config files (`*_ms` fields).
+mod millis {
+    use std::time::Duration;
+
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    pub fn serialize<S: Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_u64(d.as_millis() as u64)
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
+        u64::deserialize(d).map(Duration::from_millis)
+    }
+}

@@ -1,0 +1,296 @@
+//! The [`Engine`]: one handle on the inventory cluster that a seckill service
+//! clones into every task. It owns the cluster connection, the loaded
+//! scripts, the cache of sale metadata, and the one place where a script is
+//! called: [`Engine::run_script`], which reloads on NOSCRIPT and retries what
+//! may pass (failover, reshard) within the configured budget. It never talks
+//! to the lock nodes or PostgreSQL.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, RwLock};
+use std::time::Instant;
+
+use redis::cluster::ClusterClient;
+use redis::cluster_async::ClusterConnection;
+use redis::cluster_routing::{
+    MultipleNodeRoutingInfo, ResponsePolicy, Route, RoutingInfo, SingleNodeRoutingInfo, SlotAddr,
+};
+use redis::{Cmd, RedisError, Value};
+
+use crate::config::Config;
+use crate::error::{classify, ConnectError, Recovery};
+use crate::metrics as m;
+use crate::placement::SlotMap;
+use crate::sale::SaleHandle;
+use crate::scripts::{LuaScript, Scripts};
+
+/// A cheap-to-clone handle on the inventory cluster.
+#[derive(Clone)]
+pub struct Engine {
+    pub(crate) inner: Arc<Inner>,
+}
+
+pub(crate) struct Inner {
+    pub(crate) conn: ClusterConnection,
+    pub(crate) scripts: Scripts,
+    pub(crate) config: Config,
+    /// Sale metadata by SKU. A std lock: it is never held across an await.
+    pub(crate) sales: RwLock<HashMap<String, Arc<SaleHandle>>>,
+    pub(crate) order_ids: OrderIds,
+    pub(crate) epoch: Instant,
+    pub(crate) stats: Stats,
+}
+
+/// Counters an embedding service (or a test) can read without a metrics
+/// recorder; the same events also go to the `metrics` facade.
+#[derive(Debug, Default)]
+pub struct Stats {
+    /// Scripts loaded again after NOSCRIPT.
+    pub script_reloads: AtomicU64,
+    /// Redis calls retried after a redirect, failover or broken connection.
+    pub redis_retries: AtomicU64,
+    /// Purchases answered "sold out" from the local flag.
+    pub sold_out_local: AtomicU64,
+}
+
+/// Order ids unique across processes: a random 64-bit process prefix and a
+/// counter, as 32 hex digits. Made before the script runs, used only when the
+/// script creates an order (a retry gets the stored id back).
+pub(crate) struct OrderIds {
+    prefix: u64,
+    next: AtomicU64,
+}
+
+impl OrderIds {
+    fn new() -> Self {
+        OrderIds {
+            prefix: rand::random(),
+            next: AtomicU64::new(1),
+        }
+    }
+
+    pub(crate) fn next(&self) -> String {
+        let n = self.next.fetch_add(1, Ordering::Relaxed);
+        format!("{:016x}{:016x}", self.prefix, n)
+    }
+}
+
+impl Engine {
+    /// Connects to the inventory cluster, checks that every slot is served,
+    /// and loads every script on every master.
+    pub async fn connect(config: Config) -> Result<Engine, ConnectError> {
+        config.validate().map_err(ConnectError::Config)?;
+        let client = ClusterClient::builder(config.cluster_nodes.clone())
+            .connection_timeout(std::time::Duration::from_secs(1))
+            .response_timeout(std::time::Duration::from_secs(2))
+            .retries(4)
+            .build()
+            .map_err(|e| ConnectError::Config(e.to_string()))?;
+        let conn = client
+            .get_async_connection()
+            .await
+            .map_err(|e| ConnectError::Redis(e.to_string()))?;
+        m::describe();
+        let engine = Engine {
+            inner: Arc::new(Inner {
+                conn,
+                scripts: Scripts::new(),
+                config,
+                sales: RwLock::new(HashMap::new()),
+                order_ids: OrderIds::new(),
+                epoch: Instant::now(),
+                stats: Stats::default(),
+            }),
+        };
+        let map = engine
+            .slot_map()
+            .await
+            .map_err(|e| ConnectError::Redis(e.to_string()))?;
+        if !map.covers_all_slots() {
+            return Err(ConnectError::Redis("not every slot is served".into()));
+        }
+        engine
+            .load_scripts()
+            .await
+            .map_err(|e| ConnectError::Redis(format!("SCRIPT LOAD: {e}")))?;
+        Ok(engine)
+    }
+
+    /// The configuration the engine runs with.
+    pub fn config(&self) -> &Config {
+        &self.inner.config
+    }
+
+    /// Counters of retries, reloads and local sold-out answers.
+    pub fn stats(&self) -> &Stats {
+        &self.inner.stats
+    }
+
+    /// A clone of the cluster connection, for callers in this crate that send
+    /// plain commands (admin, status, order writer).
+    pub(crate) fn conn(&self) -> ClusterConnection {
+        self.inner.conn.clone()
+    }
+
+    /// Milliseconds since this engine was created; 0 is never returned, so 0
+    /// can mean "unset" in atomics.
+    pub(crate) fn now_ms(&self) -> u64 {
+        self.inner.epoch.elapsed().as_millis() as u64 + 1
+    }
+
+    /// Reads the cluster's slot map with `CLUSTER SLOTS`.
+    pub async fn slot_map(&self) -> Result<SlotMap, RedisError> {
+        let reply = self
+            .conn()
+            .route_command(
+                redis::cmd("CLUSTER").arg("SLOTS").clone(),
+                RoutingInfo::SingleNode(SingleNodeRoutingInfo::Random),
+            )
+            .await?;
+        SlotMap::from_cluster_slots(&reply).ok_or_else(|| {
+            RedisError::from((
+                redis::ErrorKind::UnexpectedReturnType,
+                "CLUSTER SLOTS reply has an unknown shape",
+            ))
+        })
+    }
+
+    /// Loads every script on every master (`SCRIPT LOAD`).
+    pub async fn load_scripts(&self) -> Result<(), RedisError> {
+        for script in self.inner.scripts.all() {
+            self.conn()
+                .route_command(
+                    redis::cmd("SCRIPT").arg("LOAD").arg(script.code).clone(),
+                    RoutingInfo::MultiNode((
+                        MultipleNodeRoutingInfo::AllMasters,
+                        Some(ResponsePolicy::AllSucceeded),
+                    )),
+                )
+                .await?;
+        }
+        Ok(())
+    }
+
+    /// Loads one script on the master of `slot` (after NOSCRIPT there).
+    async fn reload_on(&self, script: &LuaScript, slot: u16) -> Result<(), RedisError> {
+        self.conn()
+            .route_command(
+                redis::cmd("SCRIPT").arg("LOAD").arg(script.code).clone(),
+                RoutingInfo::SingleNode(SingleNodeRoutingInfo::SpecificNode(Route::new(
+                    slot,
+                    SlotAddr::Master,
+                ))),
+            )
+            .await?;
+        metrics::counter!(m::SCRIPT_RELOADS, "script" => script.name).increment(1);
+        self.inner.stats.script_reloads.fetch_add(1, Ordering::Relaxed);
+        Ok(())
+    }
+
+    /// Starts an `EVALSHA` of `script` with its KEYS; the caller adds ARGV.
+    pub(crate) fn evalsha(script: &LuaScript, keys: &[&str]) -> Cmd {
+        let mut cmd = redis::cmd("EVALSHA");
+        cmd.arg(&script.sha).arg(keys.len()).arg(keys);
+        cmd
+    }
+
+    /// Runs a prepared `EVALSHA` whose keys hash to `slot`. On NOSCRIPT it
+    /// loads the script on that slot's master and retries once; on errors that
+    /// may pass it backs off and retries until the retry deadline. Retrying is
+    /// safe because every script is idempotent per request record.
+    pub(crate) async fn run_script(
+        &self,
+        script: &LuaScript,
+        slot: u16,
+        cmd: &Cmd,
+    ) -> Result<Value, RedisError> {
+        let backoff = self.inner.config.retry;
+        let started = Instant::now();
+        let mut attempt = 0u32;
+        let mut reloaded = false;
+        loop {
+            let mut conn = self.conn();
+            let err = match cmd.query_async::<Value>(&mut conn).await {
+                Ok(v) => return Ok(v),
+                Err(e) => e,
+            };
+            match classify(&err) {
+                Recovery::ReloadScript if !reloaded => {
+                    reloaded = true;
+                    if let Err(e) = self.reload_on(script, slot).await {
+                        tracing::warn!(script = script.name, slot, error = %e, "script reload failed");
+                        self.pause_or_give_up(&mut attempt, started, backoff, err.clone(), "reload")
+                            .await?;
+                        reloaded = false;
+                    }
+                }
+                Recovery::ReloadScript | Recovery::GiveUp => return Err(err),
+                r @ (Recovery::RetryLater | Recovery::Reconnect) => {
+                    let reason = if r == Recovery::RetryLater { "retry_later" } else { "reconnect" };
+                    self.pause_or_give_up(&mut attempt, started, backoff, err, reason)
+                        .await?;
+                }
+            }
+        }
+    }
+
+    /// Sleeps before the next retry, or returns `err` when the deadline
+    /// would pass first.
+    async fn pause_or_give_up(
+        &self,
+        attempt: &mut u32,
+        started: Instant,
+        backoff: crate::config::Backoff,
+        err: RedisError,
+        reason: &'static str,
+    ) -> Result<(), RedisError> {
+        let delay = backoff.delay(*attempt);
+        if started.elapsed() + delay > backoff.deadline {
+            return Err(err);
+        }
+        *attempt += 1;
+        metrics::counter!(m::REDIS_RETRIES, "reason" => reason).increment(1);
+        self.inner.stats.redis_retries.fetch_add(1, Ordering::Relaxed);
+        tracing::debug!(error = %err, reason, attempt = *attempt, "retrying redis call");
+        tokio::time::sleep(delay).await;
+        Ok(())
+    }
+
+    /// Sends a plain command with the same retry policy as scripts (admin and
+    /// status calls; not the hot path).
+    pub(crate) async fn run_cmd<T: redis::FromRedisValue>(&self, cmd: &Cmd) -> Result<T, RedisError> {
+        let backoff = self.inner.config.retry;
+        let started = Instant::now();
+        let mut attempt = 0u32;
+        loop {
+            let mut conn = self.conn();
+            let err = match cmd.query_async::<T>(&mut conn).await {
+                Ok(v) => return Ok(v),
+                Err(e) => e,
+            };
+            match classify(&err) {
+                Recovery::RetryLater | Recovery::Reconnect => {
+                    self.pause_or_give_up(&mut attempt, started, backoff, err, "admin")
+                        .await?
+                }
+                Recovery::ReloadScript | Recovery::GiveUp => return Err(err),
+            }
+        }
+    }
+
+    /// Waits until one replica of the master of `slot` has every write this
+    /// connection made (`WAIT 1 timeout`); true when one did.
+    pub(crate) async fn wait_replicated(&self, slot: u16, timeout_ms: u64) -> Result<bool, RedisError> {
+        let reply = self
+            .conn()
+            .route_command(
+                redis::cmd("WAIT").arg(1).arg(timeout_ms).clone(),
+                RoutingInfo::SingleNode(SingleNodeRoutingInfo::SpecificNode(Route::new(
+                    slot,
+                    SlotAddr::Master,
+                ))),
+            )
+            .await?;
+        Ok(matches!(reply, Value::Int(n) if n >= 1))
+    }
+}

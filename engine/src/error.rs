@@ -1,0 +1,171 @@
+//! Typed errors of the library, one enum per kind of call, so a caller can
+//! branch on what happened (`PurchaseError::SoldOut`) instead of parsing text.
+//! Every Redis error is classified once, in [`classify`], into what the engine
+//! does about it. Nothing here touches the network.
+
+use std::fmt;
+
+/// Why a purchase did not confirm.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum PurchaseError {
+    /// Every bucket of the SKU lacks the requested quantity.
+    #[error("sold out")]
+    SoldOut,
+    /// The buyer would go past the sale's per-user limit.
+    #[error("per-user limit of {limit} exceeded ({already} already bought)")]
+    LimitExceeded {
+        /// The sale's per-user limit.
+        limit: u32,
+        /// Units the user already holds or has reserved.
+        already: u32,
+    },
+    /// The sale's window has not opened yet.
+    #[error("sale not started")]
+    NotStarted,
+    /// The sale's window is over.
+    #[error("sale ended")]
+    Ended,
+    /// The sale was closed by an operator.
+    #[error("sale closed")]
+    Closed,
+    /// No sale exists for this SKU.
+    #[error("unknown sale {0:?}")]
+    UnknownSale(String),
+    /// The request itself is malformed; nothing was changed.
+    #[error("invalid request: {0}")]
+    Invalid(InvalidInput),
+    /// The inventory cluster could not answer within the retry budget.
+    #[error("inventory unavailable: {0}")]
+    Unavailable(String),
+}
+
+/// Why an input was refused before it reached Redis.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum InvalidInput {
+    /// A quantity below 1.
+    #[error("qty must be at least 1, got {0}")]
+    QtyNotPositive(i64),
+    /// A quantity above the sale's limit or the engine's maximum.
+    #[error("qty {qty} is above the maximum of {max}")]
+    QtyTooLarge {
+        /// What was asked.
+        qty: i64,
+        /// The largest accepted.
+        max: u32,
+    },
+    /// An identifier is empty.
+    #[error("{0} must not be empty")]
+    Empty(&'static str),
+    /// An identifier is longer than allowed.
+    #[error("{field} is {len} bytes, the maximum is {max}")]
+    TooLong {
+        /// Which field.
+        field: &'static str,
+        /// Its length in bytes.
+        len: usize,
+        /// The maximum length in bytes.
+        max: usize,
+    },
+    /// An identifier holds a character that is not allowed.
+    #[error("{field} holds a character that is not allowed ({reason})")]
+    BadChar {
+        /// Which field.
+        field: &'static str,
+        /// What is allowed.
+        reason: &'static str,
+    },
+    /// A sale specification that cannot be created.
+    #[error("{0}")]
+    Spec(String),
+}
+
+/// Why an admin operation (create, restock, close, status) failed.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum AdminError {
+    /// The input was refused; nothing was changed.
+    #[error("invalid input: {0}")]
+    Invalid(InvalidInput),
+    /// A sale with this SKU already exists.
+    #[error("sale {0:?} already exists")]
+    AlreadyExists(String),
+    /// No sale exists for this SKU.
+    #[error("unknown sale {0:?}")]
+    UnknownSale(String),
+    /// The sale is closed and cannot be restocked.
+    #[error("sale {0:?} is closed")]
+    Closed(String),
+    /// The inventory cluster could not answer.
+    #[error("inventory unavailable: {0}")]
+    Unavailable(String),
+    /// The admin lock could not be taken.
+    #[error("admin lock: {0}")]
+    Lock(String),
+}
+
+/// Why [`crate::Engine::connect`] failed.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ConnectError {
+    /// The configuration is not usable.
+    #[error("config: {0}")]
+    Config(String),
+    /// The cluster could not be reached or is not serving all slots.
+    #[error("redis cluster: {0}")]
+    Redis(String),
+}
+
+/// What the engine does about a Redis error. Computed once per error by
+/// [`classify`] so every call site treats the same error the same way.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Recovery {
+    /// The script cache of that node lacks the script: load it, retry once.
+    ReloadScript,
+    /// The cluster moved or is moving slots, or a node is failing over:
+    /// refresh, wait a little, retry within the budget.
+    RetryLater,
+    /// The connection broke; the client reconnects; retry within the budget.
+    Reconnect,
+    /// Retrying will not help (a bug, a bad reply, a refused command).
+    GiveUp,
+}
+
+impl fmt::Display for Recovery {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let s = match self {
+            Recovery::ReloadScript => "reload_script",
+            Recovery::RetryLater => "retry_later",
+            Recovery::Reconnect => "reconnect",
+            Recovery::GiveUp => "give_up",
+        };
+        f.write_str(s)
+    }
+}
+
+/// Classifies a Redis error into what the engine does about it.
+///
+/// redis-rs marks its enums `#[non_exhaustive]`, so a kind added in a later
+/// release falls to the last arm, which gives up: the safe default, because a
+/// purchase that is retried blindly could wait forever on a permanent error.
+pub fn classify(err: &redis::RedisError) -> Recovery {
+    use redis::{ErrorKind, RetryMethod, ServerErrorKind};
+    if err.kind() == ErrorKind::Server(ServerErrorKind::NoScript) {
+        return Recovery::ReloadScript;
+    }
+    if err.is_timeout() || err.is_connection_dropped() || err.is_connection_refusal() {
+        return Recovery::Reconnect;
+    }
+    match err.retry_method() {
+        RetryMethod::MovedRedirect
+        | RetryMethod::AskRedirect
+        | RetryMethod::WaitAndRetry
+        | RetryMethod::RefreshSlotsAndRetry => Recovery::RetryLater,
+        RetryMethod::Reconnect
+        | RetryMethod::ReconnectFromInitialConnections
+        | RetryMethod::RetryImmediately => Recovery::Reconnect,
+        RetryMethod::NoRetry => Recovery::GiveUp,
+        _ => Recovery::GiveUp,
+    }
+}

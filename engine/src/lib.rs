@@ -1,0 +1,50 @@
+//! flashsale: a flash-sale inventory engine on Redis Cluster.
+//!
+//! A seckill service embeds an [`Engine`] and calls [`Engine::purchase`] for
+//! every buyer; each call answers with a confirmed order or a typed reason
+//! ([`PurchaseError`]), and never sells a unit that is not there.
+//!
+//! # Map of the crate
+//!
+//! | module | owns |
+//! | --- | --- |
+//! | [`config`] | [`Config`]: nodes, durability (`ack`), retry policy |
+//! | [`placement`] | CRC16 slots, the cluster slot map, shard tags on distinct masters |
+//! | [`keys`] | every key name (hash-tagged per bucket) |
+//! | [`scripts`] | the Lua scripts of `lua/`, compiled in, with their SHA1 |
+//! | [`engine`] | [`Engine`]: connection, script loading, EVALSHA with NOSCRIPT reload and retries |
+//! | [`sale`] | create, status, restock, close; the cached sale handle |
+//! | [`purchase`] | the hot path |
+//! | [`validate`] | input checks before anything reaches Redis |
+//! | [`error`] | typed errors and the one classification of Redis errors |
+//! | [`metrics`] | metric names (`flashsale_*`) |
+//!
+//! # Path of a purchase
+//!
+//! [`Engine::purchase`] validates the request, answers "sold out" from a
+//! process-local flag when every bucket was seen empty recently, then runs
+//! `purchase.lua` with EVALSHA in the buyer's *home bucket* (picked from the
+//! user id). That script checks the window, the request record (a retry gets
+//! the first answer), the user's quota and the stock, and in one atomic step
+//! decrements the stock and XADDs the order to the bucket's stream. When the
+//! home bucket is short, the script reserves the quota and marks the request
+//! pending; the engine then tries the other buckets with `take.lua` and closes
+//! the pending record with `settle.lua`.
+#![warn(missing_docs)]
+
+pub mod config;
+pub mod engine;
+pub mod error;
+pub mod keys;
+pub mod metrics;
+pub mod placement;
+pub mod purchase;
+pub mod sale;
+pub mod scripts;
+pub mod validate;
+
+pub use config::{Ack, Backoff, Config};
+pub use engine::{Engine, Stats};
+pub use error::{AdminError, ConnectError, InvalidInput, PurchaseError};
+pub use purchase::{Confirmed, PurchaseRequest};
+pub use sale::{BucketStatus, SaleSpec, SaleStatus};

@@ -1,0 +1,72 @@
+//! The Lua scripts of `lua/`, compiled in, with their SHA1 digests. Loading
+//! them on the masters is the engine's job; this module only names them, so
+//! the hot path never hashes or copies script text.
+
+/// One script: its file name, its text and the SHA1 that `EVALSHA` uses.
+#[derive(Debug, Clone)]
+pub struct LuaScript {
+    /// File name under `lua/`, used as a metric label.
+    pub name: &'static str,
+    /// The script text.
+    pub code: &'static str,
+    /// Lowercase hex SHA1 of `code`, as `SCRIPT LOAD` returns it.
+    pub sha: String,
+}
+
+impl LuaScript {
+    fn new(name: &'static str, code: &'static str) -> Self {
+        LuaScript {
+            name,
+            code,
+            sha: redis::Script::new(code).get_hash().to_string(),
+        }
+    }
+}
+
+/// Every script the engine runs.
+#[derive(Debug, Clone)]
+pub struct Scripts {
+    /// `lua/purchase.lua`: the whole purchase in the buyer's home bucket.
+    pub purchase: LuaScript,
+    /// `lua/take.lua`: take stock for a pending request from another bucket.
+    pub take: LuaScript,
+    /// `lua/settle.lua`: close a pending request in the home bucket.
+    pub settle: LuaScript,
+    /// `lua/create_bucket.lua`: create one bucket unless it exists.
+    pub create_bucket: LuaScript,
+    /// `lua/restock.lua`: add units to one bucket.
+    pub restock: LuaScript,
+}
+
+impl Scripts {
+    /// The scripts of this build.
+    pub fn new() -> Self {
+        Scripts {
+            purchase: LuaScript::new("purchase", include_str!("../../lua/purchase.lua")),
+            take: LuaScript::new("take", include_str!("../../lua/take.lua")),
+            settle: LuaScript::new("settle", include_str!("../../lua/settle.lua")),
+            create_bucket: LuaScript::new(
+                "create_bucket",
+                include_str!("../../lua/create_bucket.lua"),
+            ),
+            restock: LuaScript::new("restock", include_str!("../../lua/restock.lua")),
+        }
+    }
+
+    /// All scripts, for loading them on a node.
+    pub fn all(&self) -> [&LuaScript; 5] {
+        [
+            &self.purchase,
+            &self.take,
+            &self.settle,
+            &self.create_bucket,
+            &self.restock,
+        ]
+    }
+}
+
+impl Default for Scripts {
+    fn default() -> Self {
+        Self::new()
+    }
+}

@@ -1,0 +1,76 @@
+//! Input checks that run before anything reaches Redis, so bad input gets a
+//! typed error and changes nothing. Allocation-free: they only look.
+
+use crate::error::InvalidInput;
+
+/// Longest SKU, in bytes.
+pub const MAX_SKU_LEN: usize = 64;
+/// Longest user id or request id, in bytes.
+pub const MAX_ID_LEN: usize = 128;
+
+/// A SKU becomes part of hash tags and key names: 1-64 bytes of
+/// `A-Z a-z 0-9 . _ - :` (no braces, which would change the hash tag).
+pub fn sku(s: &str) -> Result<(), InvalidInput> {
+    if s.is_empty() {
+        return Err(InvalidInput::Empty("sku"));
+    }
+    if s.len() > MAX_SKU_LEN {
+        return Err(InvalidInput::TooLong { field: "sku", len: s.len(), max: MAX_SKU_LEN });
+    }
+    if !s
+        .bytes()
+        .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-' | b':'))
+    {
+        return Err(InvalidInput::BadChar { field: "sku", reason: "A-Z a-z 0-9 . _ - : only" });
+    }
+    Ok(())
+}
+
+/// A user id or request id: 1-128 bytes, no control characters or spaces.
+pub fn id(field: &'static str, s: &str) -> Result<(), InvalidInput> {
+    if s.is_empty() {
+        return Err(InvalidInput::Empty(field));
+    }
+    if s.len() > MAX_ID_LEN {
+        return Err(InvalidInput::TooLong { field, len: s.len(), max: MAX_ID_LEN });
+    }
+    if s.chars().any(|c| c.is_control() || c.is_whitespace()) {
+        return Err(InvalidInput::BadChar { field, reason: "no spaces or control characters" });
+    }
+    Ok(())
+}
+
+/// A quantity: at least 1 and at most `max`.
+pub fn qty(q: i64, max: u32) -> Result<u32, InvalidInput> {
+    if q < 1 {
+        return Err(InvalidInput::QtyNotPositive(q));
+    }
+    if q > i64::from(max) {
+        return Err(InvalidInput::QtyTooLarge { qty: q, max });
+    }
+    Ok(q as u32)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn skus_that_would_break_hash_tags_are_refused() {
+        assert!(sku("phone-x.2026:red_1").is_ok());
+        assert!(matches!(sku(""), Err(InvalidInput::Empty("sku"))));
+        assert!(matches!(sku("a{b}"), Err(InvalidInput::BadChar { .. })));
+        assert!(matches!(sku(&"x".repeat(65)), Err(InvalidInput::TooLong { .. })));
+    }
+
+    #[test]
+    fn ids_and_quantities_are_bounded() {
+        assert!(id("user", "u-1").is_ok());
+        assert!(matches!(id("user", "a b"), Err(InvalidInput::BadChar { .. })));
+        assert!(matches!(id("request_id", &"r".repeat(1024)), Err(InvalidInput::TooLong { .. })));
+        assert_eq!(qty(3, 5), Ok(3));
+        assert_eq!(qty(0, 5), Err(InvalidInput::QtyNotPositive(0)));
+        assert_eq!(qty(-2, 5), Err(InvalidInput::QtyNotPositive(-2)));
+        assert!(matches!(qty(6, 5), Err(InvalidInput::QtyTooLarge { qty: 6, max: 5 })));
+    }
+}

@@ -1,0 +1,370 @@
+//! Test fixtures: real `redis-server` processes (single instances and whole
+//! Redis Clusters) on free loopback ports in temp dirs, killed on drop, and a
+//! fresh PostgreSQL database per test, dropped on drop. Tests never use the
+//! `ops/up` ports. Nothing here is mocked.
+
+use std::net::{SocketAddr, TcpListener};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use tempfile::TempDir;
+
+pub mod pg;
+
+pub use pg::PgDb;
+
+/// A free TCP port on 127.0.0.1 whose cluster-bus twin (port + 10000) is free
+/// too. The listener is dropped before returning, so another process could
+/// race us to it; redis-server then fails to start and the fixture panics
+/// with its log, which is rare and loud rather than silent.
+pub fn free_port() -> u16 {
+    for _ in 0..200 {
+        let l = TcpListener::bind("127.0.0.1:0").expect("bind an ephemeral port");
+        let port = l.local_addr().expect("local addr").port();
+        if port > 55000 {
+            continue;
+        }
+        if TcpListener::bind(SocketAddr::from(([127, 0, 0, 1], port + 10000))).is_ok() {
+            return port;
+        }
+    }
+    panic!("no free port pair found");
+}
+
+/// One `redis-server` process.
+pub struct RedisNode {
+    /// Its port on 127.0.0.1.
+    pub port: u16,
+    /// Its working directory (nodes.conf, AOF, log).
+    pub dir: PathBuf,
+    child: Option<Child>,
+    extra: Vec<String>,
+}
+
+impl RedisNode {
+    fn spawn(dir: &Path, port: u16, extra: &[&str]) -> RedisNode {
+        let dir = dir.join(port.to_string());
+        std::fs::create_dir_all(&dir).expect("node dir");
+        let mut node = RedisNode {
+            port,
+            dir,
+            child: None,
+            extra: extra.iter().map(|s| s.to_string()).collect(),
+        };
+        node.start();
+        node
+    }
+
+    fn start(&mut self) {
+        let log = self.dir.join("redis.log");
+        let child = Command::new("redis-server")
+            .arg("--port")
+            .arg(self.port.to_string())
+            .args(["--bind", "127.0.0.1", "--protected-mode", "no", "--save", ""])
+            .arg("--dir")
+            .arg(&self.dir)
+            .arg("--logfile")
+            .arg(&log)
+            .args(&self.extra)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("spawn redis-server (is it installed? run ops/up)");
+        self.child = Some(child);
+        wait_for(Duration::from_secs(10), || self.ping(), || {
+            format!("redis on {} did not answer: {}", self.port, self.log_tail())
+        });
+    }
+
+    /// `redis://127.0.0.1:port`.
+    pub fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}", self.port)
+    }
+
+    /// A blocking connection to this node, for assertions and fault injection.
+    pub fn conn(&self) -> redis::Connection {
+        redis::Client::open(self.url())
+            .expect("url")
+            .get_connection_with_timeout(Duration::from_secs(2))
+            .expect("connect to redis node")
+    }
+
+    fn ping(&self) -> bool {
+        redis::Client::open(self.url())
+            .ok()
+            .and_then(|c| c.get_connection_with_timeout(Duration::from_millis(200)).ok())
+            .and_then(|mut c| redis::cmd("PING").query::<String>(&mut c).ok())
+            .is_some()
+    }
+
+    /// Runs a command on this node.
+    pub fn cmd<T: redis::FromRedisValue>(&self, args: &[&str]) -> T {
+        let mut c = redis::cmd(args[0]);
+        for a in &args[1..] {
+            c.arg(*a);
+        }
+        c.query(&mut self.conn()).unwrap_or_else(|e| panic!("{args:?} on {}: {e}", self.port))
+    }
+
+    /// kill -9: the process dies without a goodbye.
+    pub fn kill(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    /// Sends a signal (SIGSTOP / SIGCONT) to the process.
+    pub fn signal(&self, sig: &str) {
+        if let Some(c) = &self.child {
+            let _ = Command::new("kill").arg(format!("-{sig}")).arg(c.id().to_string()).status();
+        }
+    }
+
+    /// Starts the process again on the same port and directory.
+    pub fn restart(&mut self) {
+        self.kill();
+        self.start();
+    }
+
+    /// True while the process runs.
+    pub fn is_running(&self) -> bool {
+        self.child.is_some()
+    }
+
+    fn log_tail(&self) -> String {
+        let log = std::fs::read_to_string(self.dir.join("redis.log")).unwrap_or_default();
+        log.lines().rev().take(15).collect::<Vec<_>>().join("\n")
+    }
+}
+
+impl Drop for RedisNode {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// A single Redis instance (lock nodes), killed on drop.
+pub struct RedisServer {
+    /// The process.
+    pub node: RedisNode,
+    _dir: TempDir,
+}
+
+impl RedisServer {
+    /// Starts one instance with no persistence.
+    pub fn start() -> RedisServer {
+        let dir = TempDir::new().expect("temp dir");
+        let node = RedisNode::spawn(dir.path(), free_port(), &["--appendonly", "no"]);
+        RedisServer { node, _dir: dir }
+    }
+
+    /// `redis://127.0.0.1:port`.
+    pub fn url(&self) -> String {
+        self.node.url()
+    }
+}
+
+/// A Redis Cluster of `masters` masters with `replicas` replicas each.
+pub struct RedisCluster {
+    /// Every node, masters first as created (roles change on failover).
+    pub nodes: Vec<RedisNode>,
+    _dir: TempDir,
+}
+
+impl RedisCluster {
+    /// Spawns the nodes, joins them with `redis-cli --cluster create`, and
+    /// waits until every node reports `cluster_state:ok` with a full slot map.
+    pub fn start(masters: usize, replicas: usize) -> RedisCluster {
+        let dir = TempDir::new().expect("temp dir");
+        let total = masters * (1 + replicas);
+        let nodes: Vec<RedisNode> = (0..total)
+            .map(|_| {
+                RedisNode::spawn(
+                    dir.path(),
+                    free_port(),
+                    &[
+                        "--cluster-enabled",
+                        "yes",
+                        "--cluster-config-file",
+                        "nodes.conf",
+                        "--cluster-node-timeout",
+                        "1000",
+                        "--appendonly",
+                        "yes",
+                        "--cluster-replica-validity-factor",
+                        "0",
+                    ],
+                )
+            })
+            .collect();
+        let mut create = Command::new("redis-cli");
+        create.arg("--cluster").arg("create");
+        for n in &nodes {
+            create.arg(format!("127.0.0.1:{}", n.port));
+        }
+        let out = create
+            .args(["--cluster-replicas", &replicas.to_string(), "--cluster-yes"])
+            .output()
+            .expect("run redis-cli --cluster create");
+        assert!(
+            out.status.success(),
+            "cluster create failed: {}",
+            String::from_utf8_lossy(&out.stdout)
+        );
+        let cluster = RedisCluster { nodes, _dir: dir };
+        cluster.wait_healthy(Duration::from_secs(30));
+        cluster
+    }
+
+    /// Seed URLs for `Config::cluster_nodes`.
+    pub fn seeds(&self) -> Vec<String> {
+        self.nodes.iter().map(|n| n.url()).collect()
+    }
+
+    /// Waits until every running node says `cluster_state:ok`, every replica
+    /// has finished its initial sync, and all running nodes agree on the masters.
+    pub fn wait_healthy(&self, timeout: Duration) {
+        wait_for(timeout, || self.is_healthy(), || "cluster did not become healthy".into());
+    }
+
+    fn is_healthy(&self) -> bool {
+        let running: Vec<&RedisNode> = self.nodes.iter().filter(|n| n.is_running()).collect();
+        let mut views = Vec::new();
+        for n in &running {
+            let Ok(mut c) = redis::Client::open(n.url())
+                .and_then(|c| c.get_connection_with_timeout(Duration::from_millis(300)))
+            else {
+                return false;
+            };
+            let info: String = match redis::cmd("CLUSTER").arg("INFO").query(&mut c) {
+                Ok(i) => i,
+                Err(_) => return false,
+            };
+            if !info.contains("cluster_state:ok") {
+                return false;
+            }
+            let repl: String = redis::cmd("INFO").arg("replication").query(&mut c).unwrap_or_default();
+            if repl.contains("role:slave") && !repl.contains("master_link_status:up") {
+                return false;
+            }
+            let mut masters: Vec<String> = match redis::cmd("CLUSTER").arg("NODES").query::<String>(&mut c) {
+                Ok(nodes) => nodes
+                    .lines()
+                    .filter(|l| l.contains("master") && !l.contains("fail") && l.split(' ').count() > 8)
+                    .filter_map(|l| l.split(' ').nth(1).map(|a| a.split('@').next().unwrap_or("").to_owned()))
+                    .collect(),
+                Err(_) => return false,
+            };
+            masters.sort();
+            views.push(masters);
+        }
+        views.windows(2).all(|w| w[0] == w[1])
+    }
+
+    /// The node listening on `port`.
+    pub fn node(&self, port: u16) -> &RedisNode {
+        self.nodes.iter().find(|n| n.port == port).expect("node with that port")
+    }
+
+    /// Mutable access to the node listening on `port`.
+    pub fn node_mut(&mut self, port: u16) -> &mut RedisNode {
+        self.nodes.iter_mut().find(|n| n.port == port).expect("node with that port")
+    }
+
+    /// Ports of the nodes that are masters now (asked of a running node).
+    pub fn master_ports(&self) -> Vec<u16> {
+        let n = self.nodes.iter().find(|n| n.is_running()).expect("a running node");
+        let nodes: String = n.cmd(&["CLUSTER", "NODES"]);
+        let mut ports: Vec<u16> = nodes
+            .lines()
+            .filter(|l| l.contains("master") && !l.contains("fail"))
+            .filter_map(|l| l.split(' ').nth(1))
+            .filter_map(|a| a.split('@').next()?.rsplit(':').next()?.parse().ok())
+            .collect();
+        ports.sort();
+        ports
+    }
+
+    /// The port of the master serving `slot` now.
+    pub fn master_of_slot(&self, slot: u16) -> u16 {
+        let n = self.nodes.iter().find(|n| n.is_running()).expect("a running node");
+        let nodes: String = n.cmd(&["CLUSTER", "NODES"]);
+        for l in nodes.lines().filter(|l| l.contains("master") && !l.contains("fail")) {
+            let f: Vec<&str> = l.split(' ').collect();
+            for range in f.iter().skip(8) {
+                let (a, b) = match range.split_once('-') {
+                    Some((a, b)) => (a.parse::<u16>(), b.parse::<u16>()),
+                    None => (range.parse::<u16>(), range.parse::<u16>()),
+                };
+                if let (Ok(a), Ok(b)) = (a, b) {
+                    if a <= slot && slot <= b {
+                        return f[1].split('@').next().and_then(|x| x.rsplit(':').next()).and_then(|p| p.parse().ok()).expect("port");
+                    }
+                }
+            }
+        }
+        panic!("no master serves slot {slot}");
+    }
+}
+
+/// Polls `ok` every 50 ms until it holds, or panics with `why()` after `timeout`.
+pub fn wait_for(timeout: Duration, mut ok: impl FnMut() -> bool, why: impl FnOnce() -> String) {
+    let start = Instant::now();
+    while start.elapsed() < timeout {
+        if ok() {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    panic!("timed out after {timeout:?}: {}", why());
+}
+
+/// An engine on `cluster` with the default knobs and a retry deadline that
+/// covers a failover.
+pub async fn engine_on(cluster: &RedisCluster) -> flashsale::Engine {
+    let config = flashsale::Config {
+        cluster_nodes: cluster.seeds(),
+        ..flashsale::Config::default()
+    };
+    flashsale::Engine::connect(config).await.expect("engine connects to the test cluster")
+}
+
+/// Entries of every order stream of `status`, as (order_id, user) pairs, read
+/// straight from Redis with XRANGE.
+pub fn stream_orders(cluster: &RedisCluster, status: &flashsale::SaleStatus) -> Vec<(String, String)> {
+    let mut out = Vec::new();
+    for b in &status.buckets {
+        let node = cluster.node(cluster.master_of_slot(b.slot));
+        let entries: Vec<(String, Vec<(String, String)>)> = {
+            let reply: redis::Value = node.cmd(&["XRANGE", &b.stream, "-", "+"]);
+            parse_xrange(reply)
+        };
+        for (_, fields) in entries {
+            let get = |k: &str| fields.iter().find(|(f, _)| f == k).map(|(_, v)| v.clone()).unwrap_or_default();
+            out.push((get("order_id"), get("user")));
+        }
+    }
+    out
+}
+
+fn parse_xrange(v: redis::Value) -> Vec<(String, Vec<(String, String)>)> {
+    use redis::Value;
+    let text = |v: &Value| match v {
+        Value::BulkString(b) => String::from_utf8_lossy(b).into_owned(),
+        Value::SimpleString(s) => s.clone(),
+        other => format!("{other:?}"),
+    };
+    let Value::Array(items) = v else { return vec![] };
+    items
+        .into_iter()
+        .filter_map(|e| {
+            let Value::Array(parts) = e else { return None };
+            let id = text(parts.first()?);
+            let Value::Array(kv) = parts.get(1)? else { return None };
+            let fields = kv.chunks(2).map(|c| (text(&c[0]), c.get(1).map(text).unwrap_or_default())).collect();
+            Some((id, fields))
+        })
+        .collect()
+}
