@@ -1,0 +1,128 @@
+//! Faults injected into the real cluster in the middle of a sale: the script
+//! cache flushed on every master, and a master killed with kill -9.
+
+use std::collections::HashSet;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use flashsale::{PurchaseError, PurchaseRequest, SaleSpec};
+use flashsale_tests::{engine_on, RedisCluster};
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn script_flush_mid_sale_is_invisible_to_buyers() {
+    let cluster = RedisCluster::start(3, 0);
+    let engine = engine_on(&cluster).await;
+    engine
+        .create_sale(SaleSpec { buckets: 3, ..SaleSpec::new("flushed", 900) })
+        .await
+        .expect("create");
+    let masters = cluster.master_ports();
+    let mut confirmed = 0;
+    for round in 0..3 {
+        // Flush while a wave of buyers is in flight, then send another wave
+        // that can only succeed if the engine reloads the scripts.
+        let wave: Vec<_> = (0..200)
+            .map(|i| {
+                let engine = engine.clone();
+                tokio::spawn(async move {
+                    let id = format!("r{round}-{i}");
+                    engine
+                        .purchase(PurchaseRequest { sku: "flushed", user: &id, qty: 1, request_id: &id })
+                        .await
+                })
+            })
+            .collect();
+        for &port in &masters {
+            let _: String = cluster.node(port).cmd(&["SCRIPT", "FLUSH"]);
+        }
+        for t in wave {
+            match t.await.expect("task") {
+                Ok(_) => confirmed += 1,
+                Err(e) => panic!("a buyer saw an error during SCRIPT FLUSH: {e:?}"),
+            }
+        }
+    }
+    assert_eq!(confirmed, 600);
+    assert!(
+        engine.stats().script_reloads.load(Ordering::Relaxed) >= 1,
+        "the reload after NOSCRIPT is counted"
+    );
+    let status = engine.sale_status("flushed").await.expect("status");
+    assert_eq!(status.remaining, 300);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn killing_a_master_mid_sale_fails_over_without_oversell() {
+    let mut cluster = RedisCluster::start(3, 1);
+    let engine = engine_on(&cluster).await;
+    let status = engine
+        .create_sale(SaleSpec { buckets: 3, ..SaleSpec::new("failover", 3000) })
+        .await
+        .expect("create");
+    let victim = cluster.master_of_slot(status.buckets[0].slot);
+
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+    let buyers = {
+        let engine = engine.clone();
+        tokio::spawn(async move {
+            let sem = Arc::new(tokio::sync::Semaphore::new(32));
+            let deadline = Instant::now() + Duration::from_secs(40);
+            let mut i = 0u64;
+            while i < 6000 && Instant::now() < deadline {
+                let permit = sem.clone().acquire_owned().await.expect("semaphore");
+                let engine = engine.clone();
+                let tx = tx.clone();
+                tokio::spawn(async move {
+                    let id = format!("b{i}");
+                    let r = engine
+                        .purchase(PurchaseRequest { sku: "failover", user: &id, qty: 1, request_id: &id })
+                        .await;
+                    let _ = tx.send((Instant::now(), r));
+                    drop(permit);
+                });
+                i += 1;
+            }
+        })
+    };
+
+    // Let the sale run, then kill the master of bucket 0 without warning.
+    let mut answers = Vec::new();
+    while answers.len() < 300 {
+        answers.push(rx.recv().await.expect("answers flow"));
+    }
+    let killed_at = Instant::now();
+    cluster.node_mut(victim).kill();
+    buyers.await.expect("buyer loop");
+    while let Ok(a) = tokio::time::timeout(Duration::from_secs(20), rx.recv()).await {
+        match a {
+            Some(a) => answers.push(a),
+            None => break,
+        }
+    }
+
+    let ids: Vec<_> = answers.iter().filter_map(|(_, r)| r.as_ref().ok()).map(|c| c.order_id.clone()).collect();
+    let unique: HashSet<_> = ids.iter().collect();
+    assert_eq!(unique.len(), ids.len(), "no order id confirmed twice");
+    let resumed = answers
+        .iter()
+        .filter(|(t, r)| *t > killed_at + Duration::from_secs(1) && matches!(r, Ok(c) if c.bucket == 0))
+        .count();
+    assert!(resumed > 0, "purchases in the failed bucket resumed after failover");
+    let errors: Vec<_> = answers
+        .iter()
+        .filter_map(|(_, r)| r.as_ref().err())
+        .filter(|e| !matches!(e, PurchaseError::SoldOut))
+        .collect();
+    assert!(errors.len() < answers.len() / 10, "few buyers saw errors: {:?}", errors.first());
+
+    cluster.wait_healthy(Duration::from_secs(30));
+    let status = engine.sale_status("failover").await.expect("status after failover");
+    assert_ne!(cluster.master_of_slot(status.buckets[0].slot), victim, "a replica took over");
+    for b in &status.buckets {
+        assert!(b.remaining >= 0, "bucket {} below zero", b.index);
+        // The script's writes replicate as one unit, so on the promoted
+        // replica stock and stream still add up to what was put in.
+        assert_eq!(b.initial as i64, b.remaining + b.stream_len as i64, "bucket {} conserves units", b.index);
+    }
+}
