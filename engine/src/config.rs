@@ -21,11 +21,11 @@ pub struct Config {
     pub ack: Ack,
     /// How long a process trusts its own "sold out" flag before asking Redis
     /// again; bounds how late a restock is seen by other processes.
-    #[serde(with = "millis")]
+    #[serde(with = "millis", rename = "sold_out_recheck_ms")]
     pub sold_out_recheck: Duration,
     /// How long request records and user quotas are kept in Redis; retries of
     /// a request_id later than this are treated as new requests.
-    #[serde(with = "millis")]
+    #[serde(with = "millis", rename = "request_ttl_ms")]
     pub request_ttl: Duration,
     /// Largest quantity one purchase may ask for.
     pub max_qty: u32,

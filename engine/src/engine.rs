@@ -183,7 +183,10 @@ impl Engine {
             )
             .await?;
         metrics::counter!(m::SCRIPT_RELOADS, "script" => script.name).increment(1);
-        self.inner.stats.script_reloads.fetch_add(1, Ordering::Relaxed);
+        self.inner
+            .stats
+            .script_reloads
+            .fetch_add(1, Ordering::Relaxed);
         Ok(())
     }
 
@@ -219,14 +222,24 @@ impl Engine {
                     reloaded = true;
                     if let Err(e) = self.reload_on(script, slot).await {
                         tracing::warn!(script = script.name, slot, error = %e, "script reload failed");
-                        self.pause_or_give_up(&mut attempt, started, backoff, err.clone(), "reload")
-                            .await?;
+                        self.pause_or_give_up(
+                            &mut attempt,
+                            started,
+                            backoff,
+                            err.clone(),
+                            "reload",
+                        )
+                        .await?;
                         reloaded = false;
                     }
                 }
                 Recovery::ReloadScript | Recovery::GiveUp => return Err(err),
                 r @ (Recovery::RetryLater | Recovery::Reconnect) => {
-                    let reason = if r == Recovery::RetryLater { "retry_later" } else { "reconnect" };
+                    let reason = if r == Recovery::RetryLater {
+                        "retry_later"
+                    } else {
+                        "reconnect"
+                    };
                     self.pause_or_give_up(&mut attempt, started, backoff, err, reason)
                         .await?;
                 }
@@ -250,7 +263,10 @@ impl Engine {
         }
         *attempt += 1;
         metrics::counter!(m::REDIS_RETRIES, "reason" => reason).increment(1);
-        self.inner.stats.redis_retries.fetch_add(1, Ordering::Relaxed);
+        self.inner
+            .stats
+            .redis_retries
+            .fetch_add(1, Ordering::Relaxed);
         tracing::debug!(error = %err, reason, attempt = *attempt, "retrying redis call");
         tokio::time::sleep(delay).await;
         Ok(())
@@ -258,7 +274,10 @@ impl Engine {
 
     /// Sends a plain command with the same retry policy as scripts (admin and
     /// status calls; not the hot path).
-    pub(crate) async fn run_cmd<T: redis::FromRedisValue>(&self, cmd: &Cmd) -> Result<T, RedisError> {
+    pub(crate) async fn run_cmd<T: redis::FromRedisValue>(
+        &self,
+        cmd: &Cmd,
+    ) -> Result<T, RedisError> {
         let backoff = self.inner.config.retry;
         let started = Instant::now();
         let mut attempt = 0u32;
@@ -280,7 +299,11 @@ impl Engine {
 
     /// Waits until one replica of the master of `slot` has every write this
     /// connection made (`WAIT 1 timeout`); true when one did.
-    pub(crate) async fn wait_replicated(&self, slot: u16, timeout_ms: u64) -> Result<bool, RedisError> {
+    pub(crate) async fn wait_replicated(
+        &self,
+        slot: u16,
+        timeout_ms: u64,
+    ) -> Result<bool, RedisError> {
         let reply = self
             .conn()
             .route_command(

@@ -1,1 +1,208 @@
-fn main(){}
+//! The `flashsale` binary: sale admin, the demo, and (as they land) the order
+//! writer, reconcile, locks and the HTTP service. Parses the command line,
+//! loads the config and calls the library; holds no business logic.
+
+mod cli;
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::{Duration, SystemTime};
+
+use anyhow::Result;
+use clap::{Parser, Subcommand};
+use flashsale::{Engine, SaleSpec};
+
+#[derive(Parser)]
+#[command(
+    name = "flashsale",
+    version,
+    about = "Flash-sale inventory engine on Redis Cluster"
+)]
+struct Cli {
+    /// TOML config file (defaults point at the ops/up topology).
+    #[arg(long, global = true, env = "FLASHSALE_CONFIG")]
+    config: Option<PathBuf>,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Run a flash sale on the cluster with simulated buyers and report.
+    Demo(cli::demo::DemoArgs),
+    /// Create, inspect, restock and close sales.
+    #[command(subcommand)]
+    Sale(SaleCommand),
+    /// Inspect the configuration.
+    #[command(subcommand)]
+    Config(ConfigCommand),
+}
+
+#[derive(Subcommand)]
+enum SaleCommand {
+    /// Create a sale.
+    Create {
+        /// The SKU.
+        #[arg(long)]
+        sku: String,
+        /// Units on sale.
+        #[arg(long)]
+        stock: u64,
+        /// Buckets (spread over masters).
+        #[arg(long, default_value_t = 1)]
+        buckets: u32,
+        /// Most units per user (0 = no limit).
+        #[arg(long, default_value_t = 0)]
+        per_user_limit: u32,
+        /// Open the sale this many seconds from now (default: now).
+        #[arg(long)]
+        starts_in: Option<u64>,
+        /// End the sale this many seconds from now (default: never).
+        #[arg(long)]
+        ends_in: Option<u64>,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Show a sale's buckets: key, tag, slot, master, remaining.
+    Status {
+        /// The SKU.
+        #[arg(long)]
+        sku: String,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Add units to an open sale.
+    Restock {
+        /// The SKU.
+        #[arg(long)]
+        sku: String,
+        /// Units to add.
+        #[arg(long)]
+        qty: u64,
+    },
+    /// Close a sale: no purchase confirms after this.
+    Close {
+        /// The SKU.
+        #[arg(long)]
+        sku: String,
+    },
+    /// List every SKU with a sale.
+    List,
+}
+
+#[derive(Subcommand)]
+enum ConfigCommand {
+    /// Validate the config and print the effective values as TOML.
+    Check,
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("error: cannot start the runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match runtime.block_on(run(cli)) {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn run(cli: Cli) -> Result<ExitCode> {
+    let config = cli::settings::load(cli.config.as_deref())?;
+    match cli.command {
+        Command::Config(ConfigCommand::Check) => {
+            println!("{}", toml::to_string(&config)?);
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Demo(args) => {
+            let engine = Engine::connect(config).await?;
+            let json = args.json;
+            let report = cli::demo::run(engine, args).await?;
+            if json {
+                println!("{}", serde_json::to_string(&report)?);
+            } else {
+                cli::demo::print(&report);
+            }
+            Ok(if report.oversold == 0 && report.duplicates == 0 {
+                ExitCode::SUCCESS
+            } else {
+                ExitCode::FAILURE
+            })
+        }
+        Command::Sale(cmd) => sale(Engine::connect(config).await?, cmd).await,
+    }
+}
+
+async fn sale(engine: Engine, cmd: SaleCommand) -> Result<ExitCode> {
+    let status = match cmd {
+        SaleCommand::Create {
+            sku,
+            stock,
+            buckets,
+            per_user_limit,
+            starts_in,
+            ends_in,
+            json,
+        } => {
+            let at = |s: u64| SystemTime::now() + Duration::from_secs(s);
+            let st = engine
+                .create_sale(SaleSpec {
+                    buckets,
+                    per_user_limit,
+                    starts_at: starts_in.map(at),
+                    ends_at: ends_in.map(at),
+                    ..SaleSpec::new(sku, stock)
+                })
+                .await?;
+            (st, json)
+        }
+        SaleCommand::Status { sku, json } => (engine.sale_status(&sku).await?, json),
+        SaleCommand::Restock { sku, qty } => (engine.restock(&sku, qty).await?, false),
+        SaleCommand::Close { sku } => (engine.close_sale(&sku).await?, false),
+        SaleCommand::List => {
+            for sku in engine.list_sales().await? {
+                println!("{sku}");
+            }
+            return Ok(ExitCode::SUCCESS);
+        }
+    };
+    let (st, json) = status;
+    if json {
+        println!("{}", serde_json::to_string_pretty(&st)?);
+    } else {
+        println!(
+            "sale {} [{}] initial {} remaining {} limit/user {}",
+            st.sku, st.state, st.initial, st.remaining, st.per_user_limit
+        );
+        println!(
+            "{:>3} {:<28} {:>5} {:<16} {:>9} {:>7}",
+            "#", "key", "slot", "master", "remaining", "stream"
+        );
+        for b in &st.buckets {
+            println!(
+                "{:>3} {:<28} {:>5} {:<16} {:>9} {:>7}",
+                b.index, b.key, b.slot, b.master, b.remaining, b.stream_len
+            );
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}

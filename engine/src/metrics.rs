@@ -28,5 +28,8 @@ pub fn describe() {
     metrics::describe_counter!(SOLD_OUT_LOCAL, "Sold-out answers from the local flag");
     metrics::describe_counter!(SCRIPT_RELOADS, "Scripts reloaded after NOSCRIPT");
     metrics::describe_counter!(REDIS_RETRIES, "Redis calls retried, by reason");
-    metrics::describe_counter!(FALLTHROUGHS, "Purchases that fell through to another bucket");
+    metrics::describe_counter!(
+        FALLTHROUGHS,
+        "Purchases that fell through to another bucket"
+    );
 }

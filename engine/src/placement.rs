@@ -161,16 +161,34 @@ mod tests {
         assert_eq!(key_slot(b"123456789"), 0x31C3 % SLOTS);
         assert_eq!(key_slot(b"foo"), 12182);
         assert_eq!(key_slot(b"{user1000}.following"), key_slot(b"user1000"));
-        assert_eq!(key_slot(b"foo{}{bar}"), crc16::State::<crc16::XMODEM>::calculate(b"foo{}{bar}") % SLOTS);
+        assert_eq!(
+            key_slot(b"foo{}{bar}"),
+            crc16::State::<crc16::XMODEM>::calculate(b"foo{}{bar}") % SLOTS
+        );
         assert_eq!(key_slot(b"foo{{bar}}zap"), key_slot(b"{bar"));
     }
 
     fn three_masters() -> SlotMap {
         SlotMap {
             ranges: vec![
-                SlotRange { start: 0, end: 5460, master: "a:1".into(), replicas: vec![] },
-                SlotRange { start: 5461, end: 10922, master: "b:1".into(), replicas: vec![] },
-                SlotRange { start: 10923, end: 16383, master: "c:1".into(), replicas: vec![] },
+                SlotRange {
+                    start: 0,
+                    end: 5460,
+                    master: "a:1".into(),
+                    replicas: vec![],
+                },
+                SlotRange {
+                    start: 5461,
+                    end: 10922,
+                    master: "b:1".into(),
+                    replicas: vec![],
+                },
+                SlotRange {
+                    start: 10923,
+                    end: 16383,
+                    master: "c:1".into(),
+                    replicas: vec![],
+                },
             ],
         }
     }
@@ -180,7 +198,10 @@ mod tests {
         let map = three_masters();
         assert!(map.covers_all_slots());
         let tags = pick_tags("phone-x", 3, &map).expect("tags");
-        let mut masters: Vec<_> = tags.iter().map(|t| map.master_of(tag_slot(t)).unwrap()).collect();
+        let mut masters: Vec<_> = tags
+            .iter()
+            .map(|t| map.master_of(tag_slot(t)).unwrap())
+            .collect();
         masters.sort();
         masters.dedup();
         assert_eq!(masters.len(), 3);

@@ -114,7 +114,10 @@ impl Engine {
             }));
         }
         if sale.sold_out_fresh(self.now_ms(), cfg.sold_out_recheck) {
-            self.inner.stats.sold_out_local.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            self.inner
+                .stats
+                .sold_out_local
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
             metrics::counter!(m::SOLD_OUT_LOCAL).increment(1);
             return Err(PurchaseError::SoldOut);
         }
@@ -127,10 +130,20 @@ impl Engine {
         let script = &self.inner.scripts.purchase;
         let mut cmd = Engine::evalsha(
             script,
-            &[&home.keys.sale, &home.keys.stock, &home.keys.orders, &quota_key, &request_key],
+            &[
+                &home.keys.sale,
+                &home.keys.stock,
+                &home.keys.orders,
+                &quota_key,
+                &request_key,
+            ],
         );
         cmd.arg(qty).arg(&order_id).arg(req.user).arg(ttl);
-        let reply = decode(self.run_script(script, home.slot, &cmd).await.map_err(unavailable)?)?;
+        let reply = decode(
+            self.run_script(script, home.slot, &cmd)
+                .await
+                .map_err(unavailable)?,
+        )?;
 
         match reply.code {
             1 | 2 => {
@@ -143,8 +156,15 @@ impl Engine {
             }
             3 | 4 => {
                 metrics::counter!(m::FALLTHROUGHS).increment(1);
-                self.fall_through(&sale, home.index as usize, req, qty, &order_id, reply.n == 0)
-                    .await
+                self.fall_through(
+                    &sale,
+                    home.index as usize,
+                    req,
+                    qty,
+                    &order_id,
+                    reply.n == 0,
+                )
+                .await
             }
             -1 => {
                 if reply.n == 0 {
@@ -160,7 +180,10 @@ impl Engine {
             -4 => Err(PurchaseError::Ended),
             -5 => Err(PurchaseError::Closed),
             -6 => Err(PurchaseError::UnknownSale(req.sku.to_owned())),
-            _ => Err(PurchaseError::Unavailable(format!("script code {}", reply.code))),
+            _ => Err(PurchaseError::Unavailable(format!(
+                "script code {}",
+                reply.code
+            ))),
         }
     }
 
@@ -186,10 +209,16 @@ impl Engine {
             let b = &sale.buckets[(home + step) % n];
             let request_key = b.keys.request(req.request_id);
             let script = &self.inner.scripts.take;
-            let mut cmd =
-                Engine::evalsha(script, &[&b.keys.sale, &b.keys.stock, &b.keys.orders, &request_key]);
+            let mut cmd = Engine::evalsha(
+                script,
+                &[&b.keys.sale, &b.keys.stock, &b.keys.orders, &request_key],
+            );
             cmd.arg(qty).arg(order_id).arg(req.user).arg(ttl);
-            let reply = decode(self.run_script(script, b.slot, &cmd).await.map_err(unavailable)?)?;
+            let reply = decode(
+                self.run_script(script, b.slot, &cmd)
+                    .await
+                    .map_err(unavailable)?,
+            )?;
             match reply.code {
                 1 | 2 => {
                     self.ack(b.slot).await?;
@@ -205,7 +234,12 @@ impl Engine {
                     closed = true;
                     break;
                 }
-                _ => return Err(PurchaseError::Unavailable(format!("take.lua code {}", reply.code))),
+                _ => {
+                    return Err(PurchaseError::Unavailable(format!(
+                        "take.lua code {}",
+                        reply.code
+                    )))
+                }
             }
         }
 
@@ -213,13 +247,23 @@ impl Engine {
         let script = &self.inner.scripts.settle;
         let mut cmd = Engine::evalsha(
             script,
-            &[&home_b.keys.quota(req.user), &home_b.keys.request(req.request_id)],
+            &[
+                &home_b.keys.quota(req.user),
+                &home_b.keys.request(req.request_id),
+            ],
         );
         match &confirmed {
-            Some(c) => cmd.arg("C").arg(qty).arg(c.bucket).arg(&c.order_id).arg(ttl),
+            Some(c) => cmd
+                .arg("C")
+                .arg(qty)
+                .arg(c.bucket)
+                .arg(&c.order_id)
+                .arg(ttl),
             None => cmd.arg("S").arg(qty).arg(0).arg("").arg(ttl),
         };
-        self.run_script(script, home_b.slot, &cmd).await.map_err(unavailable)?;
+        self.run_script(script, home_b.slot, &cmd)
+            .await
+            .map_err(unavailable)?;
 
         match confirmed {
             Some(c) => Ok(c),
@@ -242,7 +286,9 @@ impl Engine {
         }
         match self.wait_replicated(slot, 1000).await {
             Ok(true) => Ok(()),
-            Ok(false) => Err(PurchaseError::Unavailable("no replica acknowledged the order".into())),
+            Ok(false) => Err(PurchaseError::Unavailable(
+                "no replica acknowledged the order".into(),
+            )),
             Err(e) => Err(unavailable(e)),
         }
     }

@@ -168,7 +168,9 @@ impl Engine {
             ))));
         }
         if spec.stock > i64::MAX as u64 / 2 {
-            return Err(AdminError::Invalid(InvalidInput::Spec("stock is too large".into())));
+            return Err(AdminError::Invalid(InvalidInput::Spec(
+                "stock is too large".into(),
+            )));
         }
         let (starts_ms, ends_ms) = (unix_ms(spec.starts_at), unix_ms(spec.ends_at));
         if ends_ms != 0 && ends_ms <= starts_ms {
@@ -212,7 +214,8 @@ impl Engine {
             let i = i as u64;
             let units = spec.stock / b + u64::from(i < spec.stock % b);
             let bk = BucketKeys::new(tag);
-            let mut cmd = Engine::evalsha(&self.inner.scripts.create_bucket, &[&bk.sale, &bk.stock]);
+            let mut cmd =
+                Engine::evalsha(&self.inner.scripts.create_bucket, &[&bk.sale, &bk.stock]);
             cmd.arg(units);
             for (f, v) in [
                 ("sku", spec.sku.clone()),
@@ -271,7 +274,12 @@ impl Engine {
 
     async fn load_sale(&self, sku: &str) -> Result<Option<Arc<SaleHandle>>, redis::RedisError> {
         let fields: Vec<Option<String>> = self
-            .run_cmd(redis::cmd("HMGET").arg(keys::sale_meta(sku)).arg("tags").arg("limit"))
+            .run_cmd(
+                redis::cmd("HMGET")
+                    .arg(keys::sale_meta(sku))
+                    .arg("tags")
+                    .arg("limit"),
+            )
             .await?;
         let (Some(Some(tags)), Some(limit)) = (fields.first(), fields.get(1)) else {
             return Ok(None);
@@ -305,11 +313,18 @@ impl Engine {
         })?;
         let map = self.slot_map().await.map_err(unavailable)?;
         let meta: Vec<Option<String>> = self
-            .run_cmd(redis::cmd("HMGET").arg(keys::sale_meta(sku)).arg("starts_ms").arg("ends_ms"))
+            .run_cmd(
+                redis::cmd("HMGET")
+                    .arg(keys::sale_meta(sku))
+                    .arg("starts_ms")
+                    .arg("ends_ms"),
+            )
             .await
             .map_err(unavailable)?;
         let num = |v: Option<&Option<String>>| -> u64 {
-            v.and_then(|s| s.as_deref()).and_then(|s| s.parse().ok()).unwrap_or(0)
+            v.and_then(|s| s.as_deref())
+                .and_then(|s| s.parse().ok())
+                .unwrap_or(0)
         };
         let mut status = SaleStatus {
             sku: sku.to_owned(),
@@ -323,7 +338,10 @@ impl Engine {
         };
         for b in &sale.buckets {
             let mut pipe = redis::pipe();
-            pipe.cmd("HMGET").arg(&b.keys.sale).arg("state").arg("initial");
+            pipe.cmd("HMGET")
+                .arg(&b.keys.sale)
+                .arg("state")
+                .arg("initial");
             pipe.cmd("GET").arg(&b.keys.stock);
             pipe.cmd("XLEN").arg(&b.keys.orders);
             let (fields, stock, stream_len): (Vec<Option<String>>, Option<i64>, u64) = pipe
@@ -369,7 +387,8 @@ impl Engine {
             if units == 0 {
                 continue;
             }
-            let mut cmd = Engine::evalsha(&self.inner.scripts.restock, &[&b.keys.sale, &b.keys.stock]);
+            let mut cmd =
+                Engine::evalsha(&self.inner.scripts.restock, &[&b.keys.sale, &b.keys.stock]);
             cmd.arg(units);
             let reply = self
                 .run_script(&self.inner.scripts.restock, b.slot, &cmd)
@@ -382,7 +401,12 @@ impl Engine {
             }
         }
         let _: () = self
-            .run_cmd(redis::cmd("HINCRBY").arg(keys::sale_meta(sku)).arg("stock").arg(qty))
+            .run_cmd(
+                redis::cmd("HINCRBY")
+                    .arg(keys::sale_meta(sku))
+                    .arg("stock")
+                    .arg(qty),
+            )
             .await
             .map_err(unavailable)?;
         sale.clear_sold_out();
@@ -396,12 +420,22 @@ impl Engine {
         let sale = self.admin_sale(sku).await?;
         for b in &sale.buckets {
             let _: () = self
-                .run_cmd(redis::cmd("HSET").arg(&b.keys.sale).arg("state").arg("closed"))
+                .run_cmd(
+                    redis::cmd("HSET")
+                        .arg(&b.keys.sale)
+                        .arg("state")
+                        .arg("closed"),
+                )
                 .await
                 .map_err(unavailable)?;
         }
         let _: () = self
-            .run_cmd(redis::cmd("HSET").arg(keys::sale_meta(sku)).arg("state").arg("closed"))
+            .run_cmd(
+                redis::cmd("HSET")
+                    .arg(keys::sale_meta(sku))
+                    .arg("state")
+                    .arg("closed"),
+            )
             .await
             .map_err(unavailable)?;
         self.sale_status(sku).await

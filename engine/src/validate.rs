@@ -15,13 +15,20 @@ pub fn sku(s: &str) -> Result<(), InvalidInput> {
         return Err(InvalidInput::Empty("sku"));
     }
     if s.len() > MAX_SKU_LEN {
-        return Err(InvalidInput::TooLong { field: "sku", len: s.len(), max: MAX_SKU_LEN });
+        return Err(InvalidInput::TooLong {
+            field: "sku",
+            len: s.len(),
+            max: MAX_SKU_LEN,
+        });
     }
     if !s
         .bytes()
         .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-' | b':'))
     {
-        return Err(InvalidInput::BadChar { field: "sku", reason: "A-Z a-z 0-9 . _ - : only" });
+        return Err(InvalidInput::BadChar {
+            field: "sku",
+            reason: "A-Z a-z 0-9 . _ - : only",
+        });
     }
     Ok(())
 }
@@ -32,10 +39,17 @@ pub fn id(field: &'static str, s: &str) -> Result<(), InvalidInput> {
         return Err(InvalidInput::Empty(field));
     }
     if s.len() > MAX_ID_LEN {
-        return Err(InvalidInput::TooLong { field, len: s.len(), max: MAX_ID_LEN });
+        return Err(InvalidInput::TooLong {
+            field,
+            len: s.len(),
+            max: MAX_ID_LEN,
+        });
     }
     if s.chars().any(|c| c.is_control() || c.is_whitespace()) {
-        return Err(InvalidInput::BadChar { field, reason: "no spaces or control characters" });
+        return Err(InvalidInput::BadChar {
+            field,
+            reason: "no spaces or control characters",
+        });
     }
     Ok(())
 }
@@ -60,17 +74,29 @@ mod tests {
         assert!(sku("phone-x.2026:red_1").is_ok());
         assert!(matches!(sku(""), Err(InvalidInput::Empty("sku"))));
         assert!(matches!(sku("a{b}"), Err(InvalidInput::BadChar { .. })));
-        assert!(matches!(sku(&"x".repeat(65)), Err(InvalidInput::TooLong { .. })));
+        assert!(matches!(
+            sku(&"x".repeat(65)),
+            Err(InvalidInput::TooLong { .. })
+        ));
     }
 
     #[test]
     fn ids_and_quantities_are_bounded() {
         assert!(id("user", "u-1").is_ok());
-        assert!(matches!(id("user", "a b"), Err(InvalidInput::BadChar { .. })));
-        assert!(matches!(id("request_id", &"r".repeat(1024)), Err(InvalidInput::TooLong { .. })));
+        assert!(matches!(
+            id("user", "a b"),
+            Err(InvalidInput::BadChar { .. })
+        ));
+        assert!(matches!(
+            id("request_id", &"r".repeat(1024)),
+            Err(InvalidInput::TooLong { .. })
+        ));
         assert_eq!(qty(3, 5), Ok(3));
         assert_eq!(qty(0, 5), Err(InvalidInput::QtyNotPositive(0)));
         assert_eq!(qty(-2, 5), Err(InvalidInput::QtyNotPositive(-2)));
-        assert!(matches!(qty(6, 5), Err(InvalidInput::QtyTooLarge { qty: 6, max: 5 })));
+        assert!(matches!(
+            qty(6, 5),
+            Err(InvalidInput::QtyTooLarge { qty: 6, max: 5 })
+        ));
     }
 }

@@ -61,7 +61,14 @@ impl RedisNode {
         let child = Command::new("redis-server")
             .arg("--port")
             .arg(self.port.to_string())
-            .args(["--bind", "127.0.0.1", "--protected-mode", "no", "--save", ""])
+            .args([
+                "--bind",
+                "127.0.0.1",
+                "--protected-mode",
+                "no",
+                "--save",
+                "",
+            ])
             .arg("--dir")
             .arg(&self.dir)
             .arg("--logfile")
@@ -72,9 +79,11 @@ impl RedisNode {
             .spawn()
             .expect("spawn redis-server (is it installed? run ops/up)");
         self.child = Some(child);
-        wait_for(Duration::from_secs(10), || self.ping(), || {
-            format!("redis on {} did not answer: {}", self.port, self.log_tail())
-        });
+        wait_for(
+            Duration::from_secs(10),
+            || self.ping(),
+            || format!("redis on {} did not answer: {}", self.port, self.log_tail()),
+        );
     }
 
     /// `redis://127.0.0.1:port`.
@@ -93,7 +102,10 @@ impl RedisNode {
     fn ping(&self) -> bool {
         redis::Client::open(self.url())
             .ok()
-            .and_then(|c| c.get_connection_with_timeout(Duration::from_millis(200)).ok())
+            .and_then(|c| {
+                c.get_connection_with_timeout(Duration::from_millis(200))
+                    .ok()
+            })
             .and_then(|mut c| redis::cmd("PING").query::<String>(&mut c).ok())
             .is_some()
     }
@@ -104,7 +116,8 @@ impl RedisNode {
         for a in &args[1..] {
             c.arg(*a);
         }
-        c.query(&mut self.conn()).unwrap_or_else(|e| panic!("{args:?} on {}: {e}", self.port))
+        c.query(&mut self.conn())
+            .unwrap_or_else(|e| panic!("{args:?} on {}: {e}", self.port))
     }
 
     /// kill -9: the process dies without a goodbye.
@@ -118,7 +131,10 @@ impl RedisNode {
     /// Sends a signal (SIGSTOP / SIGCONT) to the process.
     pub fn signal(&self, sig: &str) {
         if let Some(c) = &self.child {
-            let _ = Command::new("kill").arg(format!("-{sig}")).arg(c.id().to_string()).status();
+            let _ = Command::new("kill")
+                .arg(format!("-{sig}"))
+                .arg(c.id().to_string())
+                .status();
         }
     }
 
@@ -226,7 +242,11 @@ impl RedisCluster {
     /// Waits until every running node says `cluster_state:ok`, every replica
     /// has finished its initial sync, and all running nodes agree on the masters.
     pub fn wait_healthy(&self, timeout: Duration) {
-        wait_for(timeout, || self.is_healthy(), || "cluster did not become healthy".into());
+        wait_for(
+            timeout,
+            || self.is_healthy(),
+            || "cluster did not become healthy".into(),
+        );
     }
 
     fn is_healthy(&self) -> bool {
@@ -245,18 +265,28 @@ impl RedisCluster {
             if !info.contains("cluster_state:ok") {
                 return false;
             }
-            let repl: String = redis::cmd("INFO").arg("replication").query(&mut c).unwrap_or_default();
+            let repl: String = redis::cmd("INFO")
+                .arg("replication")
+                .query(&mut c)
+                .unwrap_or_default();
             if repl.contains("role:slave") && !repl.contains("master_link_status:up") {
                 return false;
             }
-            let mut masters: Vec<String> = match redis::cmd("CLUSTER").arg("NODES").query::<String>(&mut c) {
-                Ok(nodes) => nodes
-                    .lines()
-                    .filter(|l| l.contains("master") && !l.contains("fail") && l.split(' ').count() > 8)
-                    .filter_map(|l| l.split(' ').nth(1).map(|a| a.split('@').next().unwrap_or("").to_owned()))
-                    .collect(),
-                Err(_) => return false,
-            };
+            let mut masters: Vec<String> =
+                match redis::cmd("CLUSTER").arg("NODES").query::<String>(&mut c) {
+                    Ok(nodes) => nodes
+                        .lines()
+                        .filter(|l| {
+                            l.contains("master") && !l.contains("fail") && l.split(' ').count() > 8
+                        })
+                        .filter_map(|l| {
+                            l.split(' ')
+                                .nth(1)
+                                .map(|a| a.split('@').next().unwrap_or("").to_owned())
+                        })
+                        .collect(),
+                    Err(_) => return false,
+                };
             masters.sort();
             views.push(masters);
         }
@@ -265,17 +295,27 @@ impl RedisCluster {
 
     /// The node listening on `port`.
     pub fn node(&self, port: u16) -> &RedisNode {
-        self.nodes.iter().find(|n| n.port == port).expect("node with that port")
+        self.nodes
+            .iter()
+            .find(|n| n.port == port)
+            .expect("node with that port")
     }
 
     /// Mutable access to the node listening on `port`.
     pub fn node_mut(&mut self, port: u16) -> &mut RedisNode {
-        self.nodes.iter_mut().find(|n| n.port == port).expect("node with that port")
+        self.nodes
+            .iter_mut()
+            .find(|n| n.port == port)
+            .expect("node with that port")
     }
 
     /// Ports of the nodes that are masters now (asked of a running node).
     pub fn master_ports(&self) -> Vec<u16> {
-        let n = self.nodes.iter().find(|n| n.is_running()).expect("a running node");
+        let n = self
+            .nodes
+            .iter()
+            .find(|n| n.is_running())
+            .expect("a running node");
         let nodes: String = n.cmd(&["CLUSTER", "NODES"]);
         let mut ports: Vec<u16> = nodes
             .lines()
@@ -289,9 +329,16 @@ impl RedisCluster {
 
     /// The port of the master serving `slot` now.
     pub fn master_of_slot(&self, slot: u16) -> u16 {
-        let n = self.nodes.iter().find(|n| n.is_running()).expect("a running node");
+        let n = self
+            .nodes
+            .iter()
+            .find(|n| n.is_running())
+            .expect("a running node");
         let nodes: String = n.cmd(&["CLUSTER", "NODES"]);
-        for l in nodes.lines().filter(|l| l.contains("master") && !l.contains("fail")) {
+        for l in nodes
+            .lines()
+            .filter(|l| l.contains("master") && !l.contains("fail"))
+        {
             let f: Vec<&str> = l.split(' ').collect();
             for range in f.iter().skip(8) {
                 let (a, b) = match range.split_once('-') {
@@ -300,7 +347,12 @@ impl RedisCluster {
                 };
                 if let (Ok(a), Ok(b)) = (a, b) {
                     if a <= slot && slot <= b {
-                        return f[1].split('@').next().and_then(|x| x.rsplit(':').next()).and_then(|p| p.parse().ok()).expect("port");
+                        return f[1]
+                            .split('@')
+                            .next()
+                            .and_then(|x| x.rsplit(':').next())
+                            .and_then(|p| p.parse().ok())
+                            .expect("port");
                     }
                 }
             }
@@ -328,12 +380,17 @@ pub async fn engine_on(cluster: &RedisCluster) -> flashsale::Engine {
         cluster_nodes: cluster.seeds(),
         ..flashsale::Config::default()
     };
-    flashsale::Engine::connect(config).await.expect("engine connects to the test cluster")
+    flashsale::Engine::connect(config)
+        .await
+        .expect("engine connects to the test cluster")
 }
 
 /// Entries of every order stream of `status`, as (order_id, user) pairs, read
 /// straight from Redis with XRANGE.
-pub fn stream_orders(cluster: &RedisCluster, status: &flashsale::SaleStatus) -> Vec<(String, String)> {
+pub fn stream_orders(
+    cluster: &RedisCluster,
+    status: &flashsale::SaleStatus,
+) -> Vec<(String, String)> {
     let mut out = Vec::new();
     for b in &status.buckets {
         let node = cluster.node(cluster.master_of_slot(b.slot));
@@ -342,7 +399,13 @@ pub fn stream_orders(cluster: &RedisCluster, status: &flashsale::SaleStatus) -> 
             parse_xrange(reply)
         };
         for (_, fields) in entries {
-            let get = |k: &str| fields.iter().find(|(f, _)| f == k).map(|(_, v)| v.clone()).unwrap_or_default();
+            let get = |k: &str| {
+                fields
+                    .iter()
+                    .find(|(f, _)| f == k)
+                    .map(|(_, v)| v.clone())
+                    .unwrap_or_default()
+            };
             out.push((get("order_id"), get("user")));
         }
     }
@@ -356,15 +419,68 @@ fn parse_xrange(v: redis::Value) -> Vec<(String, Vec<(String, String)>)> {
         Value::SimpleString(s) => s.clone(),
         other => format!("{other:?}"),
     };
-    let Value::Array(items) = v else { return vec![] };
+    let Value::Array(items) = v else {
+        return vec![];
+    };
     items
         .into_iter()
         .filter_map(|e| {
             let Value::Array(parts) = e else { return None };
             let id = text(parts.first()?);
-            let Value::Array(kv) = parts.get(1)? else { return None };
-            let fields = kv.chunks(2).map(|c| (text(&c[0]), c.get(1).map(text).unwrap_or_default())).collect();
+            let Value::Array(kv) = parts.get(1)? else {
+                return None;
+            };
+            let fields = kv
+                .chunks(2)
+                .map(|c| (text(&c[0]), c.get(1).map(text).unwrap_or_default()))
+                .collect();
             Some((id, fields))
         })
         .collect()
+}
+
+/// Path of the `flashsale` binary, built once per test process (debug
+/// profile, the same target dir as the tests).
+pub fn flashsale_bin() -> PathBuf {
+    static BUILT: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+    BUILT
+        .get_or_init(|| {
+            let manifest = Path::new(env!("CARGO_MANIFEST_DIR"));
+            let root = manifest.parent().expect("workspace root");
+            let target = std::env::var_os("CARGO_TARGET_DIR")
+                .map(PathBuf::from)
+                .unwrap_or_else(|| root.join("target"));
+            let status = Command::new(env!("CARGO"))
+                .args(["build", "-q", "-p", "flashsale", "--bin", "flashsale"])
+                .current_dir(root)
+                .status()
+                .expect("run cargo build");
+            assert!(
+                status.success(),
+                "cargo build of the flashsale binary failed"
+            );
+            target.join("debug").join("flashsale")
+        })
+        .clone()
+}
+
+/// A `flashsale` command whose config points at `cluster` (and at `pg` and
+/// `lock_nodes` when given), through the environment.
+pub fn flashsale_cmd(
+    cluster: Option<&RedisCluster>,
+    pg: Option<&PgDb>,
+    lock_nodes: &[String],
+) -> Command {
+    let mut c = Command::new(flashsale_bin());
+    c.env_remove("FLASHSALE_CONFIG");
+    if let Some(cl) = cluster {
+        c.env("FLASHSALE_CLUSTER_NODES", cl.seeds().join(","));
+    }
+    if let Some(pg) = pg {
+        c.env("FLASHSALE_POSTGRES_URL", pg.url());
+    }
+    if !lock_nodes.is_empty() {
+        c.env("FLASHSALE_LOCK_NODES", lock_nodes.join(","));
+    }
+    c
 }

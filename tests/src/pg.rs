@@ -19,7 +19,10 @@ impl PgDb {
 
     /// A tokio-postgres connection string for it.
     pub fn url(&self) -> String {
-        format!("host=127.0.0.1 port=5432 user=postgres dbname={}", self.name)
+        format!(
+            "host=127.0.0.1 port=5432 user=postgres dbname={}",
+            self.name
+        )
     }
 
     /// Runs SQL and returns psql's unaligned output.
@@ -31,25 +34,56 @@ impl PgDb {
 impl Drop for PgDb {
     fn drop(&mut self) {
         let _ = Command::new("psql")
-            .args(["-h", "127.0.0.1", "-U", "postgres", "-d", "postgres", "-qAtc"])
-            .arg(format!("DROP DATABASE IF EXISTS {} WITH (FORCE)", self.name))
+            .args([
+                "-h",
+                "127.0.0.1",
+                "-U",
+                "postgres",
+                "-d",
+                "postgres",
+                "-qAtc",
+            ])
+            .arg(format!(
+                "DROP DATABASE IF EXISTS {} WITH (FORCE)",
+                self.name
+            ))
             .output();
     }
 }
 
 fn psql(db: &str, sql: &str) -> String {
     let out = Command::new("psql")
-        .args(["-h", "127.0.0.1", "-U", "postgres", "-d", db, "-v", "ON_ERROR_STOP=1", "-qAtc", sql])
+        .args([
+            "-h",
+            "127.0.0.1",
+            "-U",
+            "postgres",
+            "-d",
+            db,
+            "-v",
+            "ON_ERROR_STOP=1",
+            "-qAtc",
+            sql,
+        ])
         .output()
         .expect("run psql");
-    assert!(out.status.success(), "psql {sql}: {}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "psql {sql}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     String::from_utf8_lossy(&out.stdout).trim().to_owned()
 }
 
 fn rand_u64() -> u64 {
     use std::hash::{BuildHasher, Hasher};
     let mut h = std::collections::hash_map::RandomState::new().build_hasher();
-    h.write_u128(std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos()).unwrap_or(0));
+    h.write_u128(
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_nanos())
+            .unwrap_or(0),
+    );
     h.write_u32(std::process::id());
     h.finish()
 }

@@ -14,7 +14,10 @@ async fn script_flush_mid_sale_is_invisible_to_buyers() {
     let cluster = RedisCluster::start(3, 0);
     let engine = engine_on(&cluster).await;
     engine
-        .create_sale(SaleSpec { buckets: 3, ..SaleSpec::new("flushed", 900) })
+        .create_sale(SaleSpec {
+            buckets: 3,
+            ..SaleSpec::new("flushed", 900)
+        })
         .await
         .expect("create");
     let masters = cluster.master_ports();
@@ -28,7 +31,12 @@ async fn script_flush_mid_sale_is_invisible_to_buyers() {
                 tokio::spawn(async move {
                     let id = format!("r{round}-{i}");
                     engine
-                        .purchase(PurchaseRequest { sku: "flushed", user: &id, qty: 1, request_id: &id })
+                        .purchase(PurchaseRequest {
+                            sku: "flushed",
+                            user: &id,
+                            qty: 1,
+                            request_id: &id,
+                        })
                         .await
                 })
             })
@@ -57,7 +65,10 @@ async fn killing_a_master_mid_sale_fails_over_without_oversell() {
     let mut cluster = RedisCluster::start(3, 1);
     let engine = engine_on(&cluster).await;
     let status = engine
-        .create_sale(SaleSpec { buckets: 3, ..SaleSpec::new("failover", 3000) })
+        .create_sale(SaleSpec {
+            buckets: 3,
+            ..SaleSpec::new("failover", 3000)
+        })
         .await
         .expect("create");
     let victim = cluster.master_of_slot(status.buckets[0].slot);
@@ -76,7 +87,12 @@ async fn killing_a_master_mid_sale_fails_over_without_oversell() {
                 tokio::spawn(async move {
                     let id = format!("b{i}");
                     let r = engine
-                        .purchase(PurchaseRequest { sku: "failover", user: &id, qty: 1, request_id: &id })
+                        .purchase(PurchaseRequest {
+                            sku: "failover",
+                            user: &id,
+                            qty: 1,
+                            request_id: &id,
+                        })
                         .await;
                     let _ = tx.send((Instant::now(), r));
                     drop(permit);
@@ -101,28 +117,53 @@ async fn killing_a_master_mid_sale_fails_over_without_oversell() {
         }
     }
 
-    let ids: Vec<_> = answers.iter().filter_map(|(_, r)| r.as_ref().ok()).map(|c| c.order_id.clone()).collect();
+    let ids: Vec<_> = answers
+        .iter()
+        .filter_map(|(_, r)| r.as_ref().ok())
+        .map(|c| c.order_id.clone())
+        .collect();
     let unique: HashSet<_> = ids.iter().collect();
     assert_eq!(unique.len(), ids.len(), "no order id confirmed twice");
     let resumed = answers
         .iter()
-        .filter(|(t, r)| *t > killed_at + Duration::from_secs(1) && matches!(r, Ok(c) if c.bucket == 0))
+        .filter(|(t, r)| {
+            *t > killed_at + Duration::from_secs(1) && matches!(r, Ok(c) if c.bucket == 0)
+        })
         .count();
-    assert!(resumed > 0, "purchases in the failed bucket resumed after failover");
+    assert!(
+        resumed > 0,
+        "purchases in the failed bucket resumed after failover"
+    );
     let errors: Vec<_> = answers
         .iter()
         .filter_map(|(_, r)| r.as_ref().err())
         .filter(|e| !matches!(e, PurchaseError::SoldOut))
         .collect();
-    assert!(errors.len() < answers.len() / 10, "few buyers saw errors: {:?}", errors.first());
+    assert!(
+        errors.len() < answers.len() / 10,
+        "few buyers saw errors: {:?}",
+        errors.first()
+    );
 
     cluster.wait_healthy(Duration::from_secs(30));
-    let status = engine.sale_status("failover").await.expect("status after failover");
-    assert_ne!(cluster.master_of_slot(status.buckets[0].slot), victim, "a replica took over");
+    let status = engine
+        .sale_status("failover")
+        .await
+        .expect("status after failover");
+    assert_ne!(
+        cluster.master_of_slot(status.buckets[0].slot),
+        victim,
+        "a replica took over"
+    );
     for b in &status.buckets {
         assert!(b.remaining >= 0, "bucket {} below zero", b.index);
         // The script's writes replicate as one unit, so on the promoted
         // replica stock and stream still add up to what was put in.
-        assert_eq!(b.initial as i64, b.remaining + b.stream_len as i64, "bucket {} conserves units", b.index);
+        assert_eq!(
+            b.initial as i64,
+            b.remaining + b.stream_len as i64,
+            "bucket {} conserves units",
+            b.index
+        );
     }
 }

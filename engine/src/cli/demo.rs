@@ -1,0 +1,176 @@
+//! `flashsale demo`: a flash sale on the local cluster, end to end. Creates a
+//! sale, sends simulated buyers through the engine API at a bounded
+//! concurrency, then checks the result against Redis itself and reports.
+
+use std::collections::HashSet;
+use std::sync::Arc;
+use std::time::Instant;
+
+use anyhow::Result;
+use flashsale::{Engine, PurchaseError, PurchaseRequest, SaleSpec};
+use serde::Serialize;
+use tokio::sync::Semaphore;
+
+/// Demo knobs, from the command line.
+#[derive(Debug, Clone, clap::Args)]
+pub struct DemoArgs {
+    /// Units on sale.
+    #[arg(long, default_value_t = 1000)]
+    pub stock: u64,
+    /// Buckets the SKU is split into (spread over masters).
+    #[arg(long, default_value_t = 3)]
+    pub buckets: u32,
+    /// Simulated buyers, one purchase each.
+    #[arg(long, default_value_t = 10_000)]
+    pub buyers: u64,
+    /// Purchases in flight at once.
+    #[arg(long, default_value_t = 200)]
+    pub concurrency: usize,
+    /// Most units one user may buy (0 = no limit).
+    #[arg(long, default_value_t = 1)]
+    pub per_user_limit: u32,
+    /// Print one JSON object instead of a progress bar and a summary.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// What the demo measured.
+#[derive(Debug, Serialize)]
+pub struct DemoReport {
+    /// The SKU created for this run.
+    pub sku: String,
+    /// Units on sale.
+    pub stock: u64,
+    /// Buckets.
+    pub buckets: u32,
+    /// Buyers sent.
+    pub buyers: u64,
+    /// Confirmed purchases (units).
+    pub sold: u64,
+    /// Units left in Redis after the run.
+    pub remaining: u64,
+    /// Units sold beyond the stock, plus any stock key below zero (must be 0).
+    pub oversold: u64,
+    /// Order ids confirmed more than once (must be 0).
+    pub duplicates: u64,
+    /// Entries in the sale's order streams.
+    pub stream_entries: u64,
+    /// Answers "sold out".
+    pub sold_out_answers: u64,
+    /// Other errors.
+    pub errors: u64,
+    /// Wall time of the buying phase, seconds.
+    pub elapsed_seconds: f64,
+    /// Answers per second during the buying phase.
+    pub purchases_per_second: f64,
+}
+
+/// Runs the demo on `engine`.
+pub async fn run(engine: Engine, args: DemoArgs) -> Result<DemoReport> {
+    let sku = format!(
+        "demo-{}",
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)?
+            .as_millis()
+    );
+    engine
+        .create_sale(SaleSpec {
+            buckets: args.buckets,
+            per_user_limit: args.per_user_limit,
+            ..SaleSpec::new(&sku, args.stock)
+        })
+        .await?;
+
+    let bar = if args.json {
+        indicatif::ProgressBar::hidden()
+    } else {
+        let b = indicatif::ProgressBar::new(args.buyers);
+        b.set_style(
+            indicatif::ProgressStyle::with_template(
+                "{spinner} buyers {pos}/{len} {bar:40} {per_sec} {msg}",
+            )
+            .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
+        );
+        b
+    };
+    let sem = Arc::new(Semaphore::new(args.concurrency.max(1)));
+    let sku_arc: Arc<str> = sku.as_str().into();
+    let started = Instant::now();
+    let mut tasks = Vec::with_capacity(args.buyers as usize);
+    for i in 0..args.buyers {
+        let permit = sem.clone().acquire_owned().await?;
+        let engine = engine.clone();
+        let sku = sku_arc.clone();
+        let bar = bar.clone();
+        tasks.push(tokio::spawn(async move {
+            let user = format!("buyer-{i}");
+            let r = engine
+                .purchase(PurchaseRequest {
+                    sku: &sku,
+                    user: &user,
+                    qty: 1,
+                    request_id: &user,
+                })
+                .await;
+            bar.inc(1);
+            drop(permit);
+            r
+        }));
+    }
+    let mut order_ids = HashSet::new();
+    let (mut sold, mut sold_out, mut errors) = (0u64, 0u64, 0u64);
+    for t in tasks {
+        match t.await? {
+            Ok(c) => {
+                sold += 1;
+                order_ids.insert(c.order_id);
+            }
+            Err(PurchaseError::SoldOut) => sold_out += 1,
+            Err(e) => {
+                errors += 1;
+                tracing::warn!(error = %e, "purchase failed");
+            }
+        }
+    }
+    let elapsed = started.elapsed().as_secs_f64();
+    bar.finish_with_message("done");
+
+    let status = engine.sale_status(&sku).await?;
+    let below_zero: u64 = status
+        .buckets
+        .iter()
+        .map(|b| b.remaining.min(0).unsigned_abs())
+        .sum();
+    Ok(DemoReport {
+        sku,
+        stock: args.stock,
+        buckets: args.buckets,
+        buyers: args.buyers,
+        sold,
+        remaining: status.remaining,
+        oversold: sold.saturating_sub(args.stock) + below_zero,
+        duplicates: sold - order_ids.len() as u64,
+        stream_entries: status.buckets.iter().map(|b| b.stream_len).sum(),
+        sold_out_answers: sold_out,
+        errors,
+        elapsed_seconds: elapsed,
+        purchases_per_second: args.buyers as f64 / elapsed.max(1e-9),
+    })
+}
+
+/// Prints the report for a person.
+pub fn print(r: &DemoReport) {
+    println!(
+        "sale {} ({} units in {} buckets), {} buyers",
+        r.sku, r.stock, r.buckets, r.buyers
+    );
+    println!("  sold            {}", r.sold);
+    println!("  remaining       {}", r.remaining);
+    println!("  oversold        {}", r.oversold);
+    println!("  duplicates      {}", r.duplicates);
+    println!("  stream entries  {}", r.stream_entries);
+    println!("  sold-out answers {}", r.sold_out_answers);
+    println!("  errors          {}", r.errors);
+    println!("  elapsed         {:.3} s", r.elapsed_seconds);
+    println!("  purchases/s     {:.0}", r.purchases_per_second);
+}

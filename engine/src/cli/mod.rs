@@ -1,0 +1,5 @@
+//! Modules of the `flashsale` binary only: config loading and the commands.
+//! The library never depends on anything here.
+
+pub mod demo;
+pub mod settings;

@@ -1,0 +1,48 @@
+# ops/lib.sh: shared helpers of the ops scripts (sourced, not run).
+# Installs what is missing with apt-get, and says so; never touches the
+# machine's own Redis on 6379.
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+STATE="$ROOT/.ops-state"
+CLUSTER_PORTS=(7001 7002 7003 7004 7005 7006)
+LOCK_PORTS=(7101 7102 7103)
+
+say() { echo "ops: $*" >&2; }
+
+as_root() {
+  if [ "$(id -u)" = 0 ]; then "$@"; else sudo "$@"; fi
+}
+
+APT_UPDATED=0
+apt_install() {
+  say "installing $* (missing on this machine)"
+  if [ "$APT_UPDATED" = 0 ]; then
+    as_root env DEBIAN_FRONTEND=noninteractive apt-get update -qq
+    APT_UPDATED=1
+  fi
+  as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "$@" >/dev/null
+}
+
+# Redis binaries, the PostgreSQL client, and a running PostgreSQL server.
+ensure_deps() {
+  command -v redis-server >/dev/null || apt_install redis-server
+  command -v redis-cli >/dev/null && command -v redis-benchmark >/dev/null || apt_install redis-tools
+  command -v psql >/dev/null || apt_install postgresql-client
+  if ! pg_isready -q -h 127.0.0.1 -p 5432; then
+    if ! command -v pg_ctlcluster >/dev/null; then
+      apt_install postgresql
+    fi
+    local ver
+    ver="$(ls /etc/postgresql | sort -V | tail -1)"
+    say "starting PostgreSQL $ver"
+    as_root pg_ctlcluster --skip-systemctl-redirect "$ver" main start || true
+    for _ in $(seq 1 50); do pg_isready -q -h 127.0.0.1 -p 5432 && break; sleep 0.2; done
+    pg_isready -q -h 127.0.0.1 -p 5432 || { say "PostgreSQL does not answer on 127.0.0.1:5432"; exit 1; }
+  fi
+  if ! psql -h 127.0.0.1 -U postgres -d postgres -qAtc "select 1 from pg_database where datname='flashsale'" | grep -q 1; then
+    say "creating database flashsale"
+    psql -h 127.0.0.1 -U postgres -d postgres -qc "CREATE DATABASE flashsale" >/dev/null
+  fi
+}
+
+pid_alive() { [ -f "$1" ] && kill -0 "$(cat "$1")" 2>/dev/null; }

@@ -1,0 +1,79 @@
+//! The `flashsale` binary against a real cluster: the demo's JSON report and
+//! `sale status --json`, which anyone can cross-check with redis-cli.
+
+use flashsale_tests::{flashsale_cmd, RedisCluster};
+
+fn json(out: std::process::Output) -> serde_json::Value {
+    assert!(
+        out.status.success(),
+        "flashsale failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).expect("stdout is one JSON object")
+}
+
+#[test]
+fn demo_json_reports_no_oversell_and_matches_redis() {
+    let cluster = RedisCluster::start(3, 0);
+    let report = json(
+        flashsale_cmd(Some(&cluster), None, &[])
+            .args([
+                "demo",
+                "--stock",
+                "300",
+                "--buckets",
+                "3",
+                "--buyers",
+                "1500",
+                "--concurrency",
+                "64",
+                "--json",
+            ])
+            .output()
+            .expect("run demo"),
+    );
+    assert_eq!(report["sold"], 300);
+    assert_eq!(report["remaining"], 0);
+    assert_eq!(report["oversold"], 0);
+    assert_eq!(report["duplicates"], 0);
+    assert_eq!(report["stream_entries"], 300);
+    assert!(report["purchases_per_second"].as_f64().unwrap_or(0.0) > 0.0);
+    let sku = report["sku"].as_str().expect("sku in report").to_owned();
+
+    let status = json(
+        flashsale_cmd(Some(&cluster), None, &[])
+            .args(["sale", "status", "--sku", &sku, "--json"])
+            .output()
+            .expect("run sale status"),
+    );
+    let buckets = status["buckets"].as_array().expect("buckets");
+    assert_eq!(buckets.len(), 3);
+    for b in buckets {
+        let key = b["key"].as_str().expect("key");
+        let slot: i64 = cluster.nodes[0].cmd(&["CLUSTER", "KEYSLOT", key]);
+        assert_eq!(b["slot"], slot);
+        let port = cluster.master_of_slot(slot as u16);
+        assert_eq!(b["master"], format!("127.0.0.1:{port}"));
+        let stock: i64 = cluster.node(port).cmd(&["GET", key]);
+        assert_eq!(b["remaining"], stock);
+    }
+}
+
+#[test]
+fn unknown_sale_and_bad_config_fail_with_a_clear_message() {
+    let cluster = RedisCluster::start(3, 0);
+    let out = flashsale_cmd(Some(&cluster), None, &[])
+        .args(["sale", "status", "--sku", "nosuch"])
+        .output()
+        .expect("run");
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("unknown sale \"nosuch\""));
+
+    let out = flashsale_cmd(Some(&cluster), None, &[])
+        .env("FLASHSALE_ACK", "everyone")
+        .args(["config", "check"])
+        .output()
+        .expect("run");
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("FLASHSALE_ACK"));
+}
