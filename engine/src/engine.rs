@@ -31,6 +31,7 @@ pub struct Engine {
 }
 
 pub(crate) struct Inner {
+    pub(crate) client: ClusterClient,
     pub(crate) conn: ClusterConnection,
     pub(crate) scripts: Scripts,
     pub(crate) config: Config,
@@ -93,6 +94,7 @@ impl Engine {
         m::describe();
         let engine = Engine {
             inner: Arc::new(Inner {
+                client,
                 conn,
                 scripts: Scripts::new(),
                 config,
@@ -130,6 +132,12 @@ impl Engine {
     /// plain commands (admin, status, order writer).
     pub(crate) fn conn(&self) -> ClusterConnection {
         self.inner.conn.clone()
+    }
+
+    /// A new cluster connection of its own, for long-running readers (the
+    /// order writer, reconcile) that must not share the purchase path's.
+    pub async fn dedicated_connection(&self) -> Result<ClusterConnection, RedisError> {
+        self.inner.client.get_async_connection().await
     }
 
     /// Milliseconds since this engine was created; 0 is never returned, so 0

@@ -15,6 +15,9 @@
 //! | [`engine`] | [`Engine`]: connection, script loading, EVALSHA with NOSCRIPT reload and retries |
 //! | [`sale`] | create, status, restock, close; the cached sale handle |
 //! | [`purchase`] | the hot path |
+//! | [`orders`] | the order writer: streams into PostgreSQL exactly once |
+//! | [`ledger`] | reconcile: initial = remaining + pending + written |
+//! | [`db`] | PostgreSQL pool and versioned migrations |
 //! | [`validate`] | input checks before anything reaches Redis |
 //! | [`error`] | typed errors and the one classification of Redis errors |
 //! | [`metrics`] | metric names (`flashsale_*`) |
@@ -33,10 +36,13 @@
 #![warn(missing_docs)]
 
 pub mod config;
+pub mod db;
 pub mod engine;
 pub mod error;
 pub mod keys;
+pub mod ledger;
 pub mod metrics;
+pub mod orders;
 pub mod placement;
 pub mod purchase;
 pub mod sale;
@@ -46,5 +52,6 @@ pub mod validate;
 pub use config::{Ack, Backoff, Config};
 pub use engine::{Engine, Stats};
 pub use error::{AdminError, ConnectError, InvalidInput, PurchaseError};
+pub use orders::{OrderWriter, WriterConfig, WriterHandle, WriterReport};
 pub use purchase::{Confirmed, PurchaseRequest};
 pub use sale::{BucketStatus, SaleSpec, SaleStatus};

@@ -36,6 +36,31 @@ enum Command {
     /// Inspect the configuration.
     #[command(subcommand)]
     Config(ConfigCommand),
+    /// The order writer: drain the order streams into PostgreSQL.
+    #[command(subcommand)]
+    Orders(OrdersCommand),
+    /// Check initial = remaining + pending + written per SKU; exit 1 if not.
+    Reconcile {
+        /// Only these SKUs (repeatable; default: every sale).
+        #[arg(long)]
+        sku: Vec<String>,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+#[derive(Subcommand)]
+enum OrdersCommand {
+    /// Run a writer until SIGINT/SIGTERM; finishes the batch in hand.
+    Run {
+        /// Entries per batch.
+        #[arg(long, default_value_t = 500)]
+        batch: usize,
+        /// Take over entries pending this long on a silent consumer (ms).
+        #[arg(long, default_value_t = 30_000)]
+        claim_idle_ms: u64,
+    },
 }
 
 #[derive(Subcommand)]
@@ -134,21 +159,97 @@ async fn run(cli: Cli) -> Result<ExitCode> {
             Ok(ExitCode::SUCCESS)
         }
         Command::Demo(args) => {
+            let pool = flashsale::db::pool(&config.postgres_url, 4)?;
             let engine = Engine::connect(config).await?;
             let json = args.json;
-            let report = cli::demo::run(engine, args).await?;
+            let report = cli::demo::run(engine, pool, args).await?;
             if json {
                 println!("{}", serde_json::to_string(&report)?);
             } else {
                 cli::demo::print(&report);
             }
-            Ok(if report.oversold == 0 && report.duplicates == 0 {
+            Ok(
+                if report.oversold == 0
+                    && report.duplicates == 0
+                    && report.orders_in_db == report.sold
+                {
+                    ExitCode::SUCCESS
+                } else {
+                    ExitCode::FAILURE
+                },
+            )
+        }
+        Command::Sale(cmd) => sale(Engine::connect(config).await?, cmd).await,
+        Command::Orders(OrdersCommand::Run {
+            batch,
+            claim_idle_ms,
+        }) => {
+            let pool = flashsale::db::pool(&config.postgres_url, 4)?;
+            let engine = Engine::connect(config).await?;
+            let writer = flashsale::OrderWriter::new(
+                engine,
+                pool,
+                flashsale::WriterConfig {
+                    batch: batch.max(1),
+                    claim_idle: Duration::from_millis(claim_idle_ms),
+                    ..Default::default()
+                },
+            )
+            .await?;
+            eprintln!("order writer running; SIGINT or SIGTERM stops it");
+            let report = writer.run(shutdown_signal()).await?;
+            eprintln!(
+                "order writer stopped: written {} acked {} dead-lettered {} claimed {}",
+                report.written, report.acked, report.dead_lettered, report.claimed
+            );
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Reconcile { sku, json } => {
+            let pool = flashsale::db::pool(&config.postgres_url, 2)?;
+            let engine = Engine::connect(config).await?;
+            let reports = flashsale::ledger::reconcile(&engine, &pool, &sku).await?;
+            if json {
+                println!("{}", serde_json::to_string_pretty(&reports)?);
+            } else {
+                println!(
+                    "{:<24} {:>9} {:>9} {:>9} {:>9} {:>6} ok",
+                    "sku", "initial", "remaining", "pending", "written", "dead"
+                );
+                for r in &reports {
+                    println!(
+                        "{:<24} {:>9} {:>9} {:>9} {:>9} {:>6} {}",
+                        r.sku,
+                        r.initial,
+                        r.remaining,
+                        r.pending,
+                        r.written,
+                        r.dead_lettered,
+                        if r.conserved { "yes" } else { "NO" }
+                    );
+                }
+            }
+            Ok(if reports.iter().all(|r| r.conserved) {
                 ExitCode::SUCCESS
             } else {
                 ExitCode::FAILURE
             })
         }
-        Command::Sale(cmd) => sale(Engine::connect(config).await?, cmd).await,
+    }
+}
+
+/// Resolves on SIGINT or SIGTERM.
+async fn shutdown_signal() {
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {}
+        _ = term => {}
     }
 }
 

@@ -11,8 +11,10 @@ use std::time::{Duration, Instant};
 use tempfile::TempDir;
 
 pub mod pg;
+pub mod proxy;
 
 pub use pg::PgDb;
+pub use proxy::TcpProxy;
 
 /// A free TCP port on 127.0.0.1 whose cluster-bus twin (port + 10000) is free
 /// too. The listener is dropped before returning, so another process could
@@ -483,4 +485,47 @@ pub fn flashsale_cmd(
         c.env("FLASHSALE_LOCK_NODES", lock_nodes.join(","));
     }
     c
+}
+
+/// A writer config for tests: short waits, quick claims.
+pub fn fast_writer(claim_idle: Duration) -> flashsale::WriterConfig {
+    flashsale::WriterConfig {
+        batch: 100,
+        idle_wait: Duration::from_millis(10),
+        claim_idle,
+        discover_every: Duration::from_millis(100),
+        ..flashsale::WriterConfig::default()
+    }
+}
+
+/// Order ids in the test database, for `sku`.
+pub async fn db_order_ids(pool: &deadpool_postgres::Pool, sku: &str) -> Vec<String> {
+    let c = pool.get().await.expect("db connection");
+    c.query("SELECT order_id FROM orders WHERE sku = $1", &[&sku])
+        .await
+        .expect("query orders")
+        .iter()
+        .map(|r| r.get(0))
+        .collect()
+}
+
+/// Waits until the database holds `n` orders of `sku` (or panics after `timeout`).
+pub async fn wait_for_db_orders(
+    pool: &deadpool_postgres::Pool,
+    sku: &str,
+    n: usize,
+    timeout: Duration,
+) {
+    let start = Instant::now();
+    loop {
+        let have = db_order_ids(pool, sku).await.len();
+        if have >= n {
+            return;
+        }
+        assert!(
+            start.elapsed() < timeout,
+            "{sku}: {have} of {n} orders in PostgreSQL after {timeout:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
 }

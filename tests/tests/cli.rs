@@ -1,7 +1,7 @@
 //! The `flashsale` binary against a real cluster: the demo's JSON report and
 //! `sale status --json`, which anyone can cross-check with redis-cli.
 
-use flashsale_tests::{flashsale_cmd, RedisCluster};
+use flashsale_tests::{flashsale_cmd, PgDb, RedisCluster};
 
 fn json(out: std::process::Output) -> serde_json::Value {
     assert!(
@@ -15,8 +15,9 @@ fn json(out: std::process::Output) -> serde_json::Value {
 #[test]
 fn demo_json_reports_no_oversell_and_matches_redis() {
     let cluster = RedisCluster::start(3, 0);
+    let pg = PgDb::create();
     let report = json(
-        flashsale_cmd(Some(&cluster), None, &[])
+        flashsale_cmd(Some(&cluster), Some(&pg), &[])
             .args([
                 "demo",
                 "--stock",
@@ -37,6 +38,8 @@ fn demo_json_reports_no_oversell_and_matches_redis() {
     assert_eq!(report["oversold"], 0);
     assert_eq!(report["duplicates"], 0);
     assert_eq!(report["stream_entries"], 300);
+    assert_eq!(report["orders_in_db"], 300, "the demo drains every order into PostgreSQL");
+    assert_eq!(pg.query("SELECT count(DISTINCT order_id) FROM orders"), "300");
     assert!(report["purchases_per_second"].as_f64().unwrap_or(0.0) > 0.0);
     let sku = report["sku"].as_str().expect("sku in report").to_owned();
 
@@ -57,6 +60,25 @@ fn demo_json_reports_no_oversell_and_matches_redis() {
         let stock: i64 = cluster.node(port).cmd(&["GET", key]);
         assert_eq!(b["remaining"], stock);
     }
+
+    let out = flashsale_cmd(Some(&cluster), Some(&pg), &[])
+        .args(["reconcile", "--json"])
+        .output()
+        .expect("run reconcile");
+    let ledger = json(out);
+    assert_eq!(ledger[0]["conserved"], true);
+    assert_eq!(ledger[0]["written"], 300);
+
+    // Break the ledger behind the engine's back: reconcile must say so.
+    let port = cluster.master_of_slot(buckets[0]["slot"].as_i64().unwrap_or(0) as u16);
+    let key = buckets[0]["key"].as_str().unwrap_or_default();
+    let _: i64 = cluster.node(port).cmd(&["INCRBY", key, "5"]);
+    let out = flashsale_cmd(Some(&cluster), Some(&pg), &[])
+        .args(["reconcile"])
+        .output()
+        .expect("run reconcile");
+    assert!(!out.status.success(), "an unbalanced ledger exits non-zero");
+    assert!(String::from_utf8_lossy(&out.stdout).contains("NO"));
 }
 
 #[test]

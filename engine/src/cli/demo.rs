@@ -53,7 +53,8 @@ pub struct DemoReport {
     pub oversold: u64,
     /// Order ids confirmed more than once (must be 0).
     pub duplicates: u64,
-    /// Entries in the sale's order streams.
+    /// Entries in the sale's order streams after the buying phase, before the
+    /// writer drained them.
     pub stream_entries: u64,
     /// Answers "sold out".
     pub sold_out_answers: u64,
@@ -63,10 +64,16 @@ pub struct DemoReport {
     pub elapsed_seconds: f64,
     /// Answers per second during the buying phase.
     pub purchases_per_second: f64,
+    /// Orders of this sale in PostgreSQL once the writer drained (= sold).
+    pub orders_in_db: u64,
 }
 
 /// Runs the demo on `engine`.
-pub async fn run(engine: Engine, args: DemoArgs) -> Result<DemoReport> {
+pub async fn run(
+    engine: Engine,
+    pool: deadpool_postgres::Pool,
+    args: DemoArgs,
+) -> Result<DemoReport> {
     let sku = format!(
         "demo-{}",
         std::time::SystemTime::now()
@@ -135,7 +142,15 @@ pub async fn run(engine: Engine, args: DemoArgs) -> Result<DemoReport> {
     let elapsed = started.elapsed().as_secs_f64();
     bar.finish_with_message("done");
 
+    // Count the streams before the writer drains (and trims) them, so the
+    // report shows every confirmed order queued, then every order written.
     let status = engine.sale_status(&sku).await?;
+    let writer = engine
+        .spawn_order_writer(pool.clone(), flashsale::WriterConfig::default())
+        .await?;
+    let orders_in_db = wait_for_orders(&pool, &sku, sold).await?;
+    writer.shutdown().await?;
+
     let below_zero: u64 = status
         .buckets
         .iter()
@@ -155,7 +170,25 @@ pub async fn run(engine: Engine, args: DemoArgs) -> Result<DemoReport> {
         errors,
         elapsed_seconds: elapsed,
         purchases_per_second: args.buyers as f64 / elapsed.max(1e-9),
+        orders_in_db,
     })
+}
+
+/// Waits (at most 60 s) until PostgreSQL holds `sold` orders of `sku`;
+/// returns how many it holds.
+async fn wait_for_orders(pool: &deadpool_postgres::Pool, sku: &str, sold: u64) -> Result<u64> {
+    let deadline = Instant::now() + std::time::Duration::from_secs(60);
+    loop {
+        let client = flashsale::db::client(pool).await?;
+        let n: i64 = client
+            .query_one("SELECT COUNT(*) FROM orders WHERE sku = $1", &[&sku])
+            .await?
+            .get(0);
+        if n as u64 >= sold || Instant::now() >= deadline {
+            return Ok(n.max(0) as u64);
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
 }
 
 /// Prints the report for a person.
@@ -173,4 +206,5 @@ pub fn print(r: &DemoReport) {
     println!("  errors          {}", r.errors);
     println!("  elapsed         {:.3} s", r.elapsed_seconds);
     println!("  purchases/s     {:.0}", r.purchases_per_second);
+    println!("  orders in db    {}", r.orders_in_db);
 }

@@ -1,0 +1,91 @@
+//! PostgreSQL: the connection pool and the versioned migrations in
+//! `engine/migrations/`, applied at start under an advisory lock so two
+//! processes starting together do not race. Never touches Redis.
+
+use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod};
+use tokio_postgres::NoTls;
+
+/// Migrations in order; the number is the version recorded once applied.
+const MIGRATIONS: &[(i32, &str, &str)] =
+    &[(1, "orders", include_str!("../migrations/0001_orders.sql"))];
+
+/// Advisory lock key held while migrating ("flashsal" in ASCII).
+const MIGRATION_LOCK: i64 = 0x666c_6173_6873_616c;
+
+/// Why the database could not be used.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum DbError {
+    /// The connection string does not parse.
+    #[error("postgres_url: {0}")]
+    Url(String),
+    /// No connection could be had from the pool.
+    #[error("postgres unreachable: {0}")]
+    Unreachable(String),
+    /// A statement failed.
+    #[error("postgres: {0}")]
+    Query(#[from] tokio_postgres::Error),
+}
+
+/// A pool of connections to `url` (a tokio-postgres connection string). No
+/// connection is opened until one is needed; a broken one is replaced.
+pub fn pool(url: &str, max_size: usize) -> Result<Pool, DbError> {
+    let mut pg: tokio_postgres::Config = url
+        .parse()
+        .map_err(|e: tokio_postgres::Error| DbError::Url(e.to_string()))?;
+    if pg.get_connect_timeout().is_none() {
+        pg.connect_timeout(std::time::Duration::from_secs(2));
+    }
+    let manager = Manager::from_config(
+        pg,
+        NoTls,
+        ManagerConfig {
+            recycling_method: RecyclingMethod::Fast,
+        },
+    );
+    Pool::builder(manager)
+        .max_size(max_size)
+        .build()
+        .map_err(|e| DbError::Url(e.to_string()))
+}
+
+/// A connection from the pool.
+pub async fn client(pool: &Pool) -> Result<deadpool_postgres::Object, DbError> {
+    pool.get()
+        .await
+        .map_err(|e| DbError::Unreachable(e.to_string()))
+}
+
+/// Applies every migration not yet recorded in `flashsale_migrations`.
+pub async fn migrate(pool: &Pool) -> Result<(), DbError> {
+    let mut c = client(pool).await?;
+    let tx = c.transaction().await?;
+    tx.execute("SELECT pg_advisory_xact_lock($1)", &[&MIGRATION_LOCK])
+        .await?;
+    tx.batch_execute(
+        "CREATE TABLE IF NOT EXISTS flashsale_migrations (
+             version integer PRIMARY KEY, name text NOT NULL,
+             applied_at timestamptz NOT NULL DEFAULT now())",
+    )
+    .await?;
+    for (version, name, sql) in MIGRATIONS {
+        let done = tx
+            .query_opt(
+                "SELECT 1 FROM flashsale_migrations WHERE version = $1",
+                &[version],
+            )
+            .await?
+            .is_some();
+        if !done {
+            tx.batch_execute(sql).await?;
+            tx.execute(
+                "INSERT INTO flashsale_migrations (version, name) VALUES ($1, $2)",
+                &[version, name],
+            )
+            .await?;
+            tracing::info!(version, name, "migration applied");
+        }
+    }
+    tx.commit().await?;
+    Ok(())
+}

@@ -1,0 +1,183 @@
+//! A stream entry as `purchase.lua`/`take.lua` wrote it, parsed into an
+//! [`OrderRow`], or refused with the reason it goes to the dead-letter stream.
+//! Pure parsing; no I/O.
+
+use redis::Value;
+
+/// One raw stream entry: its id and its field/value pairs.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RawEntry {
+    /// Stream entry id (`ms-seq`).
+    pub id: String,
+    /// Field/value pairs in order (empty when the entry was deleted).
+    pub fields: Vec<(String, String)>,
+}
+
+/// An order ready for PostgreSQL.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OrderRow {
+    /// Primary key.
+    pub order_id: String,
+    /// The SKU.
+    pub sku: String,
+    /// The buyer.
+    pub user_id: String,
+    /// Units.
+    pub qty: i32,
+    /// Bucket that served it.
+    pub bucket: i32,
+    /// Shard tag of the bucket.
+    pub shard_tag: String,
+    /// Stream entry id it came from.
+    pub stream_id: String,
+    /// When the script ran, ms since the Unix epoch (Redis server time).
+    pub created_ms: i64,
+}
+
+impl RawEntry {
+    fn get(&self, k: &str) -> Option<&str> {
+        self.fields
+            .iter()
+            .find(|(f, _)| f == k)
+            .map(|(_, v)| v.as_str())
+    }
+
+    /// Parses the entry, or says why it cannot be an order.
+    pub fn to_order(&self) -> Result<OrderRow, String> {
+        let text = |k: &'static str| -> Result<String, String> {
+            match self.get(k) {
+                Some(v) if !v.is_empty() => Ok(v.to_owned()),
+                _ => Err(format!("missing field {k}")),
+            }
+        };
+        let int = |k: &'static str| -> Result<i64, String> {
+            text(k)?
+                .parse::<i64>()
+                .map_err(|_| format!("field {k} is not an integer"))
+        };
+        let qty = int("qty")?;
+        if !(1..=i64::from(i32::MAX)).contains(&qty) {
+            return Err(format!("qty {qty} out of range"));
+        }
+        let bucket = int("bucket")?;
+        if !(0..=i64::from(i32::MAX)).contains(&bucket) {
+            return Err(format!("bucket {bucket} out of range"));
+        }
+        Ok(OrderRow {
+            order_id: text("order_id")?,
+            sku: text("sku")?,
+            user_id: text("user")?,
+            qty: qty as i32,
+            bucket: bucket as i32,
+            shard_tag: text("tag")?,
+            stream_id: self.id.clone(),
+            created_ms: int("ts")?,
+        })
+    }
+}
+
+fn text(v: &Value) -> Option<String> {
+    match v {
+        Value::BulkString(b) => Some(String::from_utf8_lossy(b).into_owned()),
+        Value::SimpleString(s) => Some(s.clone()),
+        Value::Int(i) => Some(i.to_string()),
+        _ => None,
+    }
+}
+
+/// Parses a list of entries (`[[id, [f, v, ...]], ...]`), the shape of
+/// XRANGE, of one stream in XREADGROUP, and of XAUTOCLAIM's second element.
+pub fn parse_entries(v: &Value) -> Vec<RawEntry> {
+    let Value::Array(items) = v else {
+        return Vec::new();
+    };
+    items
+        .iter()
+        .filter_map(|item| {
+            let Value::Array(parts) = item else {
+                return None;
+            };
+            let id = text(parts.first()?)?;
+            let fields = match parts.get(1) {
+                Some(Value::Array(kv)) => kv
+                    .chunks(2)
+                    .filter_map(|c| Some((text(&c[0])?, text(c.get(1)?)?)))
+                    .collect(),
+                _ => Vec::new(),
+            };
+            Some(RawEntry { id, fields })
+        })
+        .collect()
+}
+
+/// The entries of the one stream in an XREADGROUP reply (`[[key, entries]]`,
+/// or nil when nothing is there).
+pub fn parse_xreadgroup(v: &Value) -> Vec<RawEntry> {
+    match v {
+        Value::Array(streams) => streams
+            .iter()
+            .flat_map(|s| match s {
+                Value::Array(kv) if kv.len() == 2 => parse_entries(&kv[1]),
+                _ => Vec::new(),
+            })
+            .collect(),
+        Value::Map(m) => m.iter().flat_map(|(_, e)| parse_entries(e)).collect(),
+        _ => Vec::new(),
+    }
+}
+
+/// The id just after `id` (`ms-seq` -> `ms-(seq+1)`), for XTRIM MINID.
+pub fn next_id(id: &str) -> Option<String> {
+    let (ms, seq) = id.split_once('-')?;
+    let seq: u64 = seq.parse().ok()?;
+    let ms: u64 = ms.parse().ok()?;
+    Some(match seq.checked_add(1) {
+        Some(s) => format!("{ms}-{s}"),
+        None => format!("{}-0", ms + 1),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn entry(fields: &[(&str, &str)]) -> RawEntry {
+        RawEntry {
+            id: "5-1".into(),
+            fields: fields
+                .iter()
+                .map(|(a, b)| (a.to_string(), b.to_string()))
+                .collect(),
+        }
+    }
+
+    #[test]
+    fn a_script_entry_parses_and_poison_gets_a_reason() {
+        let good = entry(&[
+            ("order_id", "o1"),
+            ("sku", "s"),
+            ("user", "u"),
+            ("qty", "2"),
+            ("bucket", "1"),
+            ("tag", "s#1.0"),
+            ("ts", "1700000000000"),
+        ]);
+        let row = good.to_order().expect("parses");
+        assert_eq!((row.qty, row.bucket, row.stream_id.as_str()), (2, 1, "5-1"));
+        assert_eq!(
+            entry(&[("junk", "1")]).to_order().unwrap_err(),
+            "missing field qty"
+        );
+        let bad_qty = entry(&[("order_id", "o"), ("qty", "many")]);
+        assert_eq!(
+            bad_qty.to_order().unwrap_err(),
+            "field qty is not an integer"
+        );
+    }
+
+    #[test]
+    fn next_id_steps_past_an_entry() {
+        assert_eq!(next_id("17-3").as_deref(), Some("17-4"));
+        assert_eq!(next_id("oops"), None);
+    }
+}

@@ -1,0 +1,461 @@
+//! The order writer: drains every shard's order stream into PostgreSQL
+//! exactly once. One consumer group per stream, a consumer name unique to the
+//! process; each batch is inserted in one transaction with `ON CONFLICT
+//! (order_id) DO NOTHING` and acknowledged (XACK) only after COMMIT, so a crash
+//! anywhere re-delivers rather than loses, and a re-delivery cannot duplicate.
+//! Entries left pending by a dead consumer are taken over with XAUTOCLAIM.
+//! It never writes stock and never answers buyers.
+
+pub mod entry;
+mod stream;
+
+use std::collections::BTreeMap;
+use std::future::Future;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use deadpool_postgres::Pool;
+use redis::cluster_async::ClusterConnection;
+use tokio::sync::Notify;
+use tokio::task::JoinHandle;
+
+use crate::config::Backoff;
+use crate::db::{self, DbError};
+use crate::engine::Engine;
+use entry::{OrderRow, RawEntry};
+
+pub use stream::GROUP;
+
+/// Metric names of the order path.
+pub mod metric {
+    /// Orders inserted (new rows; a re-delivered duplicate is not counted).
+    pub const WRITTEN: &str = "flashsale_orders_written_total";
+    /// Entries per batch.
+    pub const BATCH_SIZE: &str = "flashsale_order_batch_size";
+    /// Time to insert and commit one batch, seconds.
+    pub const WRITE_SECONDS: &str = "flashsale_order_write_duration_seconds";
+    /// Failed batch writes (PostgreSQL unreachable or refusing).
+    pub const WRITE_FAILURES: &str = "flashsale_order_write_failures_total";
+    /// Entries in the streams not yet written (undelivered + pending).
+    pub const BACKLOG: &str = "flashsale_order_backlog_entries";
+    /// Malformed entries moved to a dead-letter stream.
+    pub const DEAD_LETTERED: &str = "flashsale_orders_dead_lettered_total";
+    /// Entries taken over from consumers that went quiet.
+    pub const CLAIMED: &str = "flashsale_orders_claimed_total";
+}
+
+/// Knobs of the order writer.
+#[derive(Debug, Clone)]
+pub struct WriterConfig {
+    /// Consumer group name (shared by every writer).
+    pub group: String,
+    /// This writer's consumer name; unique per process.
+    pub consumer: String,
+    /// Most entries read and written per batch.
+    pub batch: usize,
+    /// Pause after a round that found nothing.
+    pub idle_wait: Duration,
+    /// Entries pending longer than this on another consumer are taken over.
+    pub claim_idle: Duration,
+    /// How often the list of streams (sales) is refreshed.
+    pub discover_every: Duration,
+    /// Backoff while PostgreSQL is unreachable.
+    pub backoff: Backoff,
+    /// How long to keep retrying the batch in hand after shutdown was asked.
+    pub shutdown_grace: Duration,
+}
+
+impl Default for WriterConfig {
+    fn default() -> Self {
+        WriterConfig {
+            group: GROUP.to_owned(),
+            consumer: format!(
+                "writer-{}-{:08x}",
+                std::process::id(),
+                rand::random::<u32>()
+            ),
+            batch: 500,
+            idle_wait: Duration::from_millis(20),
+            claim_idle: Duration::from_secs(30),
+            discover_every: Duration::from_secs(1),
+            backoff: Backoff {
+                initial: Duration::from_millis(50),
+                max: Duration::from_secs(2),
+                deadline: Duration::MAX,
+            },
+            shutdown_grace: Duration::from_secs(5),
+        }
+    }
+}
+
+/// Why the writer stopped with an error.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum WriterError {
+    /// The migrations could not be applied.
+    #[error("database: {0}")]
+    Db(#[from] DbError),
+    /// The writer's own cluster connection could not be opened.
+    #[error("redis: {0}")]
+    Redis(String),
+}
+
+/// What a writer did, returned when it stops.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct WriterReport {
+    /// Rows inserted.
+    pub written: u64,
+    /// Entries acknowledged (written, duplicates and dead letters).
+    pub acked: u64,
+    /// Entries moved to dead-letter streams.
+    pub dead_lettered: u64,
+    /// Entries taken over from other consumers.
+    pub claimed: u64,
+}
+
+/// A writer running on a tokio task; stop it with [`WriterHandle::shutdown`].
+pub struct WriterHandle {
+    stop: Arc<Stop>,
+    task: JoinHandle<Result<WriterReport, WriterError>>,
+}
+
+impl WriterHandle {
+    /// Asks the writer to stop after the batch in hand, and waits for it.
+    pub async fn shutdown(self) -> Result<WriterReport, WriterError> {
+        self.stop.request();
+        self.task
+            .await
+            .unwrap_or_else(|e| Err(WriterError::Redis(format!("writer task: {e}"))))
+    }
+
+    /// Kills the task where it stands, as a crash would (tests, emergencies).
+    pub fn abort(self) {
+        self.task.abort();
+    }
+}
+
+/// The stop flag and the wake-up for idle sleeps.
+#[derive(Default)]
+struct Stop {
+    asked: AtomicBool,
+    wake: Notify,
+}
+
+impl Stop {
+    fn request(&self) {
+        self.asked.store(true, Ordering::SeqCst);
+        self.wake.notify_waiters();
+    }
+
+    fn asked(&self) -> bool {
+        self.asked.load(Ordering::SeqCst)
+    }
+}
+
+/// State of one stream this writer drains.
+struct StreamState {
+    group_ready: bool,
+    last_claim: Option<Instant>,
+}
+
+/// Drains the order streams of every sale into PostgreSQL.
+pub struct OrderWriter {
+    engine: Engine,
+    conn: ClusterConnection,
+    pool: Pool,
+    config: WriterConfig,
+    streams: BTreeMap<String, StreamState>,
+    report: WriterReport,
+    stop: Arc<Stop>,
+}
+
+impl OrderWriter {
+    /// A writer over `engine`'s sales writing to `pool`; applies migrations
+    /// and opens its own cluster connection (so its reads never queue behind
+    /// or in front of purchases on the engine's connection).
+    pub async fn new(
+        engine: Engine,
+        pool: Pool,
+        config: WriterConfig,
+    ) -> Result<OrderWriter, WriterError> {
+        db::migrate(&pool).await?;
+        let conn = engine
+            .dedicated_connection()
+            .await
+            .map_err(|e| WriterError::Redis(e.to_string()))?;
+        Ok(OrderWriter {
+            engine,
+            conn,
+            pool,
+            config,
+            streams: BTreeMap::new(),
+            report: WriterReport::default(),
+            stop: Arc::new(Stop::default()),
+        })
+    }
+
+    /// Runs until `shutdown` resolves, then finishes the batch in hand.
+    pub async fn run(
+        mut self,
+        shutdown: impl Future<Output = ()> + Send + 'static,
+    ) -> Result<WriterReport, WriterError> {
+        let stop = self.stop.clone();
+        let watcher = tokio::spawn(async move {
+            shutdown.await;
+            stop.request();
+        });
+        let result = self.run_until_stopped().await;
+        watcher.abort();
+        result
+    }
+
+    /// Starts the writer on a task.
+    pub fn spawn(self) -> WriterHandle {
+        let stop = self.stop.clone();
+        let task = tokio::spawn(async move {
+            let mut w = self;
+            w.run_until_stopped().await
+        });
+        WriterHandle { stop, task }
+    }
+
+    async fn run_until_stopped(&mut self) -> Result<WriterReport, WriterError> {
+        let mut last_discover: Option<Instant> = None;
+        while !self.stop.asked() {
+            if last_discover.is_none_or(|t| t.elapsed() >= self.config.discover_every) {
+                self.discover().await;
+                last_discover = Some(Instant::now());
+            }
+            let moved = self.round().await;
+            if moved == 0 && !self.stop.asked() {
+                tokio::select! {
+                    _ = tokio::time::sleep(self.config.idle_wait) => {}
+                    _ = self.stop.wake.notified() => {}
+                }
+            }
+        }
+        Ok(self.report.clone())
+    }
+
+    /// Refreshes the list of streams from the sale index and publishes the
+    /// backlog gauge.
+    async fn discover(&mut self) {
+        let skus = match self.engine.list_sales().await {
+            Ok(s) => s,
+            Err(e) => {
+                tracing::warn!(error = %e, "order writer cannot list sales");
+                return;
+            }
+        };
+        for sku in skus {
+            if let Ok(sale) = self.engine.sale(&sku).await {
+                for b in &sale.buckets {
+                    self.streams
+                        .entry(b.keys.orders.clone())
+                        .or_insert(StreamState {
+                            group_ready: false,
+                            last_claim: None,
+                        });
+                }
+            }
+        }
+        let mut backlog = 0u64;
+        for key in self.streams.keys() {
+            backlog += stream::backlog(&mut self.conn, key, &self.config.group)
+                .await
+                .unwrap_or(0);
+        }
+        metrics::gauge!(metric::BACKLOG).set(backlog as f64);
+    }
+
+    /// One pass over every stream; returns the entries handled.
+    async fn round(&mut self) -> usize {
+        let keys: Vec<String> = self.streams.keys().cloned().collect();
+        let mut moved = 0;
+        for key in keys {
+            if self.stop.asked() {
+                break;
+            }
+            match self.drain_once(&key).await {
+                Ok(n) => moved += n,
+                Err(e) => tracing::warn!(stream = %key, error = %e, "order stream read failed"),
+            }
+        }
+        moved
+    }
+
+    /// Reads one batch (claimed entries first) from `key` and handles it.
+    async fn drain_once(&mut self, key: &str) -> Result<usize, redis::RedisError> {
+        let group = self.config.group.clone();
+        let consumer = self.config.consumer.clone();
+        let Some(state) = self.streams.get_mut(key) else {
+            return Ok(0);
+        };
+        if !state.group_ready {
+            stream::ensure_group(&mut self.conn, key, &group).await?;
+            state.group_ready = true;
+        }
+        let mut entries = Vec::new();
+        let claim_due = state
+            .last_claim
+            .is_none_or(|t| t.elapsed() >= self.config.claim_idle / 2);
+        if claim_due {
+            state.last_claim = Some(Instant::now());
+            let claimed = stream::autoclaim(
+                &mut self.conn,
+                key,
+                &group,
+                &consumer,
+                self.config.claim_idle,
+                self.config.batch,
+            )
+            .await?;
+            if !claimed.is_empty() {
+                metrics::counter!(metric::CLAIMED).increment(claimed.len() as u64);
+                self.report.claimed += claimed.len() as u64;
+                tracing::info!(stream = key, n = claimed.len(), "took over pending orders");
+            }
+            entries = claimed;
+        }
+        if entries.len() < self.config.batch {
+            let fresh = stream::read_new(
+                &mut self.conn,
+                key,
+                &group,
+                &consumer,
+                self.config.batch - entries.len(),
+            )
+            .await;
+            match fresh {
+                Ok(f) => entries.extend(f),
+                Err(e) if e.code() == Some("NOGROUP") => {
+                    if let Some(s) = self.streams.get_mut(key) {
+                        s.group_ready = false;
+                    }
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        if entries.is_empty() {
+            return Ok(0);
+        }
+        let n = entries.len();
+        self.handle_batch(key, entries).await?;
+        Ok(n)
+    }
+
+    /// Writes the good entries, dead-letters the bad, then acknowledges all
+    /// and trims what is acknowledged. Gives up (leaving everything pending
+    /// for a later claim) only when shutdown was asked and the grace ran out.
+    async fn handle_batch(
+        &mut self,
+        key: &str,
+        entries: Vec<RawEntry>,
+    ) -> Result<(), redis::RedisError> {
+        let mut rows = Vec::with_capacity(entries.len());
+        let mut dead = Vec::new();
+        for e in &entries {
+            match e.to_order() {
+                Ok(r) => rows.push(r),
+                Err(reason) => dead.push((e, reason)),
+            }
+        }
+        if !rows.is_empty() {
+            match self.write_with_retry(&rows).await {
+                Some(inserted) => self.report.written += inserted,
+                None => return Ok(()),
+            }
+        }
+        for (e, reason) in &dead {
+            stream::dead_letter(&mut self.conn, key, e, reason).await?;
+            tracing::warn!(stream = key, id = %e.id, reason, "order entry dead-lettered");
+        }
+        if !dead.is_empty() {
+            metrics::counter!(metric::DEAD_LETTERED).increment(dead.len() as u64);
+            self.report.dead_lettered += dead.len() as u64;
+        }
+        let ids: Vec<&str> = entries.iter().map(|e| e.id.as_str()).collect();
+        stream::ack(&mut self.conn, key, &self.config.group, &ids).await?;
+        self.report.acked += ids.len() as u64;
+        if let Some(last) = ids.iter().max_by(|a, b| stream::cmp_ids(a, b)) {
+            stream::trim_acknowledged(&mut self.conn, key, &self.config.group, last).await?;
+        }
+        Ok(())
+    }
+
+    /// Inserts `rows` in one transaction, retrying with backoff while
+    /// PostgreSQL fails. Returns the rows inserted, or `None` when shutdown's
+    /// grace ran out first (nothing acknowledged, nothing lost).
+    async fn write_with_retry(&self, rows: &[OrderRow]) -> Option<u64> {
+        let mut attempt = 0u32;
+        let mut stop_seen: Option<Instant> = None;
+        loop {
+            let started = Instant::now();
+            match write_batch(&self.pool, rows).await {
+                Ok(n) => {
+                    metrics::histogram!(metric::WRITE_SECONDS)
+                        .record(started.elapsed().as_secs_f64());
+                    metrics::histogram!(metric::BATCH_SIZE).record(rows.len() as f64);
+                    metrics::counter!(metric::WRITTEN).increment(n);
+                    return Some(n);
+                }
+                Err(e) => {
+                    metrics::counter!(metric::WRITE_FAILURES).increment(1);
+                    tracing::warn!(error = %e, attempt, "order batch write failed; will retry");
+                }
+            }
+            if self.stop.asked() {
+                let t = *stop_seen.get_or_insert_with(Instant::now);
+                if t.elapsed() >= self.config.shutdown_grace {
+                    tracing::warn!(
+                        n = rows.len(),
+                        "stopping with a batch unwritten; it stays pending"
+                    );
+                    return None;
+                }
+            }
+            tokio::time::sleep(self.config.backoff.delay(attempt)).await;
+            attempt = attempt.saturating_add(1);
+        }
+    }
+}
+
+/// One batch, one transaction: `INSERT ... ON CONFLICT (order_id) DO NOTHING`
+/// from arrays, so the statement is the same whatever the batch size.
+pub async fn write_batch(pool: &Pool, rows: &[OrderRow]) -> Result<u64, DbError> {
+    let mut c = db::client(pool).await?;
+    let tx = c.transaction().await?;
+    let col = |f: fn(&OrderRow) -> String| rows.iter().map(f).collect::<Vec<String>>();
+    let ids = col(|r| r.order_id.clone());
+    let skus = col(|r| r.sku.clone());
+    let users = col(|r| r.user_id.clone());
+    let tags = col(|r| r.shard_tag.clone());
+    let stream_ids = col(|r| r.stream_id.clone());
+    let qtys: Vec<i32> = rows.iter().map(|r| r.qty).collect();
+    let buckets: Vec<i32> = rows.iter().map(|r| r.bucket).collect();
+    let created: Vec<i64> = rows.iter().map(|r| r.created_ms).collect();
+    let n = tx
+        .execute(
+            "INSERT INTO orders (order_id, sku, user_id, qty, bucket, shard_tag, stream_id, created_at)
+             SELECT o, s, u, q, b, t, i, to_timestamp(ms::double precision / 1000)
+             FROM UNNEST($1::text[], $2::text[], $3::text[], $4::int4[], $5::int4[], $6::text[], $7::text[], $8::int8[])
+                  AS x(o, s, u, q, b, t, i, ms)
+             ON CONFLICT (order_id) DO NOTHING",
+            &[&ids, &skus, &users, &qtys, &buckets, &tags, &stream_ids, &created],
+        )
+        .await?;
+    tx.commit().await?;
+    Ok(n)
+}
+
+impl Engine {
+    /// Starts an order writer inside this process, draining into `pool`.
+    pub async fn spawn_order_writer(
+        &self,
+        pool: Pool,
+        config: WriterConfig,
+    ) -> Result<WriterHandle, WriterError> {
+        Ok(OrderWriter::new(self.clone(), pool, config).await?.spawn())
+    }
+}

@@ -1,0 +1,238 @@
+//! The Redis Stream commands of the order writer, each a small function over
+//! the writer's own cluster connection: group creation, reads, claims, acks,
+//! dead letters, trimming and the backlog figure.
+
+use std::cmp::Ordering;
+use std::time::Duration;
+
+use redis::cluster_async::ClusterConnection;
+use redis::{RedisError, Value};
+
+use super::entry::{next_id, parse_entries, parse_xreadgroup, RawEntry};
+use crate::keys;
+
+/// The consumer group every order writer joins.
+pub const GROUP: &str = "flashsale-writer";
+
+/// Creates the group at the start of the stream (MKSTREAM); an existing
+/// group is fine.
+pub async fn ensure_group(
+    conn: &mut ClusterConnection,
+    key: &str,
+    group: &str,
+) -> Result<(), RedisError> {
+    let r: Result<(), RedisError> = redis::cmd("XGROUP")
+        .arg("CREATE")
+        .arg(key)
+        .arg(group)
+        .arg("0")
+        .arg("MKSTREAM")
+        .query_async(conn)
+        .await;
+    match r {
+        Err(e) if e.code() == Some("BUSYGROUP") => Ok(()),
+        other => other,
+    }
+}
+
+/// Entries never delivered to any consumer of the group, up to `count`.
+pub async fn read_new(
+    conn: &mut ClusterConnection,
+    key: &str,
+    group: &str,
+    consumer: &str,
+    count: usize,
+) -> Result<Vec<RawEntry>, RedisError> {
+    let v: Value = redis::cmd("XREADGROUP")
+        .arg("GROUP")
+        .arg(group)
+        .arg(consumer)
+        .arg("COUNT")
+        .arg(count)
+        .arg("STREAMS")
+        .arg(key)
+        .arg(">")
+        .query_async(conn)
+        .await?;
+    Ok(parse_xreadgroup(&v))
+}
+
+/// Takes over entries pending on any consumer for longer than `idle`.
+pub async fn autoclaim(
+    conn: &mut ClusterConnection,
+    key: &str,
+    group: &str,
+    consumer: &str,
+    idle: Duration,
+    count: usize,
+) -> Result<Vec<RawEntry>, RedisError> {
+    let v: Value = redis::cmd("XAUTOCLAIM")
+        .arg(key)
+        .arg(group)
+        .arg(consumer)
+        .arg(idle.as_millis() as u64)
+        .arg("0-0")
+        .arg("COUNT")
+        .arg(count)
+        .query_async(conn)
+        .await?;
+    match v {
+        Value::Array(parts) if parts.len() >= 2 => Ok(parse_entries(&parts[1])
+            .into_iter()
+            .filter(|e| !e.fields.is_empty())
+            .collect()),
+        _ => Ok(Vec::new()),
+    }
+}
+
+/// Acknowledges `ids`.
+pub async fn ack(
+    conn: &mut ClusterConnection,
+    key: &str,
+    group: &str,
+    ids: &[&str],
+) -> Result<(), RedisError> {
+    let _: i64 = redis::cmd("XACK")
+        .arg(key)
+        .arg(group)
+        .arg(ids)
+        .query_async(conn)
+        .await?;
+    Ok(())
+}
+
+/// Copies a malformed entry, with the reason, to the stream's dead-letter
+/// stream (same hash tag, so same slot).
+pub async fn dead_letter(
+    conn: &mut ClusterConnection,
+    key: &str,
+    e: &RawEntry,
+    reason: &str,
+) -> Result<(), RedisError> {
+    let tag = key
+        .trim_start_matches('{')
+        .split('}')
+        .next()
+        .unwrap_or_default();
+    let mut cmd = redis::cmd("XADD");
+    cmd.arg(keys::dead_letter_stream(tag))
+        .arg("*")
+        .arg("reason")
+        .arg(reason)
+        .arg("source_id")
+        .arg(&e.id);
+    for (f, v) in &e.fields {
+        cmd.arg(format!("orig_{f}")).arg(v);
+    }
+    let _: String = cmd.query_async(conn).await?;
+    Ok(())
+}
+
+/// Orders stream ids (`ms-seq`) numerically.
+pub fn cmp_ids(a: &str, b: &str) -> Ordering {
+    let parse = |s: &str| {
+        let (ms, seq) = s.split_once('-').unwrap_or((s, "0"));
+        (
+            ms.parse::<u64>().unwrap_or(0),
+            seq.parse::<u64>().unwrap_or(0),
+        )
+    };
+    parse(a).cmp(&parse(b))
+}
+
+/// Deletes entries every consumer has acknowledged: everything below the
+/// group's oldest pending entry, or, when nothing is pending, everything up
+/// to and including `last_acked` (entries after it were never delivered).
+pub async fn trim_acknowledged(
+    conn: &mut ClusterConnection,
+    key: &str,
+    group: &str,
+    last_acked: &str,
+) -> Result<(), RedisError> {
+    let summary: Value = redis::cmd("XPENDING")
+        .arg(key)
+        .arg(group)
+        .query_async(conn)
+        .await?;
+    let min_id = match &summary {
+        Value::Array(p) if matches!(p.first(), Some(Value::Int(n)) if *n > 0) => match p.get(1) {
+            Some(Value::BulkString(b)) => String::from_utf8_lossy(b).into_owned(),
+            _ => return Ok(()),
+        },
+        _ => match next_id(last_acked) {
+            Some(id) => id,
+            None => return Ok(()),
+        },
+    };
+    let _: i64 = redis::cmd("XTRIM")
+        .arg(key)
+        .arg("MINID")
+        .arg(min_id)
+        .query_async(conn)
+        .await?;
+    Ok(())
+}
+
+/// Entries of `key` not yet written: undelivered (lag) plus pending.
+pub async fn backlog(
+    conn: &mut ClusterConnection,
+    key: &str,
+    group: &str,
+) -> Result<u64, RedisError> {
+    let groups: Value = redis::cmd("XINFO")
+        .arg("GROUPS")
+        .arg(key)
+        .query_async(conn)
+        .await?;
+    let Value::Array(groups) = groups else {
+        return Ok(0);
+    };
+    for g in groups {
+        let fields: Vec<(String, Value)> = match g {
+            Value::Array(kv) => kv
+                .chunks(2)
+                .filter_map(|c| match (&c[0], c.get(1)) {
+                    (Value::BulkString(k), Some(v)) => {
+                        Some((String::from_utf8_lossy(k).into_owned(), v.clone()))
+                    }
+                    (Value::SimpleString(k), Some(v)) => Some((k.clone(), v.clone())),
+                    _ => None,
+                })
+                .collect(),
+            Value::Map(m) => m
+                .into_iter()
+                .filter_map(|(k, v)| match k {
+                    Value::BulkString(k) => Some((String::from_utf8_lossy(&k).into_owned(), v)),
+                    Value::SimpleString(k) => Some((k, v)),
+                    _ => None,
+                })
+                .collect(),
+            _ => continue,
+        };
+        let get = |name: &str| {
+            fields
+                .iter()
+                .find(|(k, _)| k == name)
+                .map(|(_, v)| v.clone())
+        };
+        let is_ours =
+            matches!(get("name"), Some(Value::BulkString(ref n)) if n == group.as_bytes());
+        if !is_ours {
+            continue;
+        }
+        let pending = match get("pending") {
+            Some(Value::Int(n)) => n.max(0) as u64,
+            _ => 0,
+        };
+        let lag = match get("lag") {
+            Some(Value::Int(n)) => n.max(0) as u64,
+            _ => {
+                let len: u64 = redis::cmd("XLEN").arg(key).query_async(conn).await?;
+                len.saturating_sub(pending)
+            }
+        };
+        return Ok(pending + lag);
+    }
+    // No group yet: nothing was ever read, everything is backlog.
+    redis::cmd("XLEN").arg(key).query_async(conn).await
+}

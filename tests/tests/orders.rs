@@ -1,0 +1,305 @@
+//! The order pipeline against a real cluster and a real PostgreSQL: every
+//! confirmed order reaches the `orders` table exactly once, through writer
+//! crashes, concurrent writers, a database outage and poison entries.
+
+use std::collections::HashSet;
+use std::sync::Arc;
+use std::time::Duration;
+
+use flashsale::{Engine, PurchaseRequest, SaleSpec};
+use flashsale_tests::{
+    db_order_ids, engine_on, fast_writer, wait_for_db_orders, PgDb, RedisCluster, TcpProxy,
+};
+
+/// `n` purchases of one unit each at a concurrency of 100; returns the
+/// confirmed order ids.
+async fn buy(engine: &Engine, sku: &str, n: usize, tag: &str) -> Vec<String> {
+    let sem = Arc::new(tokio::sync::Semaphore::new(100));
+    let sku: Arc<str> = sku.into();
+    let mut tasks = Vec::with_capacity(n);
+    for i in 0..n {
+        let permit = sem.clone().acquire_owned().await.expect("semaphore");
+        let engine = engine.clone();
+        let sku = sku.clone();
+        let id = format!("{tag}-{i}");
+        tasks.push(tokio::spawn(async move {
+            let r = engine
+                .purchase(PurchaseRequest {
+                    sku: &sku,
+                    user: &id,
+                    qty: 1,
+                    request_id: &id,
+                })
+                .await;
+            drop(permit);
+            r
+        }));
+    }
+    let mut ids = Vec::new();
+    for t in tasks {
+        if let Ok(c) = t.await.expect("task") {
+            ids.push(c.order_id);
+        }
+    }
+    ids
+}
+
+fn assert_exactly_once(confirmed: &[String], in_db: &[String]) {
+    let db: HashSet<_> = in_db.iter().collect();
+    assert_eq!(db.len(), in_db.len(), "no order twice in PostgreSQL");
+    let ok: HashSet<_> = confirmed.iter().collect();
+    assert_eq!(
+        ok, db,
+        "every confirmed order is in PostgreSQL, and nothing else"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ten_thousand_orders_reach_postgres_exactly_once() {
+    let cluster = RedisCluster::start(3, 0);
+    let pg = PgDb::create();
+    let pool = flashsale::db::pool(&pg.url(), 4).expect("pool");
+    let engine = engine_on(&cluster).await;
+    engine
+        .create_sale(SaleSpec {
+            buckets: 3,
+            ..SaleSpec::new("tenk", 10_000)
+        })
+        .await
+        .expect("create");
+    let writer = engine
+        .spawn_order_writer(pool.clone(), fast_writer(Duration::from_secs(5)))
+        .await
+        .expect("writer");
+
+    let confirmed = buy(&engine, "tenk", 10_000, "b").await;
+    assert_eq!(confirmed.len(), 10_000);
+    wait_for_db_orders(&pool, "tenk", 10_000, Duration::from_secs(60)).await;
+    let report = writer.shutdown().await.expect("writer stops");
+    assert_eq!(report.written, 10_000);
+    assert_exactly_once(&confirmed, &db_order_ids(&pool, "tenk").await);
+
+    let ledger = flashsale::ledger::reconcile(&engine, &pool, &["tenk".to_owned()])
+        .await
+        .expect("reconcile");
+    assert_eq!(
+        (
+            ledger[0].initial,
+            ledger[0].remaining,
+            ledger[0].pending,
+            ledger[0].written
+        ),
+        (10_000, 0, 0, 10_000)
+    );
+    assert!(ledger[0].conserved);
+    let status = engine.sale_status("tenk").await.expect("status");
+    assert!(
+        status.buckets.iter().all(|b| b.stream_len == 0),
+        "acknowledged entries are trimmed"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn writer_killed_mid_batch_loses_and_duplicates_nothing() {
+    let cluster = RedisCluster::start(3, 0);
+    let pg = PgDb::create();
+    let pool = flashsale::db::pool(&pg.url(), 4).expect("pool");
+    let engine = engine_on(&cluster).await;
+    engine
+        .create_sale(SaleSpec {
+            buckets: 3,
+            ..SaleSpec::new("crash", 3000)
+        })
+        .await
+        .expect("create");
+    let confirmed = buy(&engine, "crash", 3000, "c").await;
+
+    let first = engine
+        .spawn_order_writer(
+            pool.clone(),
+            flashsale::WriterConfig {
+                batch: 20,
+                ..fast_writer(Duration::from_millis(500))
+            },
+        )
+        .await
+        .expect("writer");
+    // Kill it as soon as it has written something: it holds read-but-unacked
+    // entries at that moment with overwhelming likelihood.
+    loop {
+        let n = db_order_ids(&pool, "crash").await.len();
+        if n > 0 {
+            assert!(
+                n < 3000,
+                "the first writer finished before it could be killed"
+            );
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    first.abort();
+    let cluster_pending: u64 = {
+        let status = engine.sale_status("crash").await.expect("status");
+        status.buckets.iter().map(|b| b.stream_len).sum()
+    };
+    assert!(
+        cluster_pending > 0,
+        "entries are left behind by the killed writer"
+    );
+
+    let second = engine
+        .spawn_order_writer(pool.clone(), fast_writer(Duration::from_millis(500)))
+        .await
+        .expect("writer");
+    wait_for_db_orders(&pool, "crash", 3000, Duration::from_secs(60)).await;
+    let report = second.shutdown().await.expect("stops");
+    assert!(report.claimed > 0 || report.written > 0);
+    assert_exactly_once(&confirmed, &db_order_ids(&pool, "crash").await);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_writers_at_once_write_everything_once() {
+    let cluster = RedisCluster::start(3, 0);
+    let pg = PgDb::create();
+    let pool = flashsale::db::pool(&pg.url(), 8).expect("pool");
+    let engine = engine_on(&cluster).await;
+    engine
+        .create_sale(SaleSpec {
+            buckets: 3,
+            ..SaleSpec::new("twin", 4000)
+        })
+        .await
+        .expect("create");
+    // A tiny claim threshold makes the writers steal each other's entries,
+    // so the same entry is written twice and ON CONFLICT must absorb it.
+    let cfg = || flashsale::WriterConfig {
+        batch: 50,
+        ..fast_writer(Duration::from_millis(1))
+    };
+    let a = engine
+        .spawn_order_writer(pool.clone(), cfg())
+        .await
+        .expect("writer a");
+    let b = engine
+        .spawn_order_writer(pool.clone(), cfg())
+        .await
+        .expect("writer b");
+    let confirmed = buy(&engine, "twin", 4000, "t").await;
+    wait_for_db_orders(&pool, "twin", 4000, Duration::from_secs(60)).await;
+    let (ra, rb) = (
+        a.shutdown().await.expect("a"),
+        b.shutdown().await.expect("b"),
+    );
+    assert_eq!(ra.written + rb.written, 4000, "rows inserted once in all");
+    assert!(
+        ra.written > 0 && rb.written > 0,
+        "both writers worked: {ra:?} {rb:?}"
+    );
+    assert_exactly_once(&confirmed, &db_order_ids(&pool, "twin").await);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_outage_backs_up_the_streams_then_drains() {
+    let cluster = RedisCluster::start(3, 0);
+    let pg = PgDb::create();
+    let proxy = TcpProxy::start("127.0.0.1:5432").await;
+    let url = format!(
+        "host=127.0.0.1 port={} user=postgres dbname={} connect_timeout=1",
+        proxy.port, pg.name
+    );
+    let pool = flashsale::db::pool(&url, 4).expect("pool");
+    let direct = flashsale::db::pool(&pg.url(), 2).expect("pool");
+    let engine = engine_on(&cluster).await;
+    engine
+        .create_sale(SaleSpec {
+            buckets: 3,
+            ..SaleSpec::new("outage", 5000)
+        })
+        .await
+        .expect("create");
+    let writer = engine
+        .spawn_order_writer(pool.clone(), fast_writer(Duration::from_secs(5)))
+        .await
+        .expect("writer");
+
+    let mut confirmed = buy(&engine, "outage", 500, "before").await;
+    wait_for_db_orders(&direct, "outage", 500, Duration::from_secs(30)).await;
+
+    proxy.cut();
+    let cut_at = std::time::Instant::now();
+    let mut backlog_seen = 0u64;
+    let mut wave = 0;
+    while cut_at.elapsed() < Duration::from_secs(10) {
+        let got = buy(&engine, "outage", 200, &format!("during{wave}")).await;
+        assert_eq!(
+            got.len(),
+            200,
+            "purchases keep confirming while PostgreSQL is down"
+        );
+        confirmed.extend(got);
+        wave += 1;
+        let status = engine.sale_status("outage").await.expect("status");
+        backlog_seen = backlog_seen.max(status.buckets.iter().map(|b| b.stream_len).sum());
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    assert_eq!(
+        db_order_ids(&direct, "outage").await.len(),
+        500,
+        "nothing was written during the outage"
+    );
+    assert!(
+        backlog_seen >= 200 * wave as u64,
+        "the backlog grew in the streams: {backlog_seen}"
+    );
+
+    proxy.restore();
+    wait_for_db_orders(&direct, "outage", confirmed.len(), Duration::from_secs(60)).await;
+    writer.shutdown().await.expect("stops");
+    assert_exactly_once(&confirmed, &db_order_ids(&direct, "outage").await);
+    let ledger = flashsale::ledger::reconcile(&engine, &direct, &[])
+        .await
+        .expect("reconcile");
+    assert!(ledger.iter().all(|r| r.conserved), "{ledger:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn poison_entry_is_dead_lettered_and_later_orders_still_written() {
+    let cluster = RedisCluster::start(3, 0);
+    let pg = PgDb::create();
+    let pool = flashsale::db::pool(&pg.url(), 4).expect("pool");
+    let engine = engine_on(&cluster).await;
+    let status = engine
+        .create_sale(SaleSpec::new("poison", 100))
+        .await
+        .expect("create");
+    let b = &status.buckets[0];
+    let node = cluster.node(cluster.master_of_slot(b.slot));
+    let _: String = node.cmd(&["XADD", &b.stream, "*", "order_id", "evil", "qty", "lots"]);
+    let confirmed = buy(&engine, "poison", 50, "p").await;
+
+    let writer = engine
+        .spawn_order_writer(pool.clone(), fast_writer(Duration::from_secs(5)))
+        .await
+        .expect("writer");
+    wait_for_db_orders(&pool, "poison", 50, Duration::from_secs(30)).await;
+    let report = writer.shutdown().await.expect("stops");
+    assert_eq!(report.dead_lettered, 1);
+    assert_exactly_once(&confirmed, &db_order_ids(&pool, "poison").await);
+
+    let dead = format!("{{{}}}:orders:dead", b.tag);
+    let len: i64 = node.cmd(&["XLEN", &dead]);
+    assert_eq!(len, 1);
+    let entry: redis::Value = node.cmd(&["XRANGE", &dead, "-", "+"]);
+    let text = format!("{entry:?}");
+    assert!(
+        text.contains("field qty is not an integer"),
+        "the reason is kept: {text}"
+    );
+    let ledger = flashsale::ledger::reconcile(&engine, &pool, &["poison".to_owned()])
+        .await
+        .expect("reconcile");
+    assert!(
+        ledger[0].conserved && ledger[0].dead_lettered == 1,
+        "{ledger:?}"
+    );
+}
