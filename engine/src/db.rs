@@ -6,8 +6,10 @@ use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod};
 use tokio_postgres::NoTls;
 
 /// Migrations in order; the number is the version recorded once applied.
-const MIGRATIONS: &[(i32, &str, &str)] =
-    &[(1, "orders", include_str!("../migrations/0001_orders.sql"))];
+const MIGRATIONS: &[(i32, &str, &str)] = &[
+    (1, "orders", include_str!("../migrations/0001_orders.sql")),
+    (2, "fencing", include_str!("../migrations/0002_fencing.sql")),
+];
 
 /// Advisory lock key held while migrating ("flashsal" in ASCII).
 const MIGRATION_LOCK: i64 = 0x666c_6173_6873_616c;
@@ -25,6 +27,14 @@ pub enum DbError {
     /// A statement failed.
     #[error("postgres: {0}")]
     Query(#[from] tokio_postgres::Error),
+    /// A fenced write carried a token lower than one the resource accepted.
+    #[error("stale fencing token {token} for {resource:?}")]
+    StaleToken {
+        /// The resource.
+        resource: String,
+        /// The refused token.
+        token: u64,
+    },
 }
 
 /// A pool of connections to `url` (a tokio-postgres connection string). No
@@ -88,4 +98,33 @@ pub async fn migrate(pool: &Pool) -> Result<(), DbError> {
     }
     tx.commit().await?;
     Ok(())
+}
+
+/// Inside `tx`, claims `resource` for fencing token `token`: refused with
+/// [`DbError::StaleToken`] when the resource already accepted a higher token
+/// (the transaction is then aborted and must be rolled back). Call it first
+/// in every transaction a lock guards.
+pub async fn fenced(
+    tx: &deadpool_postgres::Transaction<'_>,
+    resource: &str,
+    token: u64,
+) -> Result<(), DbError> {
+    let t = i64::try_from(token).map_err(|_| DbError::StaleToken {
+        resource: resource.to_owned(),
+        token,
+    })?;
+    match tx
+        .execute(
+            "SELECT flashsale_fence($1::text, $2::int8)",
+            &[&resource, &t],
+        )
+        .await
+    {
+        Ok(_) => Ok(()),
+        Err(e) if e.code().map(|c| c.code()) == Some("FS001") => Err(DbError::StaleToken {
+            resource: resource.to_owned(),
+            token,
+        }),
+        Err(e) => Err(DbError::Query(e)),
+    }
 }

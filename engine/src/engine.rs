@@ -40,6 +40,8 @@ pub(crate) struct Inner {
     pub(crate) order_ids: OrderIds,
     pub(crate) epoch: Instant,
     pub(crate) stats: Stats,
+    /// Locks for admin operations, when lock nodes are configured.
+    pub(crate) locks: Option<crate::lock::LockClient>,
 }
 
 /// Counters an embedding service (or a test) can read without a metrics
@@ -92,6 +94,17 @@ impl Engine {
             .await
             .map_err(|e| ConnectError::Redis(e.to_string()))?;
         m::describe();
+        let locks = if config.lock_nodes.is_empty() {
+            None
+        } else {
+            Some(
+                crate::lock::LockClient::new(
+                    &config.lock_nodes,
+                    crate::lock::LockConfig::default(),
+                )
+                .map_err(|e| ConnectError::Config(e.to_string()))?,
+            )
+        };
         let engine = Engine {
             inner: Arc::new(Inner {
                 client,
@@ -102,6 +115,7 @@ impl Engine {
                 order_ids: OrderIds::new(),
                 epoch: Instant::now(),
                 stats: Stats::default(),
+                locks,
             }),
         };
         let map = engine
@@ -121,6 +135,11 @@ impl Engine {
     /// The configuration the engine runs with.
     pub fn config(&self) -> &Config {
         &self.inner.config
+    }
+
+    /// The lock client over `lock_nodes`, when any are configured.
+    pub fn locks(&self) -> Option<&crate::lock::LockClient> {
+        self.inner.locks.as_ref()
     }
 
     /// Counters of retries, reloads and local sold-out answers.

@@ -154,3 +154,26 @@ async fn reconcile_one(
         conserved,
     })
 }
+
+/// Records `reports` in `ledger_checks`, fenced by the reconcile lock's
+/// token: a reconcile that lost its lock cannot write over a newer one.
+pub async fn record(
+    pool: &Pool,
+    reports: &[LedgerReport],
+    fencing_token: u64,
+) -> Result<(), DbError> {
+    let mut c = db::client(pool).await?;
+    let tx = c.transaction().await?;
+    db::fenced(&tx, "ledger_checks", fencing_token).await?;
+    let token = fencing_token as i64;
+    for r in reports {
+        tx.execute(
+            "INSERT INTO ledger_checks (sku, initial, remaining, pending, written, conserved, fencing_token)
+             VALUES ($1, $2, $3, $4, $5, $6, $7)",
+            &[&r.sku, &(r.initial as i64), &r.remaining, &(r.pending as i64), &(r.written as i64), &r.conserved, &token],
+        )
+        .await?;
+    }
+    tx.commit().await?;
+    Ok(())
+}

@@ -17,6 +17,7 @@
 //! | [`purchase`] | the hot path |
 //! | [`orders`] | the order writer: streams into PostgreSQL exactly once |
 //! | [`ledger`] | reconcile: initial = remaining + pending + written |
+//! | [`lock`] | distributed locks on separate Redis nodes: Redlock, watchdog, fencing |
 //! | [`db`] | PostgreSQL pool and versioned migrations |
 //! | [`validate`] | input checks before anything reaches Redis |
 //! | [`error`] | typed errors and the one classification of Redis errors |
@@ -41,6 +42,7 @@ pub mod engine;
 pub mod error;
 pub mod keys;
 pub mod ledger;
+pub mod lock;
 pub mod metrics;
 pub mod orders;
 pub mod placement;

@@ -39,6 +39,9 @@ enum Command {
     /// The order writer: drain the order streams into PostgreSQL.
     #[command(subcommand)]
     Orders(OrdersCommand),
+    /// Distributed locks on the lock nodes.
+    #[command(subcommand)]
+    Lock(LockCommand),
     /// Check initial = remaining + pending + written per SKU; exit 1 if not.
     Reconcile {
         /// Only these SKUs (repeatable; default: every sale).
@@ -48,6 +51,12 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
+}
+
+#[derive(Subcommand)]
+enum LockCommand {
+    /// Run a command while holding a lock (exit 75: not acquired, 79: lost).
+    Exec(cli::lock_exec::LockExecArgs),
 }
 
 #[derive(Subcommand)]
@@ -204,10 +213,28 @@ async fn run(cli: Cli) -> Result<ExitCode> {
             );
             Ok(ExitCode::SUCCESS)
         }
+        Command::Lock(LockCommand::Exec(args)) => {
+            cli::lock_exec::run(&config.lock_nodes, args).await
+        }
         Command::Reconcile { sku, json } => {
             let pool = flashsale::db::pool(&config.postgres_url, 2)?;
             let engine = Engine::connect(config).await?;
+            // One reconcile at a time writes results, fenced by its token.
+            let guard = match engine.locks() {
+                Some(l) => {
+                    let owner = format!("reconcile-{}", std::process::id());
+                    Some(
+                        l.lock("reconcile", &flashsale::lock::LockOptions::new(owner))
+                            .await?,
+                    )
+                }
+                None => None,
+            };
             let reports = flashsale::ledger::reconcile(&engine, &pool, &sku).await?;
+            if let Some(g) = guard {
+                flashsale::ledger::record(&pool, &reports, g.fencing_token()).await?;
+                g.unlock().await;
+            }
             if json {
                 println!("{}", serde_json::to_string_pretty(&reports)?);
             } else {

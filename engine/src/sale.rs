@@ -178,6 +178,20 @@ impl Engine {
                 "ends_at must be after starts_at".into(),
             )));
         }
+        let guard = self.admin_lock(&spec.sku).await?;
+        let result = self.create_sale_locked(spec, starts_ms, ends_ms).await;
+        if let Some(g) = guard {
+            g.unlock().await;
+        }
+        result
+    }
+
+    async fn create_sale_locked(
+        &self,
+        spec: SaleSpec,
+        starts_ms: u64,
+        ends_ms: u64,
+    ) -> Result<SaleStatus, AdminError> {
         let map = self.slot_map().await.map_err(unavailable)?;
         let tags = pick_tags(&spec.sku, spec.buckets, &map)
             .ok_or_else(|| AdminError::Unavailable("cluster has no masters".into()))?;
@@ -380,6 +394,15 @@ impl Engine {
                 "restock qty must be positive and sane, got {qty}"
             ))));
         }
+        let guard = self.admin_lock(sku).await?;
+        let result = self.restock_locked(sku, qty).await;
+        if let Some(g) = guard {
+            g.unlock().await;
+        }
+        result
+    }
+
+    async fn restock_locked(&self, sku: &str, qty: u64) -> Result<SaleStatus, AdminError> {
         let sale = self.admin_sale(sku).await?;
         let n = sale.buckets.len() as u64;
         for (i, b) in sale.buckets.iter().enumerate() {
@@ -417,6 +440,15 @@ impl Engine {
     /// request_ids still get their first answer.
     pub async fn close_sale(&self, sku: &str) -> Result<SaleStatus, AdminError> {
         validate::sku(sku).map_err(AdminError::Invalid)?;
+        let guard = self.admin_lock(sku).await?;
+        let result = self.close_sale_locked(sku).await;
+        if let Some(g) = guard {
+            g.unlock().await;
+        }
+        result
+    }
+
+    async fn close_sale_locked(&self, sku: &str) -> Result<SaleStatus, AdminError> {
         let sale = self.admin_sale(sku).await?;
         for b in &sale.buckets {
             let _: () = self
@@ -439,6 +471,27 @@ impl Engine {
             .await
             .map_err(unavailable)?;
         self.sale_status(sku).await
+    }
+
+    /// Holds the SKU's admin lock (when lock nodes are configured) so two
+    /// operators' create/restock/close of one SKU never interleave.
+    async fn admin_lock(&self, sku: &str) -> Result<Option<crate::lock::LockGuard>, AdminError> {
+        let Some(locks) = self.locks() else {
+            return Ok(None);
+        };
+        let owner = format!(
+            "admin-{}-{:016x}",
+            std::process::id(),
+            rand::random::<u64>()
+        );
+        locks
+            .lock(
+                &format!("sale-admin:{sku}"),
+                &crate::lock::LockOptions::new(owner),
+            )
+            .await
+            .map(Some)
+            .map_err(|e| AdminError::Lock(e.to_string()))
     }
 
     async fn admin_sale(&self, sku: &str) -> Result<Arc<SaleHandle>, AdminError> {

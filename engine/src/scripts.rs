@@ -14,7 +14,7 @@ pub struct LuaScript {
 }
 
 impl LuaScript {
-    fn new(name: &'static str, code: &'static str) -> Self {
+    pub(crate) fn new(name: &'static str, code: &'static str) -> Self {
         LuaScript {
             name,
             code,

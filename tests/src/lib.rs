@@ -380,6 +380,8 @@ pub fn wait_for(timeout: Duration, mut ok: impl FnMut() -> bool, why: impl FnOnc
 pub async fn engine_on(cluster: &RedisCluster) -> flashsale::Engine {
     let config = flashsale::Config {
         cluster_nodes: cluster.seeds(),
+        // Never the ops/up lock ports: tests that want locks start their own.
+        lock_nodes: Vec::new(),
         ..flashsale::Config::default()
     };
     flashsale::Engine::connect(config)
@@ -481,9 +483,8 @@ pub fn flashsale_cmd(
     if let Some(pg) = pg {
         c.env("FLASHSALE_POSTGRES_URL", pg.url());
     }
-    if !lock_nodes.is_empty() {
-        c.env("FLASHSALE_LOCK_NODES", lock_nodes.join(","));
-    }
+    // Always set, so a test never reaches the ops/up lock ports by default.
+    c.env("FLASHSALE_LOCK_NODES", lock_nodes.join(","));
     c
 }
 

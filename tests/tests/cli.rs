@@ -38,8 +38,14 @@ fn demo_json_reports_no_oversell_and_matches_redis() {
     assert_eq!(report["oversold"], 0);
     assert_eq!(report["duplicates"], 0);
     assert_eq!(report["stream_entries"], 300);
-    assert_eq!(report["orders_in_db"], 300, "the demo drains every order into PostgreSQL");
-    assert_eq!(pg.query("SELECT count(DISTINCT order_id) FROM orders"), "300");
+    assert_eq!(
+        report["orders_in_db"], 300,
+        "the demo drains every order into PostgreSQL"
+    );
+    assert_eq!(
+        pg.query("SELECT count(DISTINCT order_id) FROM orders"),
+        "300"
+    );
     assert!(report["purchases_per_second"].as_f64().unwrap_or(0.0) > 0.0);
     let sku = report["sku"].as_str().expect("sku in report").to_owned();
 

@@ -2,4 +2,5 @@
 //! The library never depends on anything here.
 
 pub mod demo;
+pub mod lock_exec;
 pub mod settings;

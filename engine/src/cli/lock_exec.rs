@@ -1,0 +1,157 @@
+//! `flashsale lock exec`: a distributed flock(1). Runs a command while
+//! holding a lock on the lock nodes, watchdog on, with the grant's fencing
+//! token in `FLASHSALE_FENCING_TOKEN`. If the lock is lost, the command gets
+//! SIGTERM and the exit code says so.
+
+use std::process::ExitCode;
+use std::time::Duration;
+
+use anyhow::{anyhow, Result};
+use flashsale::lock::{LockClient, LockConfig, LockError, LockOptions};
+
+/// Exit code when the lock could not be taken within `--wait` (EX_TEMPFAIL).
+pub const EXIT_NOT_ACQUIRED: u8 = 75;
+/// Exit code when the lock was lost while the command ran.
+pub const EXIT_LOCK_LOST: u8 = 79;
+
+/// Arguments of `lock exec`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct LockExecArgs {
+    /// Lock name.
+    #[arg(long)]
+    pub name: String,
+    /// Lease the watchdog keeps renewing (e.g. 500ms, 10s, 1m).
+    #[arg(long, default_value = "10s", value_parser = parse_duration)]
+    pub ttl: Duration,
+    /// How long to wait for the lock.
+    #[arg(long, default_value = "30s", value_parser = parse_duration)]
+    pub wait: Duration,
+    /// Owner name (default: host and pid).
+    #[arg(long)]
+    pub owner: Option<String>,
+    /// The command and its arguments, after `--`.
+    #[arg(last = true, required = true)]
+    pub command: Vec<String>,
+}
+
+/// Parses `250ms`, `10s`, `2m` or a plain number of seconds.
+pub fn parse_duration(s: &str) -> Result<Duration, String> {
+    let s = s.trim();
+    let (num, unit) = match s.find(|c: char| !c.is_ascii_digit()) {
+        Some(i) => s.split_at(i),
+        None => (s, "s"),
+    };
+    let n: u64 = num
+        .parse()
+        .map_err(|_| format!("{s:?}: expected e.g. 500ms, 10s, 2m"))?;
+    match unit {
+        "ms" => Ok(Duration::from_millis(n)),
+        "s" => Ok(Duration::from_secs(n)),
+        "m" => Ok(Duration::from_secs(n * 60)),
+        _ => Err(format!("{s:?}: unit must be ms, s or m")),
+    }
+}
+
+/// Runs the command under the lock.
+pub async fn run(lock_nodes: &[String], args: LockExecArgs) -> Result<ExitCode> {
+    if args.ttl < Duration::from_millis(30) {
+        return Err(anyhow!("--ttl must be at least 30ms"));
+    }
+    let client = LockClient::new(
+        lock_nodes,
+        LockConfig {
+            watchdog_ttl: args.ttl,
+            ..LockConfig::default()
+        },
+    )?;
+    let owner = args
+        .owner
+        .clone()
+        .unwrap_or_else(|| format!("exec-{}", std::process::id()));
+    let guard = match client
+        .lock(&args.name, &LockOptions::new(owner).wait(args.wait))
+        .await
+    {
+        Ok(g) => g,
+        Err(e @ (LockError::Timeout { .. } | LockError::NoQuorum { .. })) => {
+            eprintln!("flashsale lock exec: {e}");
+            return Ok(ExitCode::from(EXIT_NOT_ACQUIRED));
+        }
+        Err(e) => return Err(e.into()),
+    };
+    let (program, rest) = args
+        .command
+        .split_first()
+        .ok_or_else(|| anyhow!("no command given"))?;
+    let mut child = tokio::process::Command::new(program)
+        .args(rest)
+        .env("FLASHSALE_FENCING_TOKEN", guard.fencing_token().to_string())
+        .env("FLASHSALE_LOCK_NAME", &args.name)
+        .spawn()
+        .map_err(|e| anyhow!("cannot run {program:?}: {e}"))?;
+    let pid = child.id();
+
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+    let outcome = tokio::select! {
+        status = child.wait() => Some(status?),
+        _ = guard.lost() => None,
+        _ = term.recv() => {
+            signal(pid, libc::SIGTERM);
+            Some(child.wait().await?)
+        }
+    };
+    match outcome {
+        Some(status) => {
+            guard.unlock().await;
+            Ok(ExitCode::from(exit_code(status)))
+        }
+        None => {
+            eprintln!(
+                "flashsale lock exec: lock {:?} lost; sending SIGTERM to the command",
+                args.name
+            );
+            signal(pid, libc::SIGTERM);
+            if tokio::time::timeout(Duration::from_secs(10), child.wait())
+                .await
+                .is_err()
+            {
+                child.start_kill()?;
+                child.wait().await?;
+            }
+            Ok(ExitCode::from(EXIT_LOCK_LOST))
+        }
+    }
+}
+
+fn signal(pid: Option<u32>, sig: libc::c_int) {
+    if let Some(pid) = pid.and_then(|p| libc::pid_t::try_from(p).ok()) {
+        // SAFETY: kill(2) with a pid we spawned and a valid signal number has
+        // no memory-safety preconditions.
+        unsafe {
+            libc::kill(pid, sig);
+        }
+    }
+}
+
+fn exit_code(status: std::process::ExitStatus) -> u8 {
+    use std::os::unix::process::ExitStatusExt;
+    match (status.code(), status.signal()) {
+        (Some(c), _) => c.clamp(0, 255) as u8,
+        (None, Some(s)) => (128 + s).clamp(0, 255) as u8,
+        _ => 1,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn durations_parse_with_units() {
+        assert_eq!(parse_duration("250ms"), Ok(Duration::from_millis(250)));
+        assert_eq!(parse_duration("3"), Ok(Duration::from_secs(3)));
+        assert_eq!(parse_duration("2m"), Ok(Duration::from_secs(120)));
+        assert!(parse_duration("2h").is_err());
+        assert!(parse_duration("fast").is_err());
+    }
+}

@@ -1,0 +1,677 @@
+//! Distributed locks on independent Redis instances (never the inventory
+//! cluster). One node: a single-node lock. Three or more: Redlock — ask every
+//! node in parallel with a small per-node timeout, hold the lock when a
+//! majority granted it within its validity (ttl - elapsed - drift), release
+//! everywhere otherwise and try again after a wake-up or a random delay.
+//!
+//! What it adds to `SET NX PX`:
+//! - compare-and-act release and renewal (Lua): nobody releases or extends a
+//!   lock they do not hold;
+//! - a watchdog renewing the lease every ttl/3 while the guard lives, which
+//!   reports the loss (`lost()`) when a majority stops confirming;
+//! - reentrancy per explicit owner (tasks move between threads: no thread ids);
+//! - waiters woken by pub/sub on release, with the remaining TTL as fallback;
+//! - fencing tokens: see [`fence`] for why they only grow.
+//!
+//! What no lock can give: safety when a holder pauses (GC, SIGSTOP) past its
+//! lease, or when clocks drift beyond the drift allowance. Fencing tokens are
+//! the answer to the first: a resource that remembers the highest token it
+//! accepted refuses the late holder's write (see `db::fenced`).
+
+pub mod fence;
+mod node;
+mod waiters;
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use futures_util::future::join_all;
+use redis::Value;
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+
+use crate::scripts::LuaScript;
+use node::{LockNode, NodeError};
+use waiters::{Waiters, CHANNEL};
+
+/// Metric names of the lock module.
+pub mod metric {
+    /// Time from `lock`/`try_lock` to the grant, seconds.
+    pub const ACQUIRE_SECONDS: &str = "flashsale_lock_acquire_duration_seconds";
+    /// Attempts that found the lock held and waited.
+    pub const WAITS: &str = "flashsale_lock_waits_total";
+    /// Watchdog renewals confirmed by a quorum.
+    pub const RENEWALS: &str = "flashsale_lock_renewals_total";
+    /// Grants lost (renewal failed on a quorum, or a lease ran out).
+    pub const LOST: &str = "flashsale_lock_lost_total";
+    /// Per-node errors and timeouts, by `node`.
+    pub const NODE_ERRORS: &str = "flashsale_lock_node_errors_total";
+}
+
+/// Why a lock call failed.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum LockError {
+    /// The lock stayed held by someone else for the whole wait.
+    #[error("lock {name:?} still held by another owner after waiting {waited:?}")]
+    Timeout {
+        /// The lock.
+        name: String,
+        /// How long it waited.
+        waited: Duration,
+    },
+    /// Too few nodes answered to form a majority.
+    #[error("lock {name:?}: only {reachable} of {nodes} lock nodes reachable, {quorum} needed ({detail})")]
+    NoQuorum {
+        /// The lock.
+        name: String,
+        /// Nodes that answered on the last attempt.
+        reachable: usize,
+        /// Nodes configured.
+        nodes: usize,
+        /// Majority.
+        quorum: usize,
+        /// The last node error seen.
+        detail: String,
+    },
+    /// A name or owner that is empty or too long.
+    #[error("invalid {0}")]
+    Invalid(&'static str),
+    /// The configuration has no lock nodes or a bad URL.
+    #[error("lock config: {0}")]
+    Config(String),
+}
+
+/// Client-wide settings.
+#[derive(Debug, Clone, Copy)]
+pub struct LockConfig {
+    /// How long one node may take to answer one call.
+    pub node_timeout: Duration,
+    /// Lease the watchdog keeps renewing when no lease is given.
+    pub watchdog_ttl: Duration,
+    /// Largest random pause between attempts when no release was heard.
+    pub retry_jitter: Duration,
+}
+
+impl Default for LockConfig {
+    fn default() -> Self {
+        LockConfig {
+            node_timeout: Duration::from_millis(100),
+            watchdog_ttl: Duration::from_secs(30),
+            retry_jitter: Duration::from_millis(50),
+        }
+    }
+}
+
+/// How to take one lock.
+#[derive(Debug, Clone)]
+pub struct LockOptions {
+    /// Who takes it; the same owner may take it again (reentrancy).
+    pub owner: String,
+    /// Fixed lease: the lock expires after it and nothing renews it. `None`
+    /// (the default) turns the watchdog on.
+    pub lease: Option<Duration>,
+    /// How long `lock` waits for a held lock (`try_lock` does not wait).
+    pub wait: Duration,
+}
+
+impl LockOptions {
+    /// Options for `owner`: watchdog on, wait up to 10 s.
+    pub fn new(owner: impl Into<String>) -> Self {
+        LockOptions {
+            owner: owner.into(),
+            lease: None,
+            wait: Duration::from_secs(10),
+        }
+    }
+
+    /// A fixed lease instead of the watchdog.
+    pub fn lease(mut self, lease: Duration) -> Self {
+        self.lease = Some(lease);
+        self
+    }
+
+    /// How long `lock` waits.
+    pub fn wait(mut self, wait: Duration) -> Self {
+        self.wait = wait;
+        self
+    }
+}
+
+/// The lock scripts.
+struct LockScripts {
+    acquire: LuaScript,
+    fence: LuaScript,
+    release: LuaScript,
+    extend: LuaScript,
+}
+
+/// A lock held by this client: shared by the guards of a reentrant owner.
+struct Held {
+    name: String,
+    owner: String,
+    token: String,
+    fence: u64,
+    ttl: Duration,
+    count: AtomicU32,
+    /// Engine-independent ms timestamp (since client start) until which the
+    /// grant is valid; pushed forward by the watchdog.
+    valid_until_ms: AtomicU64,
+    lost: watch::Sender<bool>,
+    keeper: Mutex<Option<JoinHandle<()>>>,
+}
+
+struct Inner {
+    nodes: Vec<LockNode>,
+    scripts: LockScripts,
+    config: LockConfig,
+    waiters: Arc<Waiters>,
+    listeners: Vec<JoinHandle<()>>,
+    held: Mutex<HashMap<(String, String), Arc<Held>>>,
+    epoch: Instant,
+}
+
+impl Drop for Inner {
+    fn drop(&mut self) {
+        for l in &self.listeners {
+            l.abort();
+        }
+    }
+}
+
+/// A handle on the lock nodes; cheap to clone.
+#[derive(Clone)]
+pub struct LockClient {
+    inner: Arc<Inner>,
+}
+
+/// The result of one attempt on every node.
+enum Attempt {
+    Granted(Arc<Held>),
+    Busy { retry_in: Duration },
+    NoQuorum { reachable: usize, detail: String },
+}
+
+/// Decoded reply of `lock_acquire.lua`.
+struct AcquireReply {
+    granted: bool,
+    pttl: i64,
+    fence: u64,
+}
+
+fn decode_acquire(v: &Value) -> Option<AcquireReply> {
+    let Value::Array(p) = v else { return None };
+    let int = |v: &Value| match v {
+        Value::Int(i) => Some(*i),
+        _ => None,
+    };
+    let fence = match p.get(2)? {
+        Value::BulkString(b) => std::str::from_utf8(b).ok()?.parse().ok()?,
+        Value::Int(i) => u64::try_from(*i).ok()?,
+        _ => return None,
+    };
+    Some(AcquireReply {
+        granted: int(p.first()?)? == 1,
+        pttl: int(p.get(1)?)?,
+        fence,
+    })
+}
+
+fn lock_key(name: &str) -> String {
+    format!("flashsale:lock:{name}")
+}
+
+fn fence_key(name: &str) -> String {
+    format!("flashsale:fence:{name}")
+}
+
+fn validate(name: &str, owner: &str) -> Result<(), LockError> {
+    if name.is_empty() || name.len() > 200 {
+        return Err(LockError::Invalid("lock name (1-200 bytes)"));
+    }
+    if owner.is_empty() || owner.len() > 200 {
+        return Err(LockError::Invalid("owner (1-200 bytes)"));
+    }
+    Ok(())
+}
+
+impl LockClient {
+    /// A client over `urls` (`redis://host:port`, independent instances).
+    /// Connections open on first use, so a node that is down now does not
+    /// stop the others from serving a majority. Needs a tokio runtime.
+    pub fn new(urls: &[String], config: LockConfig) -> Result<LockClient, LockError> {
+        if urls.is_empty() {
+            return Err(LockError::Config("no lock nodes configured".into()));
+        }
+        let nodes: Vec<LockNode> = urls
+            .iter()
+            .map(|u| LockNode::new(u))
+            .collect::<Result<_, _>>()
+            .map_err(LockError::Config)?;
+        let waiters = Arc::new(Waiters::default());
+        let listeners = nodes
+            .iter()
+            .map(|n| Waiters::listen(&waiters, n.client().clone()))
+            .collect();
+        Ok(LockClient {
+            inner: Arc::new(Inner {
+                nodes,
+                scripts: LockScripts {
+                    acquire: LuaScript::new(
+                        "lock_acquire",
+                        include_str!("../../../lua/lock_acquire.lua"),
+                    ),
+                    fence: LuaScript::new(
+                        "lock_fence",
+                        include_str!("../../../lua/lock_fence.lua"),
+                    ),
+                    release: LuaScript::new(
+                        "lock_release",
+                        include_str!("../../../lua/lock_release.lua"),
+                    ),
+                    extend: LuaScript::new(
+                        "lock_extend",
+                        include_str!("../../../lua/lock_extend.lua"),
+                    ),
+                },
+                config,
+                waiters,
+                listeners,
+                held: Mutex::new(HashMap::new()),
+                epoch: Instant::now(),
+            }),
+        })
+    }
+
+    /// Nodes needed for a grant: a majority.
+    pub fn quorum(&self) -> usize {
+        self.inner.nodes.len() / 2 + 1
+    }
+
+    fn now_ms(&self) -> u64 {
+        self.inner.epoch.elapsed().as_millis() as u64
+    }
+
+    /// Takes `name`, waiting up to `opts.wait` while someone else holds it.
+    pub async fn lock(&self, name: &str, opts: &LockOptions) -> Result<LockGuard, LockError> {
+        self.acquire(name, opts, opts.wait).await
+    }
+
+    /// Takes `name` if it is free now (one attempt on every node).
+    pub async fn try_lock(
+        &self,
+        name: &str,
+        opts: &LockOptions,
+    ) -> Result<Option<LockGuard>, LockError> {
+        match self.acquire(name, opts, Duration::ZERO).await {
+            Ok(g) => Ok(Some(g)),
+            Err(LockError::Timeout { .. }) => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+
+    async fn acquire(
+        &self,
+        name: &str,
+        opts: &LockOptions,
+        wait: Duration,
+    ) -> Result<LockGuard, LockError> {
+        validate(name, &opts.owner)?;
+        let started = Instant::now();
+        if let Some(g) = self.reenter(name, &opts.owner) {
+            return Ok(g);
+        }
+        // Register before the first attempt so a release between the attempt
+        // and the wait is not missed.
+        let wake = self.inner.waiters.register(name);
+        let mut waited = false;
+        loop {
+            let notified = wake.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            let last = self.attempt(name, opts).await;
+            let remaining = wait.saturating_sub(started.elapsed());
+            match last {
+                Attempt::Granted(held) => {
+                    metrics::histogram!(metric::ACQUIRE_SECONDS)
+                        .record(started.elapsed().as_secs_f64());
+                    return Ok(LockGuard {
+                        client: self.clone(),
+                        held,
+                        released: false,
+                    });
+                }
+                Attempt::NoQuorum { reachable, detail } if remaining.is_zero() => {
+                    return Err(LockError::NoQuorum {
+                        name: name.to_owned(),
+                        reachable,
+                        nodes: self.inner.nodes.len(),
+                        quorum: self.quorum(),
+                        detail,
+                    });
+                }
+                Attempt::Busy { .. } if remaining.is_zero() => {
+                    return Err(LockError::Timeout {
+                        name: name.to_owned(),
+                        waited: started.elapsed(),
+                    });
+                }
+                Attempt::Busy { retry_in } => {
+                    if !waited {
+                        metrics::counter!(metric::WAITS).increment(1);
+                        waited = true;
+                    }
+                    let pause = retry_in.min(remaining) + self.jitter();
+                    tokio::select! {
+                        _ = &mut notified => {}
+                        _ = tokio::time::sleep(pause.min(remaining)) => {}
+                    }
+                }
+                Attempt::NoQuorum { .. } => {
+                    tokio::time::sleep(
+                        (self.inner.config.node_timeout + self.jitter()).min(remaining),
+                    )
+                    .await;
+                }
+            }
+        }
+    }
+
+    fn jitter(&self) -> Duration {
+        self.inner
+            .config
+            .retry_jitter
+            .mul_f64(rand::random::<f64>())
+    }
+
+    /// The same owner taking a lock it holds: count it, no network trip.
+    fn reenter(&self, name: &str, owner: &str) -> Option<LockGuard> {
+        let map = self.inner.held.lock().unwrap_or_else(|p| p.into_inner());
+        let held = map.get(&(name.to_owned(), owner.to_owned()))?.clone();
+        drop(map);
+        let valid =
+            !*held.lost.borrow() && self.now_ms() < held.valid_until_ms.load(Ordering::SeqCst);
+        if !valid {
+            return None;
+        }
+        held.count.fetch_add(1, Ordering::SeqCst);
+        Some(LockGuard {
+            client: self.clone(),
+            held,
+            released: false,
+        })
+    }
+
+    /// One Redlock round: SET NX PX on every node in parallel; on a majority
+    /// within validity, raise the fencing counters and keep the grant;
+    /// otherwise release what was taken.
+    async fn attempt(&self, name: &str, opts: &LockOptions) -> Attempt {
+        let ttl = opts.lease.unwrap_or(self.inner.config.watchdog_ttl);
+        let ttl_ms = ttl.as_millis().max(1) as u64;
+        let token = format!("{:032x}", rand::random::<u128>());
+        let started = Instant::now();
+        let (lkey, fkey) = (lock_key(name), fence_key(name));
+        let ttl_s = ttl_ms.to_string();
+        let replies = self
+            .on_all_nodes(
+                &self.inner.scripts.acquire,
+                &[&lkey, &fkey],
+                &[&token, &ttl_s],
+            )
+            .await;
+        let mut granted = Vec::new();
+        let mut reachable = 0;
+        let mut highest_fence = 0u64;
+        let mut shortest_pttl: Option<i64> = None;
+        let mut detail = String::new();
+        for (i, r) in replies.iter().enumerate() {
+            match r.as_ref().map(decode_acquire) {
+                Ok(Some(a)) => {
+                    reachable += 1;
+                    highest_fence = highest_fence.max(a.fence);
+                    if a.granted {
+                        granted.push(i);
+                    } else if a.pttl > 0 {
+                        shortest_pttl = Some(shortest_pttl.map_or(a.pttl, |p| p.min(a.pttl)));
+                    }
+                }
+                Ok(None) => detail = "unexpected reply".into(),
+                Err(e) => detail = format!("{}: {e}", self.inner.nodes[i].addr),
+            }
+        }
+        if granted.len() >= self.quorum() {
+            if let Some(held) = self
+                .grant(name, opts, token.clone(), ttl, started, highest_fence)
+                .await
+            {
+                return Attempt::Granted(held);
+            }
+        }
+        self.release_token(name, &token).await;
+        if reachable < self.quorum() {
+            return Attempt::NoQuorum { reachable, detail };
+        }
+        let retry_in = Duration::from_millis(shortest_pttl.unwrap_or(10).max(1) as u64);
+        Attempt::Busy { retry_in }
+    }
+
+    /// Completes a majority grant: picks the fencing token, raises the
+    /// counters of a majority to it, and checks the validity left.
+    async fn grant(
+        &self,
+        name: &str,
+        opts: &LockOptions,
+        token: String,
+        ttl: Duration,
+        started: Instant,
+        highest_fence: u64,
+    ) -> Option<Arc<Held>> {
+        let fence = fence::next_token(
+            highest_fence,
+            SystemTime::now().duration_since(UNIX_EPOCH).ok()?,
+        );
+        let fkey = fence_key(name);
+        let fence_s = fence.to_string();
+        let raised = self
+            .on_all_nodes(&self.inner.scripts.fence, &[&fkey], &[&fence_s])
+            .await;
+        if raised.iter().filter(|r| r.is_ok()).count() < self.quorum() {
+            return None;
+        }
+        let drift = ttl / 100 + Duration::from_millis(2);
+        let validity = ttl.checked_sub(started.elapsed() + drift)?;
+        if validity.is_zero() {
+            return None;
+        }
+        let (lost, _) = watch::channel(false);
+        let held = Arc::new(Held {
+            name: name.to_owned(),
+            owner: opts.owner.clone(),
+            token,
+            fence,
+            ttl,
+            count: AtomicU32::new(1),
+            valid_until_ms: AtomicU64::new(self.now_ms() + validity.as_millis() as u64),
+            lost,
+            keeper: Mutex::new(None),
+        });
+        let keeper = if opts.lease.is_some() {
+            self.spawn_lease_timer(held.clone())
+        } else {
+            self.spawn_watchdog(held.clone())
+        };
+        *held.keeper.lock().unwrap_or_else(|p| p.into_inner()) = Some(keeper);
+        self.inner
+            .held
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert((held.name.clone(), held.owner.clone()), held.clone());
+        Some(held)
+    }
+
+    /// Renews every ttl/3 while the grant lives; reports the loss when a
+    /// majority stops confirming or the validity runs out first.
+    fn spawn_watchdog(&self, held: Arc<Held>) -> JoinHandle<()> {
+        let client = self.clone();
+        tokio::spawn(async move {
+            let every = held.ttl / 3;
+            let key = lock_key(&held.name);
+            let ttl_s = (held.ttl.as_millis().max(1) as u64).to_string();
+            loop {
+                tokio::time::sleep(every).await;
+                let sent = Instant::now();
+                let replies = client
+                    .on_all_nodes(
+                        &client.inner.scripts.extend,
+                        &[&key],
+                        &[&held.token, &ttl_s],
+                    )
+                    .await;
+                let confirmed = replies
+                    .iter()
+                    .filter(|r| matches!(r, Ok(Value::Int(1))))
+                    .count();
+                let drift = held.ttl / 100 + Duration::from_millis(2);
+                let still_valid = client.now_ms() < held.valid_until_ms.load(Ordering::SeqCst);
+                if confirmed >= client.quorum() && still_valid {
+                    let validity = held.ttl.saturating_sub(sent.elapsed() + drift);
+                    held.valid_until_ms.store(
+                        client.now_ms() + validity.as_millis() as u64,
+                        Ordering::SeqCst,
+                    );
+                    metrics::counter!(metric::RENEWALS).increment(1);
+                    continue;
+                }
+                tracing::warn!(lock = %held.name, confirmed, "lock lost: renewal not confirmed by a majority");
+                metrics::counter!(metric::LOST).increment(1);
+                let _ = held.lost.send(true);
+                return;
+            }
+        })
+    }
+
+    /// With a fixed lease, reports the loss when the lease runs out.
+    fn spawn_lease_timer(&self, held: Arc<Held>) -> JoinHandle<()> {
+        let client = self.clone();
+        tokio::spawn(async move {
+            let left = held
+                .valid_until_ms
+                .load(Ordering::SeqCst)
+                .saturating_sub(client.now_ms());
+            tokio::time::sleep(Duration::from_millis(left)).await;
+            metrics::counter!(metric::LOST).increment(1);
+            let _ = held.lost.send(true);
+        })
+    }
+
+    /// Releases one reentrant hold; the last one stops the watchdog (first,
+    /// so it never renews a released lock) and releases on every node.
+    /// Returns false when no node still had this grant.
+    async fn release_held(&self, held: &Arc<Held>) -> bool {
+        if held.count.fetch_sub(1, Ordering::SeqCst) > 1 {
+            return true;
+        }
+        {
+            let mut map = self.inner.held.lock().unwrap_or_else(|p| p.into_inner());
+            let key = (held.name.clone(), held.owner.clone());
+            if map.get(&key).is_some_and(|h| Arc::ptr_eq(h, held)) {
+                map.remove(&key);
+            }
+        }
+        if let Some(k) = held.keeper.lock().unwrap_or_else(|p| p.into_inner()).take() {
+            k.abort();
+        }
+        self.release_token(&held.name, &held.token).await > 0
+    }
+
+    /// Compare-and-delete of `token` on every node; returns how many released.
+    async fn release_token(&self, name: &str, token: &str) -> usize {
+        let key = lock_key(name);
+        self.on_all_nodes(
+            &self.inner.scripts.release,
+            &[&key],
+            &[token, CHANNEL, name],
+        )
+        .await
+        .iter()
+        .filter(|r| matches!(r, Ok(Value::Int(1))))
+        .count()
+    }
+
+    async fn on_all_nodes(
+        &self,
+        script: &LuaScript,
+        keys: &[&str],
+        args: &[&str],
+    ) -> Vec<Result<Value, NodeError>> {
+        let timeout = self.inner.config.node_timeout;
+        let replies = join_all(
+            self.inner
+                .nodes
+                .iter()
+                .map(|n| n.eval(script, keys, args, timeout)),
+        )
+        .await;
+        for (n, r) in self.inner.nodes.iter().zip(&replies) {
+            if r.is_err() {
+                metrics::counter!(metric::NODE_ERRORS, "node" => n.addr.clone()).increment(1);
+            }
+        }
+        replies
+    }
+}
+
+/// A held lock. Unlock it with [`LockGuard::unlock`]; dropping it releases
+/// it in the background.
+pub struct LockGuard {
+    client: LockClient,
+    held: Arc<Held>,
+    released: bool,
+}
+
+impl LockGuard {
+    /// The grant's fencing token: larger than every earlier grant's. Pass it
+    /// with every write the lock guards (see `db::fenced`).
+    pub fn fencing_token(&self) -> u64 {
+        self.held.fence
+    }
+
+    /// The lock's name.
+    pub fn name(&self) -> &str {
+        &self.held.name
+    }
+
+    /// True once the grant is known lost (renewal failed, or lease over).
+    pub fn is_lost(&self) -> bool {
+        *self.held.lost.borrow()
+    }
+
+    /// Resolves when the grant is lost, so the holder can stop its work.
+    pub async fn lost(&self) {
+        let mut rx = self.held.lost.subscribe();
+        let _ = rx.wait_for(|l| *l).await;
+    }
+
+    /// Releases this hold (the last hold of a reentrant owner releases the
+    /// lock). Returns false when the lock had already expired or been taken.
+    pub async fn unlock(mut self) -> bool {
+        self.released = true;
+        self.client.release_held(&self.held).await
+    }
+}
+
+impl Drop for LockGuard {
+    fn drop(&mut self) {
+        if self.released {
+            return;
+        }
+        let (client, held) = (self.client.clone(), self.held.clone());
+        if let Ok(rt) = tokio::runtime::Handle::try_current() {
+            rt.spawn(async move {
+                client.release_held(&held).await;
+            });
+        }
+    }
+}

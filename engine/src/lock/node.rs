@@ -1,0 +1,126 @@
+//! One independent lock node: a lazily (re)connected multiplexed connection
+//! and EVALSHA of the lock scripts with a per-node timeout and a reload on
+//! NOSCRIPT (a node restarted empty has no scripts). Never talks to the
+//! inventory cluster.
+
+use std::sync::Mutex;
+use std::time::Duration;
+
+use redis::aio::MultiplexedConnection;
+use redis::{Cmd, Value};
+
+use crate::scripts::LuaScript;
+
+/// One lock node.
+pub struct LockNode {
+    /// `host:port`, used in errors and as a metric label.
+    pub addr: String,
+    client: redis::Client,
+    conn: Mutex<Option<MultiplexedConnection>>,
+}
+
+/// Why one node did not answer usefully.
+#[derive(Debug, Clone)]
+pub enum NodeError {
+    /// No answer within the per-node timeout.
+    Timeout,
+    /// A Redis or connection error.
+    Redis(String),
+}
+
+impl std::fmt::Display for NodeError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            NodeError::Timeout => f.write_str("timeout"),
+            NodeError::Redis(e) => f.write_str(e),
+        }
+    }
+}
+
+impl LockNode {
+    /// A node at `url` (`redis://host:port`); connects on first use.
+    pub fn new(url: &str) -> Result<LockNode, String> {
+        let client = redis::Client::open(url).map_err(|e| format!("{url}: {e}"))?;
+        let addr = url
+            .trim_start_matches("redis://")
+            .trim_end_matches('/')
+            .to_owned();
+        Ok(LockNode {
+            addr,
+            client,
+            conn: Mutex::new(None),
+        })
+    }
+
+    /// The URL-less client, for the pub/sub connection.
+    pub fn client(&self) -> &redis::Client {
+        &self.client
+    }
+
+    async fn connection(&self) -> Result<MultiplexedConnection, NodeError> {
+        if let Some(c) = self.conn.lock().unwrap_or_else(|p| p.into_inner()).clone() {
+            return Ok(c);
+        }
+        let c = self
+            .client
+            .get_multiplexed_async_connection()
+            .await
+            .map_err(|e| NodeError::Redis(e.to_string()))?;
+        *self.conn.lock().unwrap_or_else(|p| p.into_inner()) = Some(c.clone());
+        Ok(c)
+    }
+
+    fn forget_connection(&self) {
+        *self.conn.lock().unwrap_or_else(|p| p.into_inner()) = None;
+    }
+
+    /// Runs `script` with `keys` and `args`, within `timeout`; on NOSCRIPT,
+    /// loads it and retries once.
+    pub async fn eval(
+        &self,
+        script: &LuaScript,
+        keys: &[&str],
+        args: &[&str],
+        timeout: Duration,
+    ) -> Result<Value, NodeError> {
+        match tokio::time::timeout(timeout, self.eval_inner(script, keys, args)).await {
+            Ok(r) => r,
+            Err(_) => Err(NodeError::Timeout),
+        }
+    }
+
+    async fn eval_inner(
+        &self,
+        script: &LuaScript,
+        keys: &[&str],
+        args: &[&str],
+    ) -> Result<Value, NodeError> {
+        let mut cmd = Cmd::new();
+        cmd.arg("EVALSHA")
+            .arg(&script.sha)
+            .arg(keys.len())
+            .arg(keys)
+            .arg(args);
+        let mut conn = self.connection().await?;
+        match cmd.query_async::<Value>(&mut conn).await {
+            Ok(v) => Ok(v),
+            Err(e) if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) => {
+                let _: String = redis::cmd("SCRIPT")
+                    .arg("LOAD")
+                    .arg(script.code)
+                    .query_async(&mut conn)
+                    .await
+                    .map_err(|e| NodeError::Redis(e.to_string()))?;
+                cmd.query_async::<Value>(&mut conn)
+                    .await
+                    .map_err(|e| NodeError::Redis(e.to_string()))
+            }
+            Err(e) => {
+                if e.is_io_error() || e.is_connection_dropped() || e.is_unrecoverable_error() {
+                    self.forget_connection();
+                }
+                Err(NodeError::Redis(e.to_string()))
+            }
+        }
+    }
+}

@@ -1,0 +1,506 @@
+//! The lock module against real, independent redis-server processes: mutual
+//! exclusion, expiry of a dead holder, the watchdog, fencing of a paused
+//! holder, Redlock quorum behaviour, token monotonicity, pub/sub wake-ups and
+//! `flashsale lock exec`.
+
+use std::io::{BufRead, BufReader};
+use std::process::Stdio;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use flashsale::lock::{LockClient, LockConfig, LockError, LockOptions};
+use flashsale_tests::{flashsale_cmd, PgDb, RedisServer};
+
+fn servers(n: usize) -> Vec<RedisServer> {
+    (0..n).map(|_| RedisServer::start()).collect()
+}
+
+fn urls(s: &[RedisServer]) -> Vec<String> {
+    s.iter().map(|s| s.url()).collect()
+}
+
+fn client(s: &[RedisServer], watchdog_ttl: Duration) -> LockClient {
+    LockClient::new(
+        &urls(s),
+        LockConfig {
+            watchdog_ttl,
+            ..LockConfig::default()
+        },
+    )
+    .expect("lock client")
+}
+
+async fn mutual_exclusion(n: usize) {
+    let nodes = servers(n);
+    let data = RedisServer::start();
+    let locks = client(&nodes, Duration::from_secs(5));
+    let inside = Arc::new(AtomicUsize::new(0));
+    let overlaps = Arc::new(AtomicUsize::new(0));
+    let redis = redis::Client::open(data.url()).expect("url");
+    let tasks: Vec<_> = (0..16)
+        .map(|t| {
+            let (locks, inside, overlaps) = (locks.clone(), inside.clone(), overlaps.clone());
+            let redis = redis.clone();
+            tokio::spawn(async move {
+                let mut conn = redis
+                    .get_multiplexed_async_connection()
+                    .await
+                    .expect("data conn");
+                let opts = LockOptions::new(format!("task-{t}")).wait(Duration::from_secs(120));
+                for _ in 0..200 {
+                    let guard = locks.lock("counter", &opts).await.expect("lock");
+                    if inside.fetch_add(1, Ordering::SeqCst) != 0 {
+                        overlaps.fetch_add(1, Ordering::SeqCst);
+                    }
+                    // Read, yield, write: loses updates unless the lock excludes.
+                    let v: i64 = redis::cmd("GET")
+                        .arg("counter")
+                        .query_async(&mut conn)
+                        .await
+                        .unwrap_or(0);
+                    tokio::task::yield_now().await;
+                    let _: () = redis::cmd("SET")
+                        .arg("counter")
+                        .arg(v + 1)
+                        .query_async(&mut conn)
+                        .await
+                        .expect("set");
+                    inside.fetch_sub(1, Ordering::SeqCst);
+                    assert!(guard.unlock().await, "the holder releases its own grant");
+                }
+            })
+        })
+        .collect();
+    for t in tasks {
+        t.await.expect("task");
+    }
+    let count: i64 = data.node.cmd(&["GET", "counter"]);
+    assert_eq!(count, 16 * 200, "no update lost");
+    assert_eq!(
+        overlaps.load(Ordering::SeqCst),
+        0,
+        "never two holders at once"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn single_node_lock_excludes_16_tasks() {
+    mutual_exclusion(1).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redlock_on_three_nodes_excludes_16_tasks() {
+    mutual_exclusion(3).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn holder_killed_without_unlocking_frees_the_lock_after_its_ttl_not_before() {
+    let nodes = servers(3);
+    let mut holder = flashsale_cmd(None, None, &urls(&nodes))
+        .args([
+            "lock", "exec", "--name", "dead", "--ttl", "2s", "--", "sleep", "30",
+        ])
+        .spawn()
+        .expect("spawn lock exec");
+    flashsale_tests::wait_for(
+        Duration::from_secs(20),
+        || nodes[0].node.cmd::<i64>(&["EXISTS", "flashsale:lock:dead"]) == 1,
+        || "holder never took the lock".into(),
+    );
+    // kill -9 the holder first (so it cannot see its command end and unlock),
+    // then its orphaned `sleep`.
+    let children = std::process::Command::new("pgrep")
+        .args(["-P", &holder.id().to_string()])
+        .output()
+        .expect("pgrep");
+    holder.kill().expect("kill -9 the holder");
+    let _ = holder.wait();
+    for pid in String::from_utf8_lossy(&children.stdout).split_whitespace() {
+        let _ = std::process::Command::new("kill")
+            .args(["-9", pid])
+            .status();
+    }
+    let killed = Instant::now();
+    let pttl: i64 = nodes[0].node.cmd(&["PTTL", "flashsale:lock:dead"]);
+    assert!(pttl > 0, "the lock outlives its holder until the TTL");
+
+    let locks = client(&nodes, Duration::from_secs(5));
+    let guard = locks
+        .lock(
+            "dead",
+            &LockOptions::new("next").wait(Duration::from_secs(10)),
+        )
+        .await
+        .expect("the next waiter gets it");
+    let waited = killed.elapsed();
+    assert!(
+        waited + Duration::from_millis(50) >= Duration::from_millis(pttl as u64),
+        "not before the TTL: {waited:?} < {pttl} ms"
+    );
+    assert!(
+        waited <= Duration::from_millis(pttl as u64 + 1500),
+        "soon after the TTL: {waited:?}"
+    );
+    guard.unlock().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn watchdog_keeps_a_long_holder_and_never_renews_after_unlock() {
+    let nodes = servers(3);
+    let locks = client(&nodes, Duration::from_millis(600));
+    let guard = locks
+        .lock("long", &LockOptions::new("worker"))
+        .await
+        .expect("lock");
+    let other = client(&nodes, Duration::from_millis(600));
+    for _ in 0..6 {
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let g = other
+            .try_lock("long", &LockOptions::new("intruder"))
+            .await
+            .expect("try_lock");
+        assert!(g.is_none(), "the lock is still held at 3x its TTL");
+    }
+    assert!(!guard.is_lost());
+    assert!(guard.unlock().await);
+    for n in &nodes {
+        assert_eq!(
+            n.node.cmd::<i64>(&["EXISTS", "flashsale:lock:long"]),
+            0,
+            "released everywhere"
+        );
+    }
+    tokio::time::sleep(Duration::from_millis(1200)).await;
+    for n in &nodes {
+        assert_eq!(
+            n.node.cmd::<i64>(&["EXISTS", "flashsale:lock:long"]),
+            0,
+            "no renewal brings it back"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn paused_holder_is_fenced_out_of_postgres() {
+    let nodes = servers(3);
+    let pg = PgDb::create();
+    let pool = flashsale::db::pool(&pg.url(), 2).expect("pool");
+    flashsale::db::migrate(&pool).await.expect("migrate");
+    assert_eq!(
+        pg.query(
+            "SELECT string_agg(version::text, ',' ORDER BY version) FROM flashsale_migrations"
+        ),
+        "1,2"
+    );
+    pg.query("CREATE TABLE fenced_log (who text, token bigint)");
+    let dir = tempfile::TempDir::new().expect("dir");
+    let status_file = dir.path().join("status");
+    let script = format!(
+        "trap '' TERM; echo held $FLASHSALE_FENCING_TOKEN; sleep 1; \
+         psql -h 127.0.0.1 -U postgres -d {db} -qc \"BEGIN; SELECT flashsale_fence('res', $FLASHSALE_FENCING_TOKEN); \
+         INSERT INTO fenced_log VALUES ('stale', $FLASHSALE_FENCING_TOKEN); COMMIT;\" >/dev/null 2>&1; echo $? > {status}",
+        db = pg.name,
+        status = status_file.display()
+    );
+    let mut holder = flashsale_cmd(None, None, &urls(&nodes))
+        .args([
+            "lock", "exec", "--name", "paused", "--ttl", "1s", "--", "sh", "-c", &script,
+        ])
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("spawn");
+    let mut line = String::new();
+    BufReader::new(holder.stdout.take().expect("stdout"))
+        .read_line(&mut line)
+        .expect("read");
+    let old_token: u64 = line
+        .trim()
+        .trim_start_matches("held ")
+        .parse()
+        .expect("token printed");
+    let pid = holder.id().to_string();
+    let _ = std::process::Command::new("pkill")
+        .args(["-STOP", "-P", &pid])
+        .status();
+    let _ = std::process::Command::new("kill")
+        .args(["-STOP", &pid])
+        .status();
+
+    let locks = client(&nodes, Duration::from_secs(5));
+    let guard = locks
+        .lock(
+            "paused",
+            &LockOptions::new("successor").wait(Duration::from_secs(10)),
+        )
+        .await
+        .expect("the lease of the paused holder runs out");
+    assert!(
+        guard.fencing_token() > old_token,
+        "the new grant has a larger token"
+    );
+    {
+        let mut c = pool.get().await.expect("conn");
+        let tx = c.transaction().await.expect("tx");
+        flashsale::db::fenced(&tx, "res", guard.fencing_token())
+            .await
+            .expect("fresh token accepted");
+        tx.execute(
+            "INSERT INTO fenced_log VALUES ('fresh', $1)",
+            &[&(guard.fencing_token() as i64)],
+        )
+        .await
+        .expect("insert");
+        tx.commit().await.expect("commit");
+    }
+    guard.unlock().await;
+
+    let _ = std::process::Command::new("kill")
+        .args(["-CONT", &pid])
+        .status();
+    let _ = std::process::Command::new("pkill")
+        .args(["-CONT", "-P", &pid])
+        .status();
+    let status = holder.wait().expect("holder exits");
+    assert_eq!(status.code(), Some(79), "lock exec reports the lost lock");
+    let psql_status = std::fs::read_to_string(&status_file).unwrap_or_default();
+    assert_ne!(psql_status.trim(), "0", "the stale write was refused");
+    assert_eq!(
+        pg.query("SELECT string_agg(who, ',') FROM fenced_log"),
+        "fresh"
+    );
+    {
+        let mut c = pool.get().await.expect("conn");
+        let tx = c.transaction().await.expect("tx");
+        let stale = flashsale::db::fenced(&tx, "res", old_token).await;
+        assert!(
+            matches!(stale, Err(flashsale::db::DbError::StaleToken { .. })),
+            "{stale:?}"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redlock_survives_one_dead_node_and_fails_clearly_without_a_majority() {
+    let mut nodes = servers(3);
+    let locks = client(&nodes, Duration::from_secs(5));
+    nodes[0].node.kill();
+    for i in 0..5 {
+        let g = locks
+            .lock("q", &LockOptions::new(format!("o{i}")))
+            .await
+            .expect("2 of 3 is a majority");
+        g.unlock().await;
+    }
+    nodes[1].node.kill();
+    let started = Instant::now();
+    let r = locks
+        .lock("q", &LockOptions::new("late").wait(Duration::from_secs(1)))
+        .await;
+    let took = started.elapsed();
+    match r {
+        Err(LockError::NoQuorum {
+            reachable: 1,
+            nodes: 3,
+            quorum: 2,
+            ..
+        }) => {}
+        Err(e) => panic!("wrong error: {e}"),
+        Ok(_) => panic!("granted without a majority"),
+    }
+    assert!(
+        took < Duration::from_millis(1600),
+        "fails within its wait: {took:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fencing_tokens_strictly_increase_even_after_a_node_restarts_empty() {
+    let mut nodes = servers(3);
+    let locks = client(&nodes, Duration::from_secs(5));
+    let mut tokens = Vec::with_capacity(1000);
+    for i in 0..1000 {
+        if i == 500 {
+            nodes[1].node.restart();
+            assert_eq!(nodes[1].node.cmd::<i64>(&["DBSIZE"]), 0, "restarted empty");
+        }
+        let g = locks
+            .lock("fence", &LockOptions::new(format!("o{i}")))
+            .await
+            .expect("lock");
+        tokens.push(g.fencing_token());
+        g.unlock().await;
+    }
+    assert!(
+        tokens.windows(2).all(|w| w[0] < w[1]),
+        "every grant's token is larger than the last"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn waiter_is_woken_by_the_release_not_by_the_ttl() {
+    let nodes = servers(3);
+    let locks = client(&nodes, Duration::from_secs(5));
+    let holder = locks
+        .lock(
+            "handoff",
+            &LockOptions::new("a").lease(Duration::from_secs(10)),
+        )
+        .await
+        .expect("lock");
+    let waiter = {
+        let locks = client(&nodes, Duration::from_secs(5));
+        tokio::spawn(async move {
+            let g = locks
+                .lock(
+                    "handoff",
+                    &LockOptions::new("b").wait(Duration::from_secs(15)),
+                )
+                .await;
+            (Instant::now(), g.map(|g| g.fencing_token()))
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let released = Instant::now();
+    assert!(holder.unlock().await);
+    let (got_at, r) = waiter.await.expect("waiter");
+    r.expect("the waiter gets the lock");
+    let handoff = got_at.duration_since(released);
+    assert!(
+        handoff < Duration::from_millis(500),
+        "hand-off took {handoff:?}, the TTL was 10 s"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reentrant_owner_must_release_as_many_times() {
+    let nodes = servers(1);
+    let locks = client(&nodes, Duration::from_secs(5));
+    let opts = LockOptions::new("me");
+    let first = locks.lock("re", &opts).await.expect("lock");
+    let second = locks
+        .try_lock("re", &opts)
+        .await
+        .expect("try")
+        .expect("the same owner re-enters");
+    assert_eq!(
+        first.fencing_token(),
+        second.fencing_token(),
+        "one grant, one token"
+    );
+    assert!(locks
+        .try_lock("re", &LockOptions::new("you"))
+        .await
+        .expect("try")
+        .is_none());
+    second.unlock().await;
+    assert!(
+        locks
+            .try_lock("re", &LockOptions::new("you"))
+            .await
+            .expect("try")
+            .is_none(),
+        "still held once"
+    );
+    first.unlock().await;
+    assert!(
+        locks
+            .try_lock("re", &LockOptions::new("you"))
+            .await
+            .expect("try")
+            .is_some(),
+        "free after both"
+    );
+}
+
+#[test]
+fn lock_exec_processes_never_interleave_and_tokens_increase() {
+    let nodes = servers(3);
+    let dir = tempfile::TempDir::new().expect("dir");
+    let file = dir.path().join("shared.log");
+    let script = format!(
+        "echo start $FLASHSALE_FENCING_TOKEN >> {f}; sleep 0.05; echo end $FLASHSALE_FENCING_TOKEN >> {f}",
+        f = file.display()
+    );
+    let children: Vec<_> = (0..10)
+        .map(|_| {
+            flashsale_cmd(None, None, &urls(&nodes))
+                .args([
+                    "lock", "exec", "--name", "file", "--wait", "60s", "--", "sh", "-c", &script,
+                ])
+                .spawn()
+                .expect("spawn")
+        })
+        .collect();
+    for mut c in children {
+        assert!(
+            c.wait().expect("wait").success(),
+            "the command's exit code is passed through"
+        );
+    }
+    let text = std::fs::read_to_string(&file).expect("log");
+    let lines: Vec<&str> = text.lines().collect();
+    assert_eq!(lines.len(), 20);
+    let mut last = 0u64;
+    for pair in lines.chunks(2) {
+        let start = pair[0].strip_prefix("start ").expect("start line");
+        let end = pair[1]
+            .strip_prefix("end ")
+            .expect("end line follows its start");
+        assert_eq!(start, end, "no interleaving");
+        let token: u64 = start.parse().expect("token");
+        assert!(token > last, "tokens in increasing order");
+        last = token;
+    }
+    let out = flashsale_cmd(None, None, &urls(&nodes))
+        .args(["lock", "exec", "--name", "x", "--", "sh", "-c", "exit 7"])
+        .status()
+        .expect("run");
+    assert_eq!(out.code(), Some(7));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn admin_operations_wait_for_the_sku_admin_lock() {
+    let cluster = flashsale_tests::RedisCluster::start(3, 0);
+    let nodes = servers(3);
+    let config = flashsale::Config {
+        cluster_nodes: cluster.seeds(),
+        lock_nodes: urls(&nodes),
+        ..flashsale::Config::default()
+    };
+    let engine = flashsale::Engine::connect(config).await.expect("engine");
+    engine
+        .create_sale(flashsale::SaleSpec {
+            buckets: 3,
+            ..flashsale::SaleSpec::new("locked", 30)
+        })
+        .await
+        .expect("create");
+
+    // An operator holds the SKU's admin lock: a restock must wait for it.
+    let locks = client(&nodes, Duration::from_secs(5));
+    let operator = locks
+        .lock("sale-admin:locked", &LockOptions::new("operator"))
+        .await
+        .expect("lock");
+    let restock = {
+        let e = engine.clone();
+        tokio::spawn(async move { e.restock("locked", 5).await })
+    };
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    assert!(
+        !restock.is_finished(),
+        "restock waits while the admin lock is held"
+    );
+    assert_eq!(
+        engine.sale_status("locked").await.expect("status").initial,
+        30
+    );
+    operator.unlock().await;
+    let st = tokio::time::timeout(Duration::from_secs(5), restock)
+        .await
+        .expect("restock proceeds")
+        .expect("task")
+        .expect("restock");
+    assert_eq!((st.initial, st.remaining), (35, 35));
+}
