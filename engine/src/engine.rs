@@ -24,6 +24,9 @@ use crate::placement::SlotMap;
 use crate::sale::SaleHandle;
 use crate::scripts::{LuaScript, Scripts};
 
+/// Most script reloads one call makes after NOSCRIPT before it gives up.
+pub const MAX_RELOADS: u32 = 3;
+
 /// A cheap-to-clone handle on the inventory cluster.
 #[derive(Clone)]
 pub struct Engine {
@@ -225,9 +228,14 @@ impl Engine {
     }
 
     /// Runs a prepared `EVALSHA` whose keys hash to `slot`. On NOSCRIPT it
-    /// loads the script on that slot's master and retries once; on errors that
+    /// loads the script on that slot's master and retries; on errors that
     /// may pass it backs off and retries until the retry deadline. Retrying is
     /// safe because every script is idempotent per request record.
+    ///
+    /// DESIGN.md says "reload and retry once"; we allow [`MAX_RELOADS`]
+    /// because the script cache can be flushed again between our reload and
+    /// our retry (an operator's second `SCRIPT FLUSH`, or a failover right
+    /// after a flush), and a buyer should not see that as an error.
     pub(crate) async fn run_script(
         &self,
         script: &LuaScript,
@@ -237,7 +245,7 @@ impl Engine {
         let backoff = self.inner.config.retry;
         let started = Instant::now();
         let mut attempt = 0u32;
-        let mut reloaded = false;
+        let mut reloads = 0u32;
         loop {
             let mut conn = self.conn();
             let err = match cmd.query_async::<Value>(&mut conn).await {
@@ -245,19 +253,12 @@ impl Engine {
                 Err(e) => e,
             };
             match classify(&err) {
-                Recovery::ReloadScript if !reloaded => {
-                    reloaded = true;
+                Recovery::ReloadScript if reloads < MAX_RELOADS => {
+                    reloads += 1;
                     if let Err(e) = self.reload_on(script, slot).await {
                         tracing::warn!(script = script.name, slot, error = %e, "script reload failed");
-                        self.pause_or_give_up(
-                            &mut attempt,
-                            started,
-                            backoff,
-                            err.clone(),
-                            "reload",
-                        )
-                        .await?;
-                        reloaded = false;
+                        self.pause_or_give_up(&mut attempt, started, backoff, err, "reload")
+                            .await?;
                     }
                 }
                 Recovery::ReloadScript | Recovery::GiveUp => return Err(err),
