@@ -1,8 +1,10 @@
 //! Reconcile: proves the ledger per SKU. Every unit ever put on sale is
 //! either still in Redis, or an order waiting in a stream, or an order in
 //! PostgreSQL: `initial = remaining + pending + written`. Read-only on both
-//! Redis and PostgreSQL; meant for a quiescent sale (while buyers and the
-//! writer run, figures move between the terms as they are read).
+//! Redis and PostgreSQL; exact while buyers and the writer run (see
+//! `reconcile_one`), so it can run on a timer inside `flashsale serve`.
+
+use std::collections::HashSet;
 
 use deadpool_postgres::Pool;
 use redis::Value;
@@ -12,10 +14,11 @@ use crate::db::{self, DbError};
 use crate::engine::Engine;
 use crate::error::AdminError;
 use crate::keys;
-use crate::orders::entry::parse_entries;
 
 /// Gauge: 1 when every SKU checked last balanced, else 0.
 pub const CONSERVED: &str = "flashsale_ledger_conserved";
+/// Gauge: units left in Redis, by `sku` (one series per sale).
+pub const STOCK_REMAINING: &str = "flashsale_stock_remaining_units";
 /// Gauge: sum over SKUs of |initial - (remaining + pending + written)|.
 pub const IMBALANCE: &str = "flashsale_ledger_imbalance_units";
 
@@ -82,70 +85,138 @@ pub async fn reconcile(
     Ok(reports)
 }
 
+/// One bucket's ledger, read atomically by `ledger_snapshot.lua`.
+struct Snapshot {
+    initial: u64,
+    stock: i64,
+    last_id: (i64, i64),
+    entries: Vec<(String, u64)>,
+}
+
+fn parse_snapshot(v: Value) -> Option<Snapshot> {
+    let Value::Array(mut p) = v else { return None };
+    if p.len() != 4 {
+        return None;
+    }
+    let entries = match p.pop()? {
+        Value::Array(flat) => flat
+            .chunks(2)
+            .filter_map(|c| {
+                let id = match &c[0] {
+                    Value::BulkString(b) => String::from_utf8(b.clone()).ok()?,
+                    _ => return None,
+                };
+                match c.get(1)? {
+                    Value::Int(q) if *q > 0 => Some((id, *q as u64)),
+                    _ => None,
+                }
+            })
+            .collect(),
+        _ => return None,
+    };
+    let last = match p.pop()? {
+        Value::BulkString(b) => String::from_utf8(b).ok()?,
+        Value::SimpleString(s) => s,
+        _ => return None,
+    };
+    let (ms, seq) = last.split_once('-')?;
+    let stock = match p.pop()? {
+        Value::Int(i) => i,
+        _ => return None,
+    };
+    let initial = match p.pop()? {
+        Value::Int(i) => i.max(0) as u64,
+        _ => return None,
+    };
+    Some(Snapshot {
+        initial,
+        stock,
+        last_id: (ms.parse().ok()?, seq.parse().ok()?),
+        entries,
+    })
+}
+
+/// The ledger of one SKU, exact even while buyers and the writer run: each
+/// bucket is read in one atomic step (stock, units ever put in, the stream's
+/// last id, the entries still in the stream), and PostgreSQL is read in one
+/// REPEATABLE READ snapshot counting only orders with ids up to that last id.
+/// Every order made before the Redis snapshot is then either still pending
+/// (in the stream, not in PostgreSQL) or written, never both, never neither.
 async fn reconcile_one(
     engine: &Engine,
     pool: &Pool,
     sku: &str,
 ) -> Result<LedgerReport, LedgerError> {
-    let status = engine.sale_status(sku).await?;
-    let mut conn = engine.dedicated_connection().await?;
-    let client = db::client(pool).await?;
-    let mut pending = 0u64;
+    let sale = engine.sale(sku).await.map_err(|e| match e {
+        crate::error::PurchaseError::UnknownSale(s) => AdminError::UnknownSale(s),
+        other => AdminError::Unavailable(other.to_string()),
+    })?;
+    let mut snaps = Vec::with_capacity(sale.buckets.len());
     let mut dead_lettered = 0u64;
-    for b in &status.buckets {
-        let mut start = "-".to_owned();
-        loop {
-            let v: Value = redis::cmd("XRANGE")
-                .arg(&b.stream)
-                .arg(&start)
-                .arg("+")
-                .arg("COUNT")
-                .arg(1000)
-                .query_async(&mut conn)
-                .await?;
-            let entries = parse_entries(&v);
-            let Some(last) = entries.last() else { break };
-            start = format!("({}", last.id);
-            let orders: Vec<(String, u64)> = entries
-                .iter()
-                .filter_map(|e| e.to_order().ok())
-                .map(|o| (o.order_id, o.qty as u64))
-                .collect();
-            let ids: Vec<String> = orders.iter().map(|(id, _)| id.clone()).collect();
-            let rows = client
-                .query(
-                    "SELECT order_id FROM orders WHERE order_id = ANY($1)",
-                    &[&ids],
-                )
-                .await
-                .map_err(DbError::from)?;
-            let in_db: std::collections::HashSet<String> = rows.iter().map(|r| r.get(0)).collect();
-            pending += orders
-                .iter()
-                .filter(|(id, _)| !in_db.contains(id))
-                .map(|(_, q)| q)
-                .sum::<u64>();
-        }
-        let tag = &b.tag;
+    let mut conn = engine.dedicated_connection().await?;
+    for b in &sale.buckets {
+        let script = &engine.inner.scripts.ledger_snapshot;
+        let cmd = Engine::evalsha(script, &[&b.keys.sale, &b.keys.stock, &b.keys.orders]);
+        let v = engine.run_script(script, b.slot, &cmd).await?;
+        let snap = parse_snapshot(v).ok_or_else(|| {
+            redis::RedisError::from((
+                redis::ErrorKind::UnexpectedReturnType,
+                "ledger snapshot reply",
+            ))
+        })?;
+        snaps.push((b, snap));
         dead_lettered += redis::cmd("XLEN")
-            .arg(keys::dead_letter_stream(tag))
+            .arg(keys::dead_letter_stream(&b.tag))
             .query_async::<u64>(&mut conn)
             .await?;
     }
-    let row = client
-        .query_one(
-            "SELECT COALESCE(SUM(qty), 0)::int8, COUNT(*)::int8 FROM orders WHERE sku = $1",
-            &[&sku],
-        )
+
+    let mut client = db::client(pool).await?;
+    let tx = client
+        .build_transaction()
+        .isolation_level(tokio_postgres::IsolationLevel::RepeatableRead)
+        .read_only(true)
+        .start()
         .await
         .map_err(DbError::from)?;
-    let written = row.get::<_, i64>(0).max(0) as u64;
-    let orders_in_db = row.get::<_, i64>(1).max(0) as u64;
-    let remaining: i64 = status.buckets.iter().map(|b| b.remaining).sum();
-    let conserved = status.initial as i64 == remaining + pending as i64 + written as i64;
+    let (mut initial, mut remaining, mut pending, mut written, mut orders_in_db) =
+        (0u64, 0i64, 0u64, 0u64, 0u64);
+    for (b, snap) in &snaps {
+        let row = tx
+            .query_one(
+                "SELECT COALESCE(SUM(qty), 0)::int8, COUNT(*)::int8 FROM orders
+                 WHERE shard_tag = $1
+                   AND (split_part(stream_id, '-', 1)::int8, split_part(stream_id, '-', 2)::int8) <= ($2::int8, $3::int8)",
+                &[&b.tag, &snap.last_id.0, &snap.last_id.1],
+            )
+            .await
+            .map_err(DbError::from)?;
+        written += row.get::<_, i64>(0).max(0) as u64;
+        orders_in_db += row.get::<_, i64>(1).max(0) as u64;
+        let ids: Vec<&str> = snap.entries.iter().map(|(id, _)| id.as_str()).collect();
+        let rows = tx
+            .query(
+                "SELECT order_id FROM orders WHERE order_id = ANY($1)",
+                &[&ids],
+            )
+            .await
+            .map_err(DbError::from)?;
+        let in_db: HashSet<String> = rows.iter().map(|r| r.get(0)).collect();
+        pending += snap
+            .entries
+            .iter()
+            .filter(|(id, _)| !in_db.contains(id))
+            .map(|(_, q)| q)
+            .sum::<u64>();
+        initial += snap.initial;
+        remaining += snap.stock;
+    }
+    tx.commit().await.map_err(DbError::from)?;
+    metrics::gauge!(STOCK_REMAINING, "sku" => sku.to_owned()).set(remaining as f64);
+    let conserved = initial as i64 == remaining + pending as i64 + written as i64;
     Ok(LedgerReport {
         sku: sku.to_owned(),
-        initial: status.initial,
+        initial,
         remaining,
         pending,
         written,

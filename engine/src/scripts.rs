@@ -36,6 +36,8 @@ pub struct Scripts {
     pub create_bucket: LuaScript,
     /// `lua/restock.lua`: add units to one bucket.
     pub restock: LuaScript,
+    /// `lua/ledger_snapshot.lua`: one bucket's ledger at one instant.
+    pub ledger_snapshot: LuaScript,
 }
 
 impl Scripts {
@@ -50,17 +52,22 @@ impl Scripts {
                 include_str!("../../lua/create_bucket.lua"),
             ),
             restock: LuaScript::new("restock", include_str!("../../lua/restock.lua")),
+            ledger_snapshot: LuaScript::new(
+                "ledger_snapshot",
+                include_str!("../../lua/ledger_snapshot.lua"),
+            ),
         }
     }
 
     /// All scripts, for loading them on a node.
-    pub fn all(&self) -> [&LuaScript; 5] {
+    pub fn all(&self) -> [&LuaScript; 6] {
         [
             &self.purchase,
             &self.take,
             &self.settle,
             &self.create_bucket,
             &self.restock,
+            &self.ledger_snapshot,
         ]
     }
 }

@@ -72,8 +72,34 @@ async fn ten_thousand_orders_reach_postgres_exactly_once() {
         .await
         .expect("writer");
 
+    // Reconcile keeps running while buyers and the writer move units around:
+    // its snapshot must balance every time, not only at quiescence.
+    let checker = {
+        let (engine, pool) = (engine.clone(), pool.clone());
+        tokio::spawn(async move {
+            let mut checks = Vec::new();
+            for _ in 0..40 {
+                let r = flashsale::ledger::reconcile(&engine, &pool, &["tenk".to_owned()])
+                    .await
+                    .expect("reconcile");
+                checks.push(r[0].clone());
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            checks
+        })
+    };
     let confirmed = buy(&engine, "tenk", 10_000, "b").await;
     assert_eq!(confirmed.len(), 10_000);
+    let checks = checker.await.expect("checker");
+    assert!(
+        checks.iter().all(|c| c.conserved),
+        "unbalanced under load: {:?}",
+        checks.iter().find(|c| !c.conserved)
+    );
+    assert!(
+        checks.iter().any(|c| c.pending > 0 && c.written > 0),
+        "some checks ran mid-flight"
+    );
     wait_for_db_orders(&pool, "tenk", 10_000, Duration::from_secs(60)).await;
     let report = writer.shutdown().await.expect("writer stops");
     assert_eq!(report.written, 10_000);
