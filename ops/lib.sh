@@ -20,7 +20,16 @@ apt_install() {
     as_root env DEBIAN_FRONTEND=noninteractive apt-get update -qq
     APT_UPDATED=1
   fi
-  as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "$@" >/dev/null
+  # policy-rc.d 101: packages must not start their own daemons (a packaged
+  # redis-server or prometheus would take ports we do not own).
+  local policy=/usr/sbin/policy-rc.d created=0
+  if [ ! -e "$policy" ]; then
+    printf '#!/bin/sh\nexit 101\n' | as_root tee "$policy" >/dev/null
+    as_root chmod +x "$policy"
+    created=1
+  fi
+  as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "$@" >/dev/null
+  if [ "$created" = 1 ]; then as_root rm -f "$policy"; fi
 }
 
 # Redis binaries, the PostgreSQL client, and a running PostgreSQL server.
@@ -28,6 +37,8 @@ ensure_deps() {
   command -v redis-server >/dev/null || apt_install redis-server
   command -v redis-cli >/dev/null && command -v redis-benchmark >/dev/null || apt_install redis-tools
   command -v psql >/dev/null || apt_install postgresql-client
+  # Prometheus and promtool, for the monitoring tests and ops/prometheus.yml.
+  command -v prometheus >/dev/null && command -v promtool >/dev/null || apt_install prometheus
   if ! pg_isready -q -h 127.0.0.1 -p 5432; then
     if ! command -v pg_ctlcluster >/dev/null; then
       apt_install postgresql

@@ -31,6 +31,8 @@ pub struct Config {
     pub max_qty: u32,
     /// Retry policy for Redis errors that may pass (failover, reshard).
     pub retry: Backoff,
+    /// Settings of `flashsale serve` (ignored by the library itself).
+    pub server: ServerConfig,
 }
 
 impl Default for Config {
@@ -48,6 +50,7 @@ impl Default for Config {
             request_ttl: Duration::from_secs(24 * 3600),
             max_qty: 100,
             retry: Backoff::default(),
+            server: ServerConfig::default(),
         }
     }
 }
@@ -71,6 +74,78 @@ impl Config {
         }
         if self.retry.initial.is_zero() || self.retry.max < self.retry.initial {
             return Err("retry: need 0 < initial_ms <= max_ms".into());
+        }
+        self.server.validate()
+    }
+}
+
+/// Settings of the HTTP service (`flashsale serve`).
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(default, deny_unknown_fields)]
+pub struct ServerConfig {
+    /// Address to listen on.
+    pub listen: String,
+    /// Bearer token for the admin routes (create, restock, close). Unset:
+    /// admin routes answer 401.
+    pub admin_token: Option<String>,
+    /// Purchases per second one user may make (token bucket); 0 = no limit.
+    pub per_user_rps: f64,
+    /// Burst of the per-user bucket.
+    pub per_user_burst: u32,
+    /// Purchases per second the whole service accepts; 0 = no limit.
+    pub global_rps: f64,
+    /// Burst of the global bucket.
+    pub global_burst: u32,
+    /// Requests handled at once; more wait for a slot.
+    pub max_in_flight: usize,
+    /// Run the order writer inside the service.
+    pub order_writer: bool,
+    /// How often the service reconciles the ledger (and exports the gauges).
+    #[serde(with = "millis", rename = "reconcile_every_ms")]
+    pub reconcile_every: Duration,
+}
+
+impl Default for ServerConfig {
+    fn default() -> Self {
+        ServerConfig {
+            listen: "127.0.0.1:8080".into(),
+            admin_token: None,
+            per_user_rps: 5.0,
+            per_user_burst: 5,
+            global_rps: 0.0,
+            global_burst: 1000,
+            max_in_flight: 4096,
+            order_writer: true,
+            reconcile_every: Duration::from_secs(15),
+        }
+    }
+}
+
+impl ServerConfig {
+    fn validate(&self) -> Result<(), String> {
+        if self.listen.parse::<std::net::SocketAddr>().is_err() {
+            return Err(format!(
+                "server.listen: {:?} is not an address like 127.0.0.1:8080",
+                self.listen
+            ));
+        }
+        if !(self.per_user_rps >= 0.0 && self.global_rps >= 0.0) {
+            return Err("server.per_user_rps / global_rps: must be >= 0".into());
+        }
+        if self.per_user_rps > 0.0 && self.per_user_burst == 0 {
+            return Err("server.per_user_burst: must be >= 1 when per_user_rps is set".into());
+        }
+        if self.global_rps > 0.0 && self.global_burst == 0 {
+            return Err("server.global_burst: must be >= 1 when global_rps is set".into());
+        }
+        if self.max_in_flight == 0 {
+            return Err("server.max_in_flight: must be >= 1".into());
+        }
+        if self.admin_token.as_deref().is_some_and(|t| t.len() < 8) {
+            return Err("server.admin_token: use at least 8 characters".into());
+        }
+        if self.reconcile_every < Duration::from_millis(100) {
+            return Err("server.reconcile_every_ms: must be >= 100".into());
         }
         Ok(())
     }

@@ -325,6 +325,53 @@ impl Engine {
         }
     }
 
+    /// Readiness: every slot is served and every script is loaded on every
+    /// master. Returns what is wrong otherwise.
+    pub async fn readiness(&self) -> Result<(), String> {
+        let map = self
+            .slot_map()
+            .await
+            .map_err(|e| format!("cluster unreachable: {e}"))?;
+        if !map.covers_all_slots() {
+            return Err("cluster: not every slot is served".into());
+        }
+        let shas: Vec<&str> = self
+            .inner
+            .scripts
+            .all()
+            .iter()
+            .map(|s| s.sha.as_str())
+            .collect();
+        for master in map.masters() {
+            let Some((host, port)) = master.rsplit_once(':') else {
+                continue;
+            };
+            let port: u16 = port
+                .parse()
+                .map_err(|_| format!("bad master address {master}"))?;
+            let reply = self
+                .conn()
+                .route_command(
+                    redis::cmd("SCRIPT").arg("EXISTS").arg(&shas).clone(),
+                    RoutingInfo::SingleNode(SingleNodeRoutingInfo::ByAddress {
+                        host: host.to_owned(),
+                        port,
+                    }),
+                )
+                .await
+                .map_err(|e| format!("{master}: {e}"))?;
+            let all_loaded =
+                matches!(&reply, Value::Array(v) if v.iter().all(|x| matches!(x, Value::Int(1))));
+            if !all_loaded {
+                // Not fatal for buyers (NOSCRIPT reloads), but say so and fix it.
+                self.load_scripts()
+                    .await
+                    .map_err(|e| format!("{master}: SCRIPT LOAD: {e}"))?;
+            }
+        }
+        Ok(())
+    }
+
     /// Waits until one replica of the master of `slot` has every write this
     /// connection made (`WAIT 1 timeout`); true when one did.
     pub(crate) async fn wait_replicated(

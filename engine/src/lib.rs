@@ -51,7 +51,7 @@ pub mod sale;
 pub mod scripts;
 pub mod validate;
 
-pub use config::{Ack, Backoff, Config};
+pub use config::{Ack, Backoff, Config, ServerConfig};
 pub use engine::{Engine, Stats};
 pub use error::{AdminError, ConnectError, InvalidInput, PurchaseError};
 pub use orders::{OrderWriter, WriterConfig, WriterHandle, WriterReport};

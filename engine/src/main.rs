@@ -28,6 +28,8 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
+    /// Serve the HTTP API, /metrics and the order writer.
+    Serve(cli::serve::ServeArgs),
     /// Run a flash sale on the cluster with simulated buyers and report.
     Demo(cli::demo::DemoArgs),
     /// Create, inspect, restock and close sales.
@@ -211,6 +213,10 @@ async fn run(cli: Cli) -> Result<ExitCode> {
                 "order writer stopped: written {} acked {} dead-lettered {} claimed {}",
                 report.written, report.acked, report.dead_lettered, report.claimed
             );
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Serve(args) => {
+            cli::serve::command(config, args, shutdown_signal()).await?;
             Ok(ExitCode::SUCCESS)
         }
         Command::Lock(LockCommand::Exec(args)) => {

@@ -12,9 +12,11 @@ use tempfile::TempDir;
 
 pub mod pg;
 pub mod proxy;
+pub mod serve;
 
 pub use pg::PgDb;
 pub use proxy::TcpProxy;
+pub use serve::{ServeProcess, ADMIN_TOKEN};
 
 /// A free TCP port on 127.0.0.1 whose cluster-bus twin (port + 10000) is free
 /// too. The listener is dropped before returning, so another process could
@@ -529,4 +531,19 @@ pub async fn wait_for_db_orders(
         );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
+}
+
+/// Owns a helper process (e.g. Prometheus) and kills it when dropped.
+pub struct KillOnDrop(Child);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// Ties `child`'s life to the returned guard.
+pub fn kill_on_drop(child: Child) -> KillOnDrop {
+    KillOnDrop(child)
 }

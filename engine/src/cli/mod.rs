@@ -3,4 +3,5 @@
 
 pub mod demo;
 pub mod lock_exec;
+pub mod serve;
 pub mod settings;

@@ -39,6 +39,12 @@ fn apply_env(config: &mut Config, get: impl Fn(&str) -> Option<String>) -> Resul
     if let Some(v) = get("FLASHSALE_POSTGRES_URL") {
         config.postgres_url = v;
     }
+    if let Some(v) = get("FLASHSALE_LISTEN") {
+        config.server.listen = v;
+    }
+    if let Some(v) = get("FLASHSALE_ADMIN_TOKEN") {
+        config.server.admin_token = Some(v).filter(|t| !t.is_empty());
+    }
     if let Some(v) = get("FLASHSALE_ACK") {
         config.ack = match v.as_str() {
             "leader" => flashsale::Ack::Leader,

@@ -129,16 +129,35 @@ impl WriterHandle {
             .unwrap_or_else(|e| Err(WriterError::Redis(format!("writer task: {e}"))))
     }
 
+    /// Writes everything queued now, then stops: the writer keeps going until
+    /// a full pass over every stream finds nothing, or `max` has passed (then
+    /// it stops after the batch in hand; what is left stays in the streams).
+    pub async fn drain(self, max: Duration) -> Result<WriterReport, WriterError> {
+        self.stop.request_drain();
+        let stop = self.stop.clone();
+        let timer = tokio::spawn(async move {
+            tokio::time::sleep(max).await;
+            stop.request();
+        });
+        let r = self
+            .task
+            .await
+            .unwrap_or_else(|e| Err(WriterError::Redis(format!("writer task: {e}"))));
+        timer.abort();
+        r
+    }
+
     /// Kills the task where it stands, as a crash would (tests, emergencies).
     pub fn abort(self) {
         self.task.abort();
     }
 }
 
-/// The stop flag and the wake-up for idle sleeps.
+/// The stop flags and the wake-up for idle sleeps.
 #[derive(Default)]
 struct Stop {
     asked: AtomicBool,
+    drain: AtomicBool,
     wake: Notify,
 }
 
@@ -148,8 +167,17 @@ impl Stop {
         self.wake.notify_waiters();
     }
 
+    fn request_drain(&self) {
+        self.drain.store(true, Ordering::SeqCst);
+        self.wake.notify_waiters();
+    }
+
     fn asked(&self) -> bool {
         self.asked.load(Ordering::SeqCst)
+    }
+
+    fn draining(&self) -> bool {
+        self.drain.load(Ordering::SeqCst)
     }
 }
 
@@ -227,7 +255,15 @@ impl OrderWriter {
                 self.discover().await;
                 last_discover = Some(Instant::now());
             }
+            let draining = self.stop.draining();
+            if draining {
+                // Pick up streams of sales created since the last discovery.
+                self.discover().await;
+            }
             let moved = self.round().await;
+            if moved == 0 && draining {
+                break;
+            }
             if moved == 0 && !self.stop.asked() {
                 tokio::select! {
                     _ = tokio::time::sleep(self.config.idle_wait) => {}

@@ -1,0 +1,273 @@
+//! The HTTP API under `/v1`: JSON in and out, every error as
+//! `{"error": "<code>", "message": "..."}` with a fitting status. Handlers
+//! only translate between HTTP and the library.
+
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use axum::extract::rejection::JsonRejection;
+use axum::extract::{Path, State};
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use flashsale::{AdminError, PurchaseError, PurchaseRequest, SaleSpec};
+use serde::Deserialize;
+use serde_json::json;
+
+use super::AppState;
+
+/// An error answer.
+pub struct ApiError {
+    status: StatusCode,
+    code: &'static str,
+    message: String,
+}
+
+impl ApiError {
+    fn new(status: StatusCode, code: &'static str, message: impl Into<String>) -> Self {
+        ApiError {
+            status,
+            code,
+            message: message.into(),
+        }
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        (
+            self.status,
+            Json(json!({"error": self.code, "message": self.message})),
+        )
+            .into_response()
+    }
+}
+
+impl From<PurchaseError> for ApiError {
+    fn from(e: PurchaseError) -> Self {
+        let (status, code) = match &e {
+            PurchaseError::SoldOut => (StatusCode::CONFLICT, "sold_out"),
+            PurchaseError::LimitExceeded { .. } => {
+                (StatusCode::TOO_MANY_REQUESTS, "limit_exceeded")
+            }
+            PurchaseError::NotStarted => (StatusCode::CONFLICT, "not_started"),
+            PurchaseError::Ended => (StatusCode::CONFLICT, "ended"),
+            PurchaseError::Closed => (StatusCode::CONFLICT, "closed"),
+            PurchaseError::UnknownSale(_) => (StatusCode::NOT_FOUND, "unknown_sale"),
+            PurchaseError::Invalid(_) => (StatusCode::UNPROCESSABLE_ENTITY, "invalid"),
+            PurchaseError::Unavailable(_) => (StatusCode::SERVICE_UNAVAILABLE, "unavailable"),
+            _ => (StatusCode::INTERNAL_SERVER_ERROR, "internal"),
+        };
+        ApiError::new(status, code, e.to_string())
+    }
+}
+
+impl From<AdminError> for ApiError {
+    fn from(e: AdminError) -> Self {
+        let (status, code) = match &e {
+            AdminError::Invalid(_) => (StatusCode::UNPROCESSABLE_ENTITY, "invalid"),
+            AdminError::AlreadyExists(_) => (StatusCode::CONFLICT, "already_exists"),
+            AdminError::UnknownSale(_) => (StatusCode::NOT_FOUND, "unknown_sale"),
+            AdminError::Closed(_) => (StatusCode::CONFLICT, "closed"),
+            AdminError::Unavailable(_) | AdminError::Lock(_) => {
+                (StatusCode::SERVICE_UNAVAILABLE, "unavailable")
+            }
+            _ => (StatusCode::INTERNAL_SERVER_ERROR, "internal"),
+        };
+        ApiError::new(status, code, e.to_string())
+    }
+}
+
+fn body<T>(r: Result<Json<T>, JsonRejection>) -> Result<T, ApiError> {
+    r.map(|Json(v)| v)
+        .map_err(|e| ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, "invalid", e.body_text()))
+}
+
+/// Admin routes need `Authorization: Bearer <server.admin_token>`.
+fn authorize(state: &AppState, headers: &HeaderMap) -> Result<(), ApiError> {
+    let Some(expected) = state.admin_token.as_deref() else {
+        return Err(ApiError::new(
+            StatusCode::UNAUTHORIZED,
+            "unauthorized",
+            "admin routes are off: set server.admin_token or FLASHSALE_ADMIN_TOKEN",
+        ));
+    };
+    let given = headers
+        .get(axum::http::header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "));
+    if given.is_some_and(|g| constant_time_eq(g.as_bytes(), expected.as_bytes())) {
+        Ok(())
+    } else {
+        Err(ApiError::new(
+            StatusCode::UNAUTHORIZED,
+            "unauthorized",
+            "missing or wrong bearer token",
+        ))
+    }
+}
+
+fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+/// `POST /v1/sales` body.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CreateSale {
+    sku: String,
+    stock: u64,
+    #[serde(default = "one")]
+    buckets: u32,
+    #[serde(default)]
+    per_user_limit: u32,
+    /// Unix ms; absent = now.
+    starts_at_ms: Option<u64>,
+    /// Unix ms; absent = open-ended.
+    ends_at_ms: Option<u64>,
+}
+
+fn one() -> u32 {
+    1
+}
+
+fn at(ms: Option<u64>) -> Option<SystemTime> {
+    ms.map(|m| UNIX_EPOCH + Duration::from_millis(m))
+}
+
+pub async fn create_sale(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    req: Result<Json<CreateSale>, JsonRejection>,
+) -> Result<Response, ApiError> {
+    authorize(&state, &headers)?;
+    let c = body(req)?;
+    let status = state
+        .engine
+        .create_sale(SaleSpec {
+            sku: c.sku,
+            stock: c.stock,
+            buckets: c.buckets,
+            per_user_limit: c.per_user_limit,
+            starts_at: at(c.starts_at_ms),
+            ends_at: at(c.ends_at_ms),
+        })
+        .await?;
+    Ok((StatusCode::CREATED, Json(status)).into_response())
+}
+
+pub async fn sale_status(
+    State(state): State<AppState>,
+    Path(sku): Path<String>,
+) -> Result<Response, ApiError> {
+    Ok(Json(state.engine.sale_status(&sku).await?).into_response())
+}
+
+/// `POST /v1/sales/{sku}/restock` body.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Restock {
+    qty: u64,
+}
+
+pub async fn restock(
+    State(state): State<AppState>,
+    Path(sku): Path<String>,
+    headers: HeaderMap,
+    req: Result<Json<Restock>, JsonRejection>,
+) -> Result<Response, ApiError> {
+    authorize(&state, &headers)?;
+    let r = body(req)?;
+    Ok(Json(state.engine.restock(&sku, r.qty).await?).into_response())
+}
+
+pub async fn close(
+    State(state): State<AppState>,
+    Path(sku): Path<String>,
+    headers: HeaderMap,
+) -> Result<Response, ApiError> {
+    authorize(&state, &headers)?;
+    Ok(Json(state.engine.close_sale(&sku).await?).into_response())
+}
+
+/// `POST /v1/sales/{sku}/purchase` body.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Purchase {
+    user: String,
+    qty: i64,
+    request_id: String,
+}
+
+pub async fn purchase(
+    State(state): State<AppState>,
+    Path(sku): Path<String>,
+    req: Result<Json<Purchase>, JsonRejection>,
+) -> Result<Response, ApiError> {
+    let p = body(req)?;
+    if !state.limiter.allow(&p.user) {
+        return Err(ApiError::new(
+            StatusCode::TOO_MANY_REQUESTS,
+            "rate_limited",
+            "too many requests; slow down",
+        ));
+    }
+    let c = state
+        .engine
+        .purchase(PurchaseRequest {
+            sku: &sku,
+            user: &p.user,
+            qty: p.qty,
+            request_id: &p.request_id,
+        })
+        .await?;
+    Ok(Json(json!({
+        "order_id": c.order_id,
+        "sku": sku,
+        "bucket": c.bucket,
+        "replayed": c.replayed,
+    }))
+    .into_response())
+}
+
+pub async fn healthz() -> &'static str {
+    "ok"
+}
+
+pub async fn readyz(State(state): State<AppState>) -> Response {
+    let redis = state.engine.readiness().await;
+    let pg = match flashsale::db::client(&state.pool).await {
+        Ok(c) => c
+            .simple_query("SELECT 1")
+            .await
+            .map(|_| ())
+            .map_err(|e| e.to_string()),
+        Err(e) => Err(e.to_string()),
+    };
+    let ok = redis.is_ok() && pg.is_ok();
+    let body = json!({
+        "ready": ok,
+        "redis": redis.err().unwrap_or_else(|| "ok".into()),
+        "postgres": pg.err().unwrap_or_else(|| "ok".into()),
+    });
+    let status = if ok {
+        StatusCode::OK
+    } else {
+        StatusCode::SERVICE_UNAVAILABLE
+    };
+    (status, Json(body)).into_response()
+}
+
+pub async fn metrics(State(state): State<AppState>) -> Response {
+    (
+        [(
+            axum::http::header::CONTENT_TYPE,
+            "text/plain; version=0.0.4",
+        )],
+        state.prometheus.render(),
+    )
+        .into_response()
+}
+
+pub async fn not_found() -> ApiError {
+    ApiError::new(StatusCode::NOT_FOUND, "not_found", "no such route")
+}

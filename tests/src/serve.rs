@@ -1,0 +1,88 @@
+//! A `flashsale serve` process for HTTP tests: its own config file in a temp
+//! dir, a free port, killed on drop if still running.
+
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use tempfile::TempDir;
+
+use crate::{flashsale_bin, free_port, wait_for, PgDb, RedisCluster};
+
+/// The admin bearer token every test server uses.
+pub const ADMIN_TOKEN: &str = "test-admin-token";
+
+/// A running `flashsale serve`.
+pub struct ServeProcess {
+    /// The process.
+    pub child: Child,
+    /// Its port on 127.0.0.1.
+    pub port: u16,
+    /// Its config file.
+    pub config: PathBuf,
+    _dir: TempDir,
+}
+
+impl ServeProcess {
+    /// Starts `flashsale serve` on `cluster` and `pg`. `top` adds top-level
+    /// TOML keys, `server` adds keys of the `[server]` table; the retry
+    /// deadline is 1.5 s so an unreachable cluster answers 503 quickly.
+    pub fn start(cluster: &RedisCluster, pg: &PgDb, top: &str, server: &str) -> ServeProcess {
+        let dir = TempDir::new().expect("dir");
+        let port = free_port();
+        let seeds: Vec<String> = cluster.seeds().iter().map(|s| format!("{s:?}")).collect();
+        let config = dir.path().join("flashsale.toml");
+        let text = format!(
+            "cluster_nodes = [{seeds}]\nlock_nodes = []\npostgres_url = {pg:?}\n{top}\n\n\
+             [server]\nlisten = \"127.0.0.1:{port}\"\nadmin_token = {token:?}\nreconcile_every_ms = 500\n{server}\n\n\
+             [retry]\ndeadline_ms = 1500\n",
+            seeds = seeds.join(", "),
+            pg = pg.url(),
+            token = ADMIN_TOKEN,
+        );
+        std::fs::write(&config, text).expect("write config");
+        let child = Command::new(flashsale_bin())
+            .env_remove("FLASHSALE_ADMIN_TOKEN")
+            .env_remove("FLASHSALE_CLUSTER_NODES")
+            .env_remove("FLASHSALE_LOCK_NODES")
+            .env_remove("FLASHSALE_POSTGRES_URL")
+            .arg("--config")
+            .arg(&config)
+            .arg("serve")
+            .stdout(Stdio::null())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("spawn flashsale serve");
+        let p = ServeProcess {
+            child,
+            port,
+            config,
+            _dir: dir,
+        };
+        wait_for(
+            Duration::from_secs(30),
+            || std::net::TcpStream::connect(("127.0.0.1", port)).is_ok(),
+            || "flashsale serve did not listen".into(),
+        );
+        p
+    }
+
+    /// `http://127.0.0.1:port`.
+    pub fn base(&self) -> String {
+        format!("http://127.0.0.1:{}", self.port)
+    }
+
+    /// Sends SIGTERM.
+    pub fn terminate(&self) {
+        let _ = Command::new("kill")
+            .args(["-TERM", &self.child.id().to_string()])
+            .status();
+    }
+}
+
+impl Drop for ServeProcess {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
