@@ -5,18 +5,28 @@
 -- KEYS[2] flashsale:fence:<name>   highest fencing token this node has seen
 -- ARGV[1] token of this grant attempt
 -- ARGV[2] ttl in milliseconds
+-- ARGV[3] "1" when this node is the only lock node (then the fencing token
+--         is settled here, in the same step), else "0"
+-- ARGV[4] the clock floor of the fencing token (unix_ms * 1000), decimal
 --
 -- Returns {granted, pttl, fence}:
---   {1, ttl, "<fence>"}    taken on this node
+--   {1, ttl, "<fence>"}    taken on this node; with ARGV[3] = "1", fence is
+--                          the grant's token, already stored in KEYS[2]
 --   {0, pttl, "<fence>"}   held by another token; pttl = its remaining ms
--- fence is a decimal string ("0" when unknown), kept as text so a value past
--- 2^53 never passes through a Lua number.
+-- fence is a decimal string ("0" when unknown).
 --
 -- Invariant: a held lock is never overwritten (NX), so at most one token
--- holds the key on this node at a time.
+-- holds the key on this node at a time; on a single node the fencing counter
+-- only grows.
 
 local fence = redis.call('GET', KEYS[2]) or '0'
 if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
+  if ARGV[3] == '1' then
+    -- Tokens stay below 2^53, so Lua's numbers hold them exactly.
+    local next = math.max(tonumber(fence) + 1, tonumber(ARGV[4]))
+    fence = string.format('%.0f', next)
+    redis.call('SET', KEYS[2], fence)
+  end
   return {1, tonumber(ARGV[2]), fence}
 end
 return {0, redis.call('PTTL', KEYS[1]), fence}

@@ -450,24 +450,32 @@ fn parse_xrange(v: redis::Value) -> Vec<(String, Vec<(String, String)>)> {
 pub fn flashsale_bin() -> PathBuf {
     static BUILT: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
     BUILT
-        .get_or_init(|| {
-            let manifest = Path::new(env!("CARGO_MANIFEST_DIR"));
-            let root = manifest.parent().expect("workspace root");
-            let target = std::env::var_os("CARGO_TARGET_DIR")
-                .map(PathBuf::from)
-                .unwrap_or_else(|| root.join("target"));
-            let status = Command::new(env!("CARGO"))
-                .args(["build", "-q", "-p", "flashsale", "--bin", "flashsale"])
-                .current_dir(root)
-                .status()
-                .expect("run cargo build");
-            assert!(
-                status.success(),
-                "cargo build of the flashsale binary failed"
-            );
-            target.join("debug").join("flashsale")
-        })
+        .get_or_init(|| workspace_bin("flashsale", "flashsale"))
         .clone()
+}
+
+/// Path of the `flashsale-bench` binary, built once per test process.
+pub fn bench_bin() -> PathBuf {
+    static BUILT: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+    BUILT
+        .get_or_init(|| workspace_bin("flashsale-bench", "flashsale-bench"))
+        .clone()
+}
+
+/// Builds binary `bin` of workspace package `package` and returns its path.
+fn workspace_bin(package: &str, bin: &str) -> PathBuf {
+    let manifest = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let root = manifest.parent().expect("workspace root");
+    let target = std::env::var_os("CARGO_TARGET_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| root.join("target"));
+    let status = Command::new(env!("CARGO"))
+        .args(["build", "-q", "-p", package, "--bin", bin])
+        .current_dir(root)
+        .status()
+        .expect("run cargo build");
+    assert!(status.success(), "cargo build of {bin} failed");
+    target.join("debug").join(bin)
 }
 
 /// A `flashsale` command whose config points at `cluster` (and at `pg` and

@@ -29,7 +29,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use futures_util::future::join_all;
 use redis::Value;
-use tokio::sync::watch;
+use tokio::sync::{watch, OwnedSemaphorePermit, Semaphore};
 use tokio::task::JoinHandle;
 
 use crate::scripts::LuaScript;
@@ -161,6 +161,9 @@ struct Held {
     valid_until_ms: AtomicU64,
     lost: watch::Sender<bool>,
     keeper: Mutex<Option<JoinHandle<()>>>,
+    /// This process's gate for the name, held as long as the grant: other
+    /// tasks of the process queue on it instead of on Redis.
+    gate: Mutex<Option<OwnedSemaphorePermit>>,
 }
 
 struct Inner {
@@ -170,6 +173,9 @@ struct Inner {
     waiters: Arc<Waiters>,
     listeners: Vec<JoinHandle<()>>,
     held: Mutex<HashMap<(String, String), Arc<Held>>>,
+    /// One permit per lock name: tasks of this process wait here, in FIFO
+    /// order, so only one of them at a time asks the lock nodes.
+    gates: Mutex<HashMap<String, Arc<Semaphore>>>,
     epoch: Instant,
 }
 
@@ -192,6 +198,17 @@ enum Attempt {
     Granted(Arc<Held>),
     Busy { retry_in: Duration },
     NoQuorum { reachable: usize, detail: String },
+}
+
+/// Where a new grant's fencing token comes from.
+enum FenceSource {
+    /// The single lock node already chose and stored it.
+    Settled(u64),
+    /// Pick it above the highest counter seen and raise a majority to it.
+    Raise {
+        /// Highest counter the answering nodes reported.
+        highest_seen: u64,
+    },
 }
 
 /// Decoded reply of `lock_acquire.lua`.
@@ -280,6 +297,7 @@ impl LockClient {
                 waiters,
                 listeners,
                 held: Mutex::new(HashMap::new()),
+                gates: Mutex::new(HashMap::new()),
                 epoch: Instant::now(),
             }),
         })
@@ -323,6 +341,22 @@ impl LockClient {
         if let Some(g) = self.reenter(name, &opts.owner) {
             return Ok(g);
         }
+        let timeout = || LockError::Timeout {
+            name: name.to_owned(),
+            waited: started.elapsed(),
+        };
+        // Queue behind the other tasks of this process first: only the head
+        // of the queue talks to the lock nodes, and a local hand-off costs no
+        // failed attempts on Redis.
+        let gate = self.gate(name);
+        let mut permit = Some(if wait.is_zero() {
+            gate.try_acquire_owned().map_err(|_| timeout())?
+        } else {
+            match tokio::time::timeout(wait, gate.acquire_owned()).await {
+                Ok(Ok(p)) => p,
+                _ => return Err(timeout()),
+            }
+        });
         // Register before the first attempt so a release between the attempt
         // and the wait is not missed.
         let wake = self.inner.waiters.register(name);
@@ -335,6 +369,7 @@ impl LockClient {
             let remaining = wait.saturating_sub(started.elapsed());
             match last {
                 Attempt::Granted(held) => {
+                    *held.gate.lock().unwrap_or_else(|p| p.into_inner()) = permit.take();
                     metrics::histogram!(metric::ACQUIRE_SECONDS)
                         .record(started.elapsed().as_secs_f64());
                     return Ok(LockGuard {
@@ -352,12 +387,7 @@ impl LockClient {
                         detail,
                     });
                 }
-                Attempt::Busy { .. } if remaining.is_zero() => {
-                    return Err(LockError::Timeout {
-                        name: name.to_owned(),
-                        waited: started.elapsed(),
-                    });
-                }
+                Attempt::Busy { .. } if remaining.is_zero() => return Err(timeout()),
                 Attempt::Busy { retry_in } => {
                     if !waited {
                         metrics::counter!(metric::WAITS).increment(1);
@@ -376,6 +406,24 @@ impl LockClient {
                     .await;
                 }
             }
+        }
+    }
+
+    /// The gate of `name`, created on first use.
+    fn gate(&self, name: &str) -> Arc<Semaphore> {
+        let mut gates = self.inner.gates.lock().unwrap_or_else(|p| p.into_inner());
+        gates
+            .entry(name.to_owned())
+            .or_insert_with(|| Arc::new(Semaphore::new(1)))
+            .clone()
+    }
+
+    /// Drops the gate of `name` when nobody holds or waits on it (every
+    /// permit and waiter keeps a clone, and clones are made under this lock).
+    fn forget_gate(&self, name: &str) {
+        let mut gates = self.inner.gates.lock().unwrap_or_else(|p| p.into_inner());
+        if gates.get(name).is_some_and(|g| Arc::strong_count(g) == 1) {
+            gates.remove(name);
         }
     }
 
@@ -414,11 +462,19 @@ impl LockClient {
         let started = Instant::now();
         let (lkey, fkey) = (lock_key(name), fence_key(name));
         let ttl_s = ttl_ms.to_string();
+        let single = self.inner.nodes.len() == 1;
+        let clock = fence::next_token(
+            0,
+            SystemTime::now()
+                .duration_since(UNIX_EPOCH)
+                .unwrap_or_default(),
+        )
+        .to_string();
         let replies = self
             .on_all_nodes(
                 &self.inner.scripts.acquire,
                 &[&lkey, &fkey],
-                &[&token, &ttl_s],
+                &[&token, &ttl_s, if single { "1" } else { "0" }, &clock],
             )
             .await;
         let mut granted = Vec::new();
@@ -442,14 +498,25 @@ impl LockClient {
             }
         }
         if granted.len() >= self.quorum() {
+            // On a single node the script settled the token in the same step.
+            let fence = if single {
+                FenceSource::Settled(highest_fence)
+            } else {
+                FenceSource::Raise {
+                    highest_seen: highest_fence,
+                }
+            };
             if let Some(held) = self
-                .grant(name, opts, token.clone(), ttl, started, highest_fence)
+                .grant(name, opts, token.clone(), ttl, started, fence)
                 .await
             {
                 return Attempt::Granted(held);
             }
+            self.release_token(name, &token, None).await;
+        } else if !granted.is_empty() {
+            // Give back the minority we got; nodes that refused hold nothing of ours.
+            self.release_token(name, &token, Some(&granted)).await;
         }
-        self.release_token(name, &token).await;
         if reachable < self.quorum() {
             return Attempt::NoQuorum { reachable, detail };
         }
@@ -466,20 +533,26 @@ impl LockClient {
         token: String,
         ttl: Duration,
         started: Instant,
-        highest_fence: u64,
+        fence: FenceSource,
     ) -> Option<Arc<Held>> {
-        let fence = fence::next_token(
-            highest_fence,
-            SystemTime::now().duration_since(UNIX_EPOCH).ok()?,
-        );
-        let fkey = fence_key(name);
-        let fence_s = fence.to_string();
-        let raised = self
-            .on_all_nodes(&self.inner.scripts.fence, &[&fkey], &[&fence_s])
-            .await;
-        if raised.iter().filter(|r| r.is_ok()).count() < self.quorum() {
-            return None;
-        }
+        let fence = match fence {
+            FenceSource::Settled(f) => f,
+            FenceSource::Raise { highest_seen } => {
+                let fence = fence::next_token(
+                    highest_seen,
+                    SystemTime::now().duration_since(UNIX_EPOCH).ok()?,
+                );
+                let fkey = fence_key(name);
+                let fence_s = fence.to_string();
+                let raised = self
+                    .on_all_nodes(&self.inner.scripts.fence, &[&fkey], &[&fence_s])
+                    .await;
+                if raised.iter().filter(|r| r.is_ok()).count() < self.quorum() {
+                    return None;
+                }
+                fence
+            }
+        };
         let drift = ttl / 100 + Duration::from_millis(2);
         let validity = ttl.checked_sub(started.elapsed() + drift)?;
         if validity.is_zero() {
@@ -496,6 +569,7 @@ impl LockClient {
             valid_until_ms: AtomicU64::new(self.now_ms() + validity.as_millis() as u64),
             lost,
             keeper: Mutex::new(None),
+            gate: Mutex::new(None),
         });
         let keeper = if opts.lease.is_some() {
             self.spawn_lease_timer(held.clone())
@@ -583,21 +657,34 @@ impl LockClient {
         if let Some(k) = held.keeper.lock().unwrap_or_else(|p| p.into_inner()).take() {
             k.abort();
         }
-        self.release_token(&held.name, &held.token).await > 0
+        let released = self.release_token(&held.name, &held.token, None).await > 0;
+        // Only now may the next task of this process go.
+        drop(held.gate.lock().unwrap_or_else(|p| p.into_inner()).take());
+        self.forget_gate(&held.name);
+        released
     }
 
-    /// Compare-and-delete of `token` on every node; returns how many released.
-    async fn release_token(&self, name: &str, token: &str) -> usize {
+    /// Compare-and-delete of `token` on every node (or only on `only`);
+    /// returns how many released.
+    async fn release_token(&self, name: &str, token: &str, only: Option<&[usize]>) -> usize {
         let key = lock_key(name);
-        self.on_all_nodes(
-            &self.inner.scripts.release,
-            &[&key],
-            &[token, CHANNEL, name],
+        let script = &self.inner.scripts.release;
+        let timeout = self.inner.config.node_timeout;
+        let args = [token, CHANNEL, name];
+        let keys = [key.as_str()];
+        let replies = join_all(
+            self.inner
+                .nodes
+                .iter()
+                .enumerate()
+                .filter(|(i, _)| only.is_none_or(|o| o.contains(i)))
+                .map(|(_, n)| n.eval(script, &keys, &args, timeout)),
         )
-        .await
-        .iter()
-        .filter(|r| matches!(r, Ok(Value::Int(1))))
-        .count()
+        .await;
+        replies
+            .iter()
+            .filter(|r| matches!(r, Ok(Value::Int(1))))
+            .count()
     }
 
     async fn on_all_nodes(

@@ -1,0 +1,172 @@
+//! The lock benchmark: acquire+release pairs per second and hand-off latency
+//! (from one holder's unlock to the next holder's grant), uncontended and
+//! contended, on 1 and 3 lock nodes, for flashsale's lock module and for the
+//! `rslock` crate on the very same instances.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use flashsale::lock::{LockClient, LockConfig, LockOptions};
+use hdrhistogram::Histogram;
+use serde::Serialize;
+
+/// The figures of one lock run.
+#[derive(Debug, Clone, Serialize)]
+pub struct LockResult {
+    /// `flashsale` or `rslock`.
+    pub implementation: String,
+    /// Lock nodes used.
+    pub nodes: usize,
+    /// Tasks competing for the one lock name (1 = uncontended).
+    pub tasks: usize,
+    /// Pairs completed.
+    pub pairs: u64,
+    /// Pairs per second.
+    pub pairs_per_second: f64,
+    /// Median unlock-to-next-grant time, ms (contended runs only).
+    pub handoff_p50_ms: Option<f64>,
+    /// 99th percentile hand-off, ms.
+    pub handoff_p99_ms: Option<f64>,
+    /// Pairs that failed.
+    pub errors: u64,
+}
+
+/// The operations both implementations provide.
+#[derive(Clone)]
+enum Impl {
+    Flashsale(LockClient),
+    Rslock(Arc<rslock::LockManager>),
+}
+
+const TTL: Duration = Duration::from_secs(10);
+
+impl Impl {
+    /// Acquire (waiting as long as it takes, up to 60 s), returning a release token.
+    async fn acquire(&self, name: &str, worker: usize) -> Option<Held> {
+        match self {
+            Impl::Flashsale(c) => {
+                let opts = LockOptions::new(format!("w{worker}"))
+                    .lease(TTL)
+                    .wait(Duration::from_secs(60));
+                c.lock(name, &opts).await.ok().map(Held::Flashsale)
+            }
+            Impl::Rslock(m) => {
+                let deadline = Instant::now() + Duration::from_secs(60);
+                while Instant::now() < deadline {
+                    if let Ok(l) = m.lock(name.as_bytes(), TTL).await {
+                        return Some(Held::Rslock(l));
+                    }
+                }
+                None
+            }
+        }
+    }
+
+    async fn release(&self, held: Held) {
+        match (self, held) {
+            (_, Held::Flashsale(g)) => {
+                g.unlock().await;
+            }
+            (Impl::Rslock(m), Held::Rslock(l)) => m.unlock(&l).await,
+            (Impl::Flashsale(_), Held::Rslock(_)) => {}
+        }
+    }
+}
+
+enum Held {
+    Flashsale(flashsale::lock::LockGuard),
+    Rslock(rslock::Lock),
+}
+
+/// Runs `pairs` acquire+release pairs split over `tasks` tasks on one name.
+async fn run_one(
+    imp: Impl,
+    label: &str,
+    nodes: usize,
+    tasks: usize,
+    pairs: u64,
+    cap: Duration,
+) -> LockResult {
+    let name = format!("lockbench-{label}-{nodes}-{tasks}-{}", std::process::id());
+    let next = Arc::new(AtomicU64::new(0));
+    let released_at = Arc::new(AtomicU64::new(0));
+    let epoch = Instant::now();
+    let workers: Vec<_> = (0..tasks)
+        .map(|w| {
+            let (imp, name, next, released_at) =
+                (imp.clone(), name.clone(), next.clone(), released_at.clone());
+            tokio::spawn(async move {
+                let mut handoff =
+                    Histogram::<u64>::new_with_bounds(1, 120_000_000, 3).expect("constant bounds");
+                let (mut done, mut errors) = (0u64, 0u64);
+                while next.fetch_add(1, Ordering::Relaxed) < pairs && epoch.elapsed() < cap {
+                    let asked = epoch.elapsed().as_micros() as u64;
+                    let Some(held) = imp.acquire(&name, w).await else {
+                        errors += 1;
+                        continue;
+                    };
+                    let got = epoch.elapsed().as_micros() as u64;
+                    let rel = released_at.load(Ordering::SeqCst);
+                    // Only a grant that waited for a release is a hand-off.
+                    if tasks > 1 && rel > asked {
+                        let _ = handoff.record((got - rel).max(1));
+                    }
+                    released_at.store(epoch.elapsed().as_micros() as u64, Ordering::SeqCst);
+                    imp.release(held).await;
+                    done += 1;
+                }
+                (done, errors, handoff)
+            })
+        })
+        .collect();
+    let mut handoff =
+        Histogram::<u64>::new_with_bounds(1, 120_000_000, 3).expect("constant bounds");
+    let (mut done, mut errors) = (0, 0);
+    for w in workers {
+        if let Ok((d, e, h)) = w.await {
+            done += d;
+            errors += e;
+            let _ = handoff.add(&h);
+        }
+    }
+    let elapsed = epoch.elapsed().as_secs_f64();
+    let pct = |q: f64| (!handoff.is_empty()).then(|| handoff.value_at_quantile(q) as f64 / 1000.0);
+    LockResult {
+        implementation: label.to_owned(),
+        nodes,
+        tasks,
+        pairs: done,
+        pairs_per_second: done as f64 / elapsed.max(1e-9),
+        handoff_p50_ms: pct(0.5),
+        handoff_p99_ms: pct(0.99),
+        errors,
+    }
+}
+
+/// Every combination: {flashsale, rslock} x {1, 3 nodes} x {1, `tasks`}.
+pub async fn run_all(
+    lock_nodes: &[String],
+    pairs: u64,
+    tasks: usize,
+    cap: Duration,
+    bar: &indicatif::ProgressBar,
+) -> anyhow::Result<Vec<LockResult>> {
+    let mut out = Vec::new();
+    for n in [1usize, 3] {
+        if lock_nodes.len() < n {
+            continue;
+        }
+        let urls = lock_nodes[..n].to_vec();
+        let flashsale = Impl::Flashsale(LockClient::new(&urls, LockConfig::default())?);
+        let rs = Impl::Rslock(Arc::new(rslock::LockManager::new(urls.clone())));
+        for t in [1usize, tasks] {
+            for (label, imp) in [("flashsale", flashsale.clone()), ("rslock", rs.clone())] {
+                bar.set_message(format!("lock {label} nodes={n} tasks={t}"));
+                out.push(run_one(imp, label, n, t, pairs, cap).await);
+                bar.inc(1);
+            }
+        }
+    }
+    Ok(out)
+}

@@ -1,0 +1,656 @@
+//! `flashsale-bench`: how close flashsale comes to the raw speed of Redis
+//! running the same script, and how far ahead it is of the lock-based way,
+//! on the user's own machine and cluster, in one invocation. Scenarios: one
+//! hot SKU in one bucket (`hot1`), one hot SKU in B buckets (`hotB`), many
+//! SKUs (`many`). Strategies: `anchor` (redis-benchmark, same script, same
+//! keys), `engine`, `lock`, `naive`. Then the lock benchmark against rslock.
+//! Every sale it creates is deleted at the end, so the ledger of the cluster
+//! it ran on is left as it was.
+
+mod anchor;
+mod load;
+mod lockbench;
+mod report;
+mod strategies;
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use anyhow::{anyhow, Context, Result};
+use clap::Parser;
+use flashsale::{Config, Engine, SaleSpec};
+use indicatif::{MultiProgress, ProgressBar, ProgressStyle};
+use redis::Value;
+
+use report::{Machine, Report, RunResult, Target};
+
+#[derive(Parser, Debug, Clone)]
+#[command(
+    name = "flashsale-bench",
+    about = "flashsale against redis-benchmark, the lock-based way, and rslock"
+)]
+struct Args {
+    /// Operations per strategy run (engine, anchor, naive).
+    #[arg(long, default_value_t = 50_000)]
+    ops: u64,
+    /// Requests in flight at once (redis-benchmark clients for the anchor).
+    #[arg(long, default_value_t = 64)]
+    concurrency: usize,
+    /// Buckets of the hot SKU in the `hotB` scenario.
+    #[arg(long, default_value_t = 3)]
+    buckets: u32,
+    /// SKUs in the `many` scenario.
+    #[arg(long, default_value_t = 12)]
+    skus: usize,
+    /// Operations of the `lock` strategy (it is slow by design).
+    #[arg(long, default_value_t = 2_000)]
+    lock_ops: u64,
+    /// Acquire+release pairs per lock benchmark run.
+    #[arg(long, default_value_t = 2_000)]
+    lock_pairs: u64,
+    /// Tasks competing in the contended lock runs.
+    #[arg(long, default_value_t = 8)]
+    lock_tasks: usize,
+    /// Time cap of any one run, seconds.
+    #[arg(long, default_value_t = 60)]
+    cap_seconds: u64,
+    /// Scenarios to run (comma-separated: hot1,hotB,many; `none` for the lock benchmark only).
+    #[arg(long, default_value = "hot1,hotB,many", value_delimiter = ',')]
+    scenarios: Vec<String>,
+    /// Skip the lock benchmark.
+    #[arg(long)]
+    no_lock_bench: bool,
+    /// Write every figure as JSON here.
+    #[arg(long)]
+    json: Option<PathBuf>,
+    /// Write the plot as SVG here.
+    #[arg(long)]
+    svg: Option<PathBuf>,
+    /// Write results.json, summary.md and plot.svg into this folder.
+    #[arg(long)]
+    out: Option<PathBuf>,
+    /// No progress bars.
+    #[arg(long)]
+    quiet: bool,
+}
+
+/// The cluster and lock nodes: flashsale's defaults (the ops/up topology),
+/// overridden by FLASHSALE_CLUSTER_NODES / FLASHSALE_LOCK_NODES.
+fn config() -> Config {
+    let list = |v: String| {
+        v.split(',')
+            .map(|s| s.trim().to_owned())
+            .filter(|s| !s.is_empty())
+            .collect()
+    };
+    let mut c = Config::default();
+    if let Ok(v) = std::env::var("FLASHSALE_CLUSTER_NODES") {
+        c.cluster_nodes = list(v);
+    }
+    if let Ok(v) = std::env::var("FLASHSALE_LOCK_NODES") {
+        c.lock_nodes = list(v);
+    }
+    c.request_ttl = Duration::from_secs(600);
+    c
+}
+
+struct Bench {
+    args: Args,
+    engine: Engine,
+    conn: redis::cluster_async::ClusterConnection,
+    lock_nodes: Vec<String>,
+    run: String,
+    created: Vec<String>,
+    plain_keys: Vec<String>,
+    bars: MultiProgress,
+}
+
+impl Bench {
+    fn bar(&self, len: u64, msg: String) -> ProgressBar {
+        if self.args.quiet {
+            return ProgressBar::hidden();
+        }
+        let b = self.bars.add(ProgressBar::new(len));
+        b.set_style(
+            ProgressStyle::with_template("{msg:28} {bar:40} {pos}/{len} {per_sec}")
+                .unwrap_or_else(|_| ProgressStyle::default_bar()),
+        );
+        b.set_message(msg);
+        b
+    }
+
+    async fn sale(
+        &mut self,
+        name: &str,
+        stock: u64,
+        buckets: u32,
+    ) -> Result<flashsale::SaleStatus> {
+        let sku = format!("bench-{}-{name}", self.run);
+        let st = self
+            .engine
+            .create_sale(SaleSpec {
+                buckets,
+                ..SaleSpec::new(&sku, stock)
+            })
+            .await?;
+        self.created.push(sku);
+        Ok(st)
+    }
+
+    fn cap(&self) -> Duration {
+        Duration::from_secs(self.args.cap_seconds)
+    }
+
+    async fn engine_run(
+        &mut self,
+        scenario: &str,
+        skus: Vec<String>,
+        stock: u64,
+        rate: Option<f64>,
+        ops: u64,
+    ) -> Result<RunResult> {
+        let label = if rate.is_some() {
+            "engine@80%"
+        } else {
+            "engine"
+        };
+        let bar = self.bar(ops, format!("{scenario} {label}"));
+        let (engine, skus_arc, run): (Engine, Arc<Vec<String>>, Arc<str>) = (
+            self.engine.clone(),
+            Arc::new(skus.clone()),
+            format!("{}-{scenario}-{label}", self.run).into(),
+        );
+        let stats = load::run(
+            ops,
+            self.args.concurrency,
+            self.cap(),
+            rate,
+            &bar,
+            move |i| strategies::engine_op(engine.clone(), skus_arc.clone(), run.clone(), i),
+        )
+        .await;
+        bar.finish();
+        let mut sold = 0u64;
+        let mut below_zero = 0u64;
+        for sku in &skus {
+            let st = self.engine.sale_status(sku).await?;
+            sold += st.initial - st.remaining;
+            below_zero += st
+                .buckets
+                .iter()
+                .map(|b| b.remaining.min(0).unsigned_abs())
+                .sum::<u64>();
+        }
+        let oversold =
+            stats.confirmed.saturating_sub(stock) + below_zero + stats.confirmed.abs_diff(sold);
+        Ok(RunResult {
+            scenario: scenario.into(),
+            strategy: label.into(),
+            ops: stats.done,
+            concurrency: self.args.concurrency,
+            throughput: stats.throughput(),
+            p50_ms: stats.pct_ms(0.5),
+            p99_ms: stats.pct_ms(0.99),
+            p999_ms: Some(stats.pct_ms(0.999)),
+            confirmed: stats.confirmed,
+            oversold,
+            errors: stats.errors,
+            ratio_to_anchor: None,
+            note: match rate {
+                Some(r) => format!("paced at {r:.0}/s"),
+                None => "stock >= ops: every call reaches Redis".into(),
+            },
+        })
+    }
+
+    async fn anchor_run(
+        &mut self,
+        scenario: &str,
+        name: &str,
+        buckets: u32,
+        skus: usize,
+    ) -> Result<RunResult> {
+        let ops = self.args.ops;
+        let mut targets = Vec::new();
+        let mut seen = std::collections::HashSet::new();
+        for k in 0..skus.max(1) {
+            let st = self
+                .sale(&format!("{name}{k}"), ops + 1000, buckets)
+                .await?;
+            for b in &st.buckets {
+                if seen.insert(b.master.clone()) {
+                    targets.push(anchor::Target {
+                        master: b.master.clone(),
+                        tag: b.tag.clone(),
+                    });
+                }
+            }
+        }
+        let bar = self.bar(1, format!("{scenario} anchor (redis-benchmark)"));
+        let sha = flashsale::scripts::Scripts::new().purchase.sha;
+        let a = anchor::run(&targets, &sha, self.args.concurrency, ops).await?;
+        bar.inc(1);
+        bar.finish();
+        Ok(RunResult {
+            scenario: scenario.into(),
+            strategy: "anchor".into(),
+            ops: a.ops,
+            concurrency: self.args.concurrency,
+            throughput: a.rps,
+            p50_ms: a.p50_ms,
+            p99_ms: a.p99_ms,
+            p999_ms: None,
+            confirmed: a.ops,
+            oversold: 0,
+            errors: 0,
+            ratio_to_anchor: Some(1.0),
+            note: format!(
+                "redis-benchmark EVALSHA purchase.lua on {} master(s)",
+                targets.len()
+            ),
+        })
+    }
+
+    async fn plain_stock(&mut self, name: &str, stock: u64) -> Result<Arc<str>> {
+        let key = format!("{{bench-{}-{name}}}:stock", self.run);
+        let _: () = redis::cmd("SET")
+            .arg(&key)
+            .arg(stock)
+            .query_async(&mut self.conn)
+            .await?;
+        self.plain_keys.push(key.clone());
+        Ok(key.into())
+    }
+
+    async fn naive_run(&mut self) -> Result<RunResult> {
+        let ops = self.args.ops;
+        let stock = ops / 2;
+        let key = self.plain_stock("naive", stock).await?;
+        let bar = self.bar(ops, "hot1 naive (GET, DECR)".into());
+        let conn = self.conn.clone();
+        let k = key.clone();
+        let stats = load::run(
+            ops,
+            self.args.concurrency,
+            self.cap(),
+            None,
+            &bar,
+            move |_| strategies::naive_op(conn.clone(), k.clone()),
+        )
+        .await;
+        bar.finish();
+        let left: i64 = redis::cmd("GET")
+            .arg(&*key)
+            .query_async(&mut self.conn)
+            .await?;
+        Ok(RunResult {
+            scenario: "hot1".into(),
+            strategy: "naive".into(),
+            ops: stats.done,
+            concurrency: self.args.concurrency,
+            throughput: stats.throughput(),
+            p50_ms: stats.pct_ms(0.5),
+            p99_ms: stats.pct_ms(0.99),
+            p999_ms: Some(stats.pct_ms(0.999)),
+            confirmed: stats.confirmed,
+            oversold: stats.confirmed.saturating_sub(stock),
+            errors: stats.errors,
+            ratio_to_anchor: None,
+            note: format!(
+                "stock {stock}, ends at {left}: {} units oversold",
+                stats.confirmed.saturating_sub(stock)
+            ),
+        })
+    }
+
+    async fn lock_run(&mut self) -> Result<Option<RunResult>> {
+        if self.lock_nodes.is_empty() {
+            return Ok(None);
+        }
+        let ops = self.args.lock_ops;
+        let key = self.plain_stock("lock", ops).await?;
+        let locks = flashsale::lock::LockClient::new(
+            &self.lock_nodes,
+            flashsale::lock::LockConfig::default(),
+        )?;
+        let bar = self.bar(ops, "hot1 lock (lock,GET,DECR)".into());
+        let conn = self.conn.clone();
+        let worker = Arc::new(std::sync::atomic::AtomicU64::new(0));
+        let stats = load::run(
+            ops,
+            self.args.concurrency,
+            self.cap(),
+            None,
+            &bar,
+            move |_| {
+                let w = worker.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                strategies::lock_op(locks.clone(), conn.clone(), key.clone(), w)
+            },
+        )
+        .await;
+        bar.finish();
+        Ok(Some(RunResult {
+            scenario: "hot1".into(),
+            strategy: "lock".into(),
+            ops: stats.done,
+            concurrency: self.args.concurrency,
+            throughput: stats.throughput(),
+            p50_ms: stats.pct_ms(0.5),
+            p99_ms: stats.pct_ms(0.99),
+            p999_ms: Some(stats.pct_ms(0.999)),
+            confirmed: stats.confirmed,
+            oversold: 0,
+            errors: stats.errors,
+            ratio_to_anchor: None,
+            note: format!("Redlock on {} lock node(s)", self.lock_nodes.len()),
+        }))
+    }
+
+    /// Deletes every sale and key this run created, and takes the sales out
+    /// of the index, so reconcile and the order writer never see them.
+    async fn cleanup(&mut self) -> Result<()> {
+        for sku in std::mem::take(&mut self.created) {
+            if let Ok(st) = self.engine.sale_status(&sku).await {
+                for b in &st.buckets {
+                    let _: i64 = redis::cmd("DEL")
+                        .arg(&b.key)
+                        .arg(&b.stream)
+                        .arg(format!("{{{}}}:sale", b.tag))
+                        .query_async(&mut self.conn)
+                        .await?;
+                }
+            }
+            let _: i64 = redis::cmd("SREM")
+                .arg(flashsale::keys::sale_index())
+                .arg(&sku)
+                .query_async(&mut self.conn)
+                .await?;
+            let _: i64 = redis::cmd("DEL")
+                .arg(flashsale::keys::sale_meta(&sku))
+                .query_async(&mut self.conn)
+                .await?;
+        }
+        for key in std::mem::take(&mut self.plain_keys) {
+            let _: i64 = redis::cmd("DEL")
+                .arg(&key)
+                .query_async(&mut self.conn)
+                .await?;
+        }
+        Ok(())
+    }
+}
+
+async fn machine(conn: &mut redis::cluster_async::ClusterConnection, engine: &Engine) -> Machine {
+    let map = engine.slot_map().await.ok();
+    let version = async {
+        let info: Value = redis::cmd("INFO")
+            .arg("server")
+            .query_async(conn)
+            .await
+            .ok()?;
+        let text = match info {
+            Value::BulkString(b) => String::from_utf8_lossy(&b).into_owned(),
+            Value::VerbatimString { text, .. } => text,
+            Value::Map(m) => m
+                .into_iter()
+                .filter_map(|(_, v)| match v {
+                    Value::BulkString(b) => Some(String::from_utf8_lossy(&b).into_owned()),
+                    _ => None,
+                })
+                .collect::<Vec<_>>()
+                .join("\n"),
+            _ => return None,
+        };
+        text.lines()
+            .find_map(|l| l.strip_prefix("redis_version:"))
+            .map(|v| v.trim().to_owned())
+    }
+    .await;
+    let cpu = std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|c| {
+            c.lines().find_map(|l| {
+                l.strip_prefix("model name")
+                    .map(|m| m.trim_start_matches([' ', '\t', ':']).to_owned())
+            })
+        })
+        .unwrap_or_else(|| "unknown".into());
+    Machine {
+        cores: std::thread::available_parallelism()
+            .map(|n| n.get())
+            .unwrap_or(1),
+        cpu,
+        redis_version: version.unwrap_or_else(|| "unknown".into()),
+        masters: map.as_ref().map(|m| m.masters().len()).unwrap_or(0),
+        replicas: map
+            .as_ref()
+            .map(|m| {
+                m.ranges.iter().map(|r| r.replicas.len()).max().unwrap_or(0) * m.masters().len()
+            })
+            .unwrap_or(0),
+    }
+}
+
+fn find<'a>(rs: &'a [RunResult], scenario: &str, strategy: &str) -> Option<&'a RunResult> {
+    rs.iter()
+        .find(|r| r.scenario == scenario && r.strategy == strategy)
+}
+
+fn targets(results: &[RunResult], locks: &[lockbench::LockResult]) -> Vec<Target> {
+    let tp = |sc: &str, st: &str| find(results, sc, st).map(|r| r.throughput);
+    let ratio = |a: Option<f64>, b: Option<f64>| a.zip(b).map(|(a, b)| a / b.max(1e-9));
+    let t = |name: &str, measured: Option<f64>, goal: &str, ok: fn(f64) -> bool| Target {
+        name: name.into(),
+        measured,
+        goal: goal.into(),
+        met: measured.map(ok),
+    };
+    let lock_ratio = {
+        let mut worst: Option<f64> = None;
+        for l in locks.iter().filter(|l| l.implementation == "flashsale") {
+            if let Some(r) = locks
+                .iter()
+                .find(|r| r.implementation == "rslock" && r.nodes == l.nodes && r.tasks == l.tasks)
+            {
+                let x = l.pairs_per_second / r.pairs_per_second.max(1e-9);
+                worst = Some(worst.map_or(x, |w: f64| w.min(x)));
+            }
+        }
+        worst
+    };
+    let handoff = locks
+        .iter()
+        .filter(|l| l.implementation == "flashsale")
+        .filter_map(|l| l.handoff_p99_ms)
+        .fold(None, |m: Option<f64>, x| Some(m.map_or(x, |m| m.max(x))));
+    vec![
+        t(
+            "hot1: engine / anchor",
+            ratio(tp("hot1", "engine"), tp("hot1", "anchor")),
+            ">= 0.8",
+            |x| x >= 0.8,
+        ),
+        t(
+            "hotB engine / hot1 engine",
+            ratio(tp("hotB", "engine"), tp("hot1", "engine")),
+            ">= 1.3",
+            |x| x >= 1.3,
+        ),
+        t(
+            "lock / engine (hot1)",
+            ratio(tp("hot1", "lock"), tp("hot1", "engine")),
+            "<= 0.1",
+            |x| x <= 0.1,
+        ),
+        t(
+            "naive oversold units",
+            find(results, "hot1", "naive").map(|r| r.oversold as f64),
+            "> 0 (shown, not hidden)",
+            |x| x > 0.0,
+        ),
+        t(
+            "lock pairs/s: flashsale / rslock (worst case)",
+            lock_ratio,
+            ">= 2",
+            |x| x >= 2.0,
+        ),
+        t(
+            "lock hand-off p99 ms (flashsale, worst)",
+            handoff,
+            "well under the 10 s TTL (< 100 ms)",
+            |x| x < 100.0,
+        ),
+        t(
+            "p99 ms at 80% of peak (hot1 engine@80%)",
+            find(results, "hot1", "engine@80%").map(|r| r.p99_ms),
+            "< 5",
+            |x| x < 5.0,
+        ),
+    ]
+}
+
+#[tokio::main]
+async fn main() -> Result<()> {
+    let args = Args::parse();
+    let config = config();
+    let lock_nodes = config.lock_nodes.clone();
+    let engine = Engine::connect(Config {
+        lock_nodes: Vec::new(),
+        ..config
+    })
+    .await
+    .context("connecting to the cluster (is ops/up running?)")?;
+    let mut conn = engine.dedicated_connection().await?;
+    let machine = machine(&mut conn, &engine).await;
+    let run = format!(
+        "{}",
+        SystemTime::now().duration_since(UNIX_EPOCH)?.as_millis()
+    );
+    let mut b = Bench {
+        args: args.clone(),
+        engine,
+        conn,
+        lock_nodes,
+        run,
+        created: Vec::new(),
+        plain_keys: Vec::new(),
+        bars: MultiProgress::new(),
+    };
+    let result = measure(&mut b).await;
+    let cleaned = b.cleanup().await;
+    let (mut results, lock_results) = result?;
+    cleaned?;
+
+    for sc in ["hot1", "hotB", "many"] {
+        if let Some(anchor) = find(&results, sc, "anchor").map(|r| r.throughput) {
+            for r in results.iter_mut().filter(|r| r.scenario == sc) {
+                r.ratio_to_anchor = Some(r.throughput / anchor.max(1e-9));
+            }
+        }
+    }
+    let report = Report {
+        generated_at: SystemTime::now().duration_since(UNIX_EPOCH)?.as_secs(),
+        command: std::env::args().collect::<Vec<_>>().join(" "),
+        machine,
+        targets: targets(&results, &lock_results),
+        results,
+        lock_results,
+    };
+    let md = report::markdown(&report);
+    println!("{md}");
+    let json = serde_json::to_string_pretty(&report)?;
+    if let Some(p) = &args.json {
+        std::fs::write(p, &json).with_context(|| format!("writing {}", p.display()))?;
+    }
+    if let Some(p) = &args.svg {
+        std::fs::write(p, report::svg(&report))
+            .with_context(|| format!("writing {}", p.display()))?;
+    }
+    if let Some(dir) = &args.out {
+        std::fs::create_dir_all(dir)?;
+        std::fs::write(dir.join("results.json"), &json)?;
+        std::fs::write(
+            dir.join("summary.md"),
+            format!("Command: `{}`\n\n{md}", report.command),
+        )?;
+        std::fs::write(dir.join("plot.svg"), report::svg(&report))?;
+    }
+    Ok(())
+}
+
+async fn measure(b: &mut Bench) -> Result<(Vec<RunResult>, Vec<lockbench::LockResult>)> {
+    let ops = b.args.ops;
+    let mut results = Vec::new();
+    for sc in b.args.scenarios.clone() {
+        match sc.as_str() {
+            "hot1" => {
+                results.push(b.anchor_run("hot1", "hot1-anchor", 1, 1).await?);
+                let st = b.sale("hot1", ops, 1).await?;
+                let r = b
+                    .engine_run("hot1", vec![st.sku.clone()], ops, None, ops)
+                    .await?;
+                let peak = r.throughput;
+                results.push(r);
+                let paced_ops = ((peak * 0.8) * 5.0).min(ops as f64).max(100.0) as u64;
+                let st = b.sale("hot1-paced", paced_ops, 1).await?;
+                results.push(
+                    b.engine_run(
+                        "hot1",
+                        vec![st.sku.clone()],
+                        paced_ops,
+                        Some(peak * 0.8),
+                        paced_ops,
+                    )
+                    .await?,
+                );
+                if let Some(r) = b.lock_run().await? {
+                    results.push(r);
+                }
+                results.push(b.naive_run().await?);
+            }
+            "hotB" => {
+                let buckets = b.args.buckets;
+                results.push(b.anchor_run("hotB", "hotB-anchor", buckets, 1).await?);
+                let st = b.sale("hotB", ops, buckets).await?;
+                results.push(
+                    b.engine_run("hotB", vec![st.sku.clone()], ops, None, ops)
+                        .await?,
+                );
+            }
+            "many" => {
+                let n = b.args.skus.max(1);
+                results.push(b.anchor_run("many", "many-anchor", 1, n).await?);
+                let mut skus = Vec::with_capacity(n);
+                for k in 0..n {
+                    skus.push(
+                        b.sale(&format!("many{k}"), ops / n as u64 + 1, 1)
+                            .await?
+                            .sku,
+                    );
+                }
+                results.push(b.engine_run("many", skus, ops, None, ops).await?);
+            }
+            "none" => {}
+            other => {
+                return Err(anyhow!(
+                    "unknown scenario {other:?} (hot1, hotB, many, none)"
+                ))
+            }
+        }
+    }
+    let mut locks = Vec::new();
+    if !b.args.no_lock_bench && !b.lock_nodes.is_empty() {
+        let bar = b.bar(8, "lock benchmark".into());
+        locks = lockbench::run_all(
+            &b.lock_nodes,
+            b.args.lock_pairs,
+            b.args.lock_tasks,
+            b.cap(),
+            &bar,
+        )
+        .await?;
+        bar.finish();
+    }
+    Ok((results, locks))
+}

@@ -1,0 +1,254 @@
+//! Results as data: the table on stdout, the JSON file with every figure and
+//! the machine facts, a Markdown summary, and an SVG plot of throughput and
+//! latency percentiles per strategy. No measuring here.
+
+use std::fmt::Write as _;
+
+use serde::Serialize;
+
+use crate::lockbench::LockResult;
+
+/// One strategy in one scenario.
+#[derive(Debug, Clone, Serialize)]
+pub struct RunResult {
+    /// `hot1`, `hotB`, `many`.
+    pub scenario: String,
+    /// `anchor`, `engine`, `engine@80%`, `lock`, `naive`.
+    pub strategy: String,
+    /// Operations completed.
+    pub ops: u64,
+    /// Requests in flight at once.
+    pub concurrency: usize,
+    /// Operations per second.
+    pub throughput: f64,
+    /// Latency percentiles, ms.
+    pub p50_ms: f64,
+    /// 99th percentile, ms.
+    pub p99_ms: f64,
+    /// 99.9th percentile, ms (redis-benchmark's CSV does not report it).
+    pub p999_ms: Option<f64>,
+    /// Units confirmed.
+    pub confirmed: u64,
+    /// Units sold beyond the stock (must be 0 except for `naive`).
+    pub oversold: u64,
+    /// Failed operations.
+    pub errors: u64,
+    /// Throughput / the scenario's anchor throughput.
+    pub ratio_to_anchor: Option<f64>,
+    /// What to know when reading the row.
+    pub note: String,
+}
+
+/// Facts of the machine and cluster the run measured.
+#[derive(Debug, Clone, Serialize)]
+pub struct Machine {
+    /// Logical cores.
+    pub cores: usize,
+    /// CPU model from /proc/cpuinfo.
+    pub cpu: String,
+    /// Redis server version.
+    pub redis_version: String,
+    /// Masters in the cluster.
+    pub masters: usize,
+    /// Replicas in the cluster.
+    pub replicas: usize,
+}
+
+/// One pass/miss line against the targets.
+#[derive(Debug, Clone, Serialize)]
+pub struct Target {
+    /// What is compared.
+    pub name: String,
+    /// The measured value.
+    pub measured: Option<f64>,
+    /// The goal, as text.
+    pub goal: String,
+    /// Whether it was met (None when not measured in this run).
+    pub met: Option<bool>,
+}
+
+/// Everything one invocation measured.
+#[derive(Debug, Clone, Serialize)]
+pub struct Report {
+    /// When (Unix seconds).
+    pub generated_at: u64,
+    /// The command line.
+    pub command: String,
+    /// Machine facts.
+    pub machine: Machine,
+    /// Strategy runs.
+    pub results: Vec<RunResult>,
+    /// Lock benchmark.
+    pub lock_results: Vec<LockResult>,
+    /// Targets.
+    pub targets: Vec<Target>,
+}
+
+fn opt(v: Option<f64>, digits: usize) -> String {
+    v.map(|x| format!("{x:.digits$}"))
+        .unwrap_or_else(|| "-".into())
+}
+
+/// The tables (strategies, locks, targets) as Markdown.
+pub fn markdown(r: &Report) -> String {
+    let mut s = String::new();
+    let m = &r.machine;
+    let _ = writeln!(
+        s,
+        "Machine: {} cores ({}), Redis {}, cluster {} masters + {} replicas\n",
+        m.cores, m.cpu, m.redis_version, m.masters, m.replicas
+    );
+    let _ = writeln!(s, "| scenario | strategy | ops | conc | ops/s | p50 ms | p99 ms | p999 ms | oversold | errors | x anchor | note |");
+    let _ = writeln!(
+        s,
+        "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |"
+    );
+    for x in &r.results {
+        let _ = writeln!(
+            s,
+            "| {} | {} | {} | {} | {:.0} | {:.3} | {:.3} | {} | {} | {} | {} | {} |",
+            x.scenario,
+            x.strategy,
+            x.ops,
+            x.concurrency,
+            x.throughput,
+            x.p50_ms,
+            x.p99_ms,
+            opt(x.p999_ms, 3),
+            x.oversold,
+            x.errors,
+            opt(x.ratio_to_anchor, 2),
+            x.note
+        );
+    }
+    if !r.lock_results.is_empty() {
+        let _ = writeln!(s, "\n| lock | nodes | tasks | pairs | pairs/s | hand-off p50 ms | hand-off p99 ms | errors |");
+        let _ = writeln!(
+            s,
+            "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"
+        );
+        for l in &r.lock_results {
+            let _ = writeln!(
+                s,
+                "| {} | {} | {} | {} | {:.0} | {} | {} | {} |",
+                l.implementation,
+                l.nodes,
+                l.tasks,
+                l.pairs,
+                l.pairs_per_second,
+                opt(l.handoff_p50_ms, 2),
+                opt(l.handoff_p99_ms, 2),
+                l.errors
+            );
+        }
+    }
+    let _ = writeln!(s, "\n| target | measured | goal | met |");
+    let _ = writeln!(s, "| --- | ---: | --- | --- |");
+    for t in &r.targets {
+        let met = match t.met {
+            Some(true) => "yes",
+            Some(false) => "**no**",
+            None => "not run",
+        };
+        let _ = writeln!(
+            s,
+            "| {} | {} | {} | {} |",
+            t.name,
+            opt(t.measured, 2),
+            t.goal,
+            met
+        );
+    }
+    s
+}
+
+/// An SVG with two bar charts: throughput, and p50/p99/p999 latency.
+pub fn svg(r: &Report) -> String {
+    let rows: Vec<&RunResult> = r.results.iter().collect();
+    let w = 980.0;
+    let bar_h = 18.0;
+    let left = 220.0;
+    let chart_w = w - left - 80.0;
+    let h1 = 40.0 + rows.len() as f64 * (bar_h + 6.0);
+    let h2 = 40.0 + rows.len() as f64 * (3.0 * 7.0 + 10.0);
+    let mut s = format!(
+        "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{w}\" height=\"{}\" font-family=\"sans-serif\" font-size=\"12\">\n<rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n",
+        h1 + h2 + 40.0
+    );
+    let max_tp = rows.iter().map(|x| x.throughput).fold(1.0, f64::max);
+    let _ = writeln!(
+        s,
+        "<text x=\"10\" y=\"20\" font-size=\"14\" font-weight=\"bold\">Throughput (ops/s)</text>"
+    );
+    for (i, x) in rows.iter().enumerate() {
+        let y = 34.0 + i as f64 * (bar_h + 6.0);
+        let bw = chart_w * x.throughput / max_tp;
+        let color = match x.strategy.as_str() {
+            "anchor" => "#888888",
+            "naive" => "#d62728",
+            "lock" => "#ff7f0e",
+            _ => "#1f77b4",
+        };
+        let _ = writeln!(
+            s,
+            "<text x=\"{}\" y=\"{}\" text-anchor=\"end\">{} / {}</text>",
+            left - 6.0,
+            y + 13.0,
+            x.scenario,
+            x.strategy
+        );
+        let _ = writeln!(
+            s,
+            "<rect x=\"{left}\" y=\"{y}\" width=\"{bw:.1}\" height=\"{bar_h}\" fill=\"{color}\"/>"
+        );
+        let _ = writeln!(
+            s,
+            "<text x=\"{:.1}\" y=\"{}\">{:.0}</text>",
+            left + bw + 4.0,
+            y + 13.0,
+            x.throughput
+        );
+    }
+    let top = h1 + 30.0;
+    let max_lat = rows
+        .iter()
+        .map(|x| x.p999_ms.unwrap_or(x.p99_ms))
+        .fold(0.001, f64::max);
+    let _ = writeln!(s, "<text x=\"10\" y=\"{}\" font-size=\"14\" font-weight=\"bold\">Latency, ms (p50 / p99 / p999)</text>", top - 10.0);
+    for (i, x) in rows.iter().enumerate() {
+        let y = top + i as f64 * (3.0 * 7.0 + 10.0);
+        let _ = writeln!(
+            s,
+            "<text x=\"{}\" y=\"{}\" text-anchor=\"end\">{} / {}</text>",
+            left - 6.0,
+            y + 14.0,
+            x.scenario,
+            x.strategy
+        );
+        for (j, (v, color)) in [
+            (Some(x.p50_ms), "#9ecae1"),
+            (Some(x.p99_ms), "#3182bd"),
+            (x.p999_ms, "#08519c"),
+        ]
+        .iter()
+        .enumerate()
+        {
+            if let Some(v) = v {
+                let bw = chart_w * v / max_lat;
+                let yy = y + j as f64 * 7.0;
+                let _ = writeln!(s, "<rect x=\"{left}\" y=\"{yy}\" width=\"{bw:.1}\" height=\"6\" fill=\"{color}\"/>");
+                if j == 1 {
+                    let _ = writeln!(
+                        s,
+                        "<text x=\"{:.1}\" y=\"{:.1}\" font-size=\"10\">p99 {:.3}</text>",
+                        left + bw + 4.0,
+                        yy + 7.0,
+                        v
+                    );
+                }
+            }
+        }
+    }
+    s.push_str("</svg>\n");
+    s
+}
