@@ -95,6 +95,32 @@ fn config() -> Config {
     c
 }
 
+/// A result row from the load generator's figures.
+fn row(
+    scenario: &str,
+    strategy: &str,
+    concurrency: usize,
+    stats: &load::LoadStats,
+    oversold: u64,
+    note: String,
+) -> RunResult {
+    RunResult {
+        scenario: scenario.into(),
+        strategy: strategy.into(),
+        ops: stats.done,
+        concurrency,
+        throughput: stats.throughput(),
+        p50_ms: stats.pct_ms(0.5),
+        p99_ms: stats.pct_ms(0.99),
+        p999_ms: Some(stats.pct_ms(0.999)),
+        confirmed: stats.confirmed,
+        oversold,
+        errors: stats.errors,
+        ratio_to_anchor: None,
+        note,
+    }
+}
+
 struct Bench {
     args: Args,
     engine: Engine,
@@ -184,24 +210,17 @@ impl Bench {
         }
         let oversold =
             stats.confirmed.saturating_sub(stock) + below_zero + stats.confirmed.abs_diff(sold);
-        Ok(RunResult {
-            scenario: scenario.into(),
-            strategy: label.into(),
-            ops: stats.done,
-            concurrency: self.args.concurrency,
-            throughput: stats.throughput(),
-            p50_ms: stats.pct_ms(0.5),
-            p99_ms: stats.pct_ms(0.99),
-            p999_ms: Some(stats.pct_ms(0.999)),
-            confirmed: stats.confirmed,
+        Ok(row(
+            scenario,
+            label,
+            self.args.concurrency,
+            &stats,
             oversold,
-            errors: stats.errors,
-            ratio_to_anchor: None,
-            note: match rate {
+            match rate {
                 Some(r) => format!("paced at {r:.0}/s"),
                 None => "stock >= ops: every call reaches Redis".into(),
             },
-        })
+        ))
     }
 
     async fn anchor_run(
@@ -284,24 +303,17 @@ impl Bench {
             .arg(&*key)
             .query_async(&mut self.conn)
             .await?;
-        Ok(RunResult {
-            scenario: "hot1".into(),
-            strategy: "naive".into(),
-            ops: stats.done,
-            concurrency: self.args.concurrency,
-            throughput: stats.throughput(),
-            p50_ms: stats.pct_ms(0.5),
-            p99_ms: stats.pct_ms(0.99),
-            p999_ms: Some(stats.pct_ms(0.999)),
-            confirmed: stats.confirmed,
-            oversold: stats.confirmed.saturating_sub(stock),
-            errors: stats.errors,
-            ratio_to_anchor: None,
-            note: format!(
+        Ok(row(
+            "hot1",
+            "naive",
+            self.args.concurrency,
+            &stats,
+            stats.confirmed.saturating_sub(stock),
+            format!(
                 "stock {stock}, ends at {left}: {} units oversold",
                 stats.confirmed.saturating_sub(stock)
             ),
-        })
+        ))
     }
 
     async fn lock_run(&mut self) -> Result<Option<RunResult>> {
@@ -330,21 +342,14 @@ impl Bench {
         )
         .await;
         bar.finish();
-        Ok(Some(RunResult {
-            scenario: "hot1".into(),
-            strategy: "lock".into(),
-            ops: stats.done,
-            concurrency: self.args.concurrency,
-            throughput: stats.throughput(),
-            p50_ms: stats.pct_ms(0.5),
-            p99_ms: stats.pct_ms(0.99),
-            p999_ms: Some(stats.pct_ms(0.999)),
-            confirmed: stats.confirmed,
-            oversold: 0,
-            errors: stats.errors,
-            ratio_to_anchor: None,
-            note: format!("Redlock on {} lock node(s)", self.lock_nodes.len()),
-        }))
+        Ok(Some(row(
+            "hot1",
+            "lock",
+            self.args.concurrency,
+            &stats,
+            0,
+            format!("Redlock on {} lock node(s)", self.lock_nodes.len()),
+        )))
     }
 
     /// Deletes every sale and key this run created, and takes the sales out

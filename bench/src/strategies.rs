@@ -32,20 +32,21 @@ pub async fn engine_op(engine: Engine, skus: Arc<Vec<String>>, run: Arc<str>, i:
 }
 
 /// GET, check, DECR: two round trips and a race between them.
-pub async fn naive_op(mut conn: ClusterConnection, key: Arc<str>) -> Outcome {
-    let stock: Result<Option<i64>, _> = redis::cmd("GET").arg(&*key).query_async(&mut conn).await;
+async fn get_check_decr(conn: &mut ClusterConnection, key: &str) -> Outcome {
+    let stock: Result<Option<i64>, _> = redis::cmd("GET").arg(key).query_async(conn).await;
     match stock {
-        Ok(Some(s)) if s > 0 => match redis::cmd("DECR")
-            .arg(&*key)
-            .query_async::<i64>(&mut conn)
-            .await
-        {
+        Ok(Some(s)) if s > 0 => match redis::cmd("DECR").arg(key).query_async::<i64>(conn).await {
             Ok(_) => Outcome::Confirmed,
             Err(_) => Outcome::Error,
         },
         Ok(_) => Outcome::SoldOut,
         Err(_) => Outcome::Error,
     }
+}
+
+/// The naive way: GET, check, DECR with nothing in between to stop a race.
+pub async fn naive_op(mut conn: ClusterConnection, key: Arc<str>) -> Outcome {
+    get_check_decr(&mut conn, &key).await
 }
 
 /// The seeds' pattern: take the SKU's distributed lock, GET, check, DECR,
@@ -62,19 +63,7 @@ pub async fn lock_op(
     let Ok(guard) = locks.lock(&format!("bench-stock:{key}"), &opts).await else {
         return Outcome::Error;
     };
-    let stock: Result<Option<i64>, _> = redis::cmd("GET").arg(&*key).query_async(&mut conn).await;
-    let outcome = match stock {
-        Ok(Some(s)) if s > 0 => match redis::cmd("DECR")
-            .arg(&*key)
-            .query_async::<i64>(&mut conn)
-            .await
-        {
-            Ok(_) => Outcome::Confirmed,
-            Err(_) => Outcome::Error,
-        },
-        Ok(_) => Outcome::SoldOut,
-        Err(_) => Outcome::Error,
-    };
+    let outcome = get_check_decr(&mut conn, &key).await;
     guard.unlock().await;
     outcome
 }

@@ -178,12 +178,9 @@ impl Engine {
                 "ends_at must be after starts_at".into(),
             )));
         }
-        let guard = self.admin_lock(&spec.sku).await?;
-        let result = self.create_sale_locked(spec, starts_ms, ends_ms).await;
-        if let Some(g) = guard {
-            g.unlock().await;
-        }
-        result
+        let sku = spec.sku.clone();
+        self.under_admin_lock(&sku, self.create_sale_locked(spec, starts_ms, ends_ms))
+            .await
     }
 
     async fn create_sale_locked(
@@ -394,12 +391,8 @@ impl Engine {
                 "restock qty must be positive and sane, got {qty}"
             ))));
         }
-        let guard = self.admin_lock(sku).await?;
-        let result = self.restock_locked(sku, qty).await;
-        if let Some(g) = guard {
-            g.unlock().await;
-        }
-        result
+        self.under_admin_lock(sku, self.restock_locked(sku, qty))
+            .await
     }
 
     async fn restock_locked(&self, sku: &str, qty: u64) -> Result<SaleStatus, AdminError> {
@@ -440,12 +433,8 @@ impl Engine {
     /// request_ids still get their first answer.
     pub async fn close_sale(&self, sku: &str) -> Result<SaleStatus, AdminError> {
         validate::sku(sku).map_err(AdminError::Invalid)?;
-        let guard = self.admin_lock(sku).await?;
-        let result = self.close_sale_locked(sku).await;
-        if let Some(g) = guard {
-            g.unlock().await;
-        }
-        result
+        self.under_admin_lock(sku, self.close_sale_locked(sku))
+            .await
     }
 
     async fn close_sale_locked(&self, sku: &str) -> Result<SaleStatus, AdminError> {
@@ -471,6 +460,21 @@ impl Engine {
             .await
             .map_err(unavailable)?;
         self.sale_status(sku).await
+    }
+
+    /// Runs `op` (a future: nothing happens until it is awaited) while
+    /// holding the SKU's admin lock.
+    async fn under_admin_lock<T>(
+        &self,
+        sku: &str,
+        op: impl std::future::Future<Output = Result<T, AdminError>>,
+    ) -> Result<T, AdminError> {
+        let guard = self.admin_lock(sku).await?;
+        let result = op.await;
+        if let Some(g) = guard {
+            g.unlock().await;
+        }
+        result
     }
 
     /// Holds the SKU's admin lock (when lock nodes are configured) so two

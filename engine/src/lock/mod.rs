@@ -19,8 +19,13 @@
 //! accepted refuses the late holder's write (see `db::fenced`).
 
 pub mod fence;
+mod guard;
 mod node;
+mod options;
 mod waiters;
+
+pub use guard::LockGuard;
+pub use options::{LockConfig, LockError, LockOptions};
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
@@ -48,96 +53,6 @@ pub mod metric {
     pub const LOST: &str = "flashsale_lock_lost_total";
     /// Per-node errors and timeouts, by `node`.
     pub const NODE_ERRORS: &str = "flashsale_lock_node_errors_total";
-}
-
-/// Why a lock call failed.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[non_exhaustive]
-pub enum LockError {
-    /// The lock stayed held by someone else for the whole wait.
-    #[error("lock {name:?} still held by another owner after waiting {waited:?}")]
-    Timeout {
-        /// The lock.
-        name: String,
-        /// How long it waited.
-        waited: Duration,
-    },
-    /// Too few nodes answered to form a majority.
-    #[error("lock {name:?}: only {reachable} of {nodes} lock nodes reachable, {quorum} needed ({detail})")]
-    NoQuorum {
-        /// The lock.
-        name: String,
-        /// Nodes that answered on the last attempt.
-        reachable: usize,
-        /// Nodes configured.
-        nodes: usize,
-        /// Majority.
-        quorum: usize,
-        /// The last node error seen.
-        detail: String,
-    },
-    /// A name or owner that is empty or too long.
-    #[error("invalid {0}")]
-    Invalid(&'static str),
-    /// The configuration has no lock nodes or a bad URL.
-    #[error("lock config: {0}")]
-    Config(String),
-}
-
-/// Client-wide settings.
-#[derive(Debug, Clone, Copy)]
-pub struct LockConfig {
-    /// How long one node may take to answer one call.
-    pub node_timeout: Duration,
-    /// Lease the watchdog keeps renewing when no lease is given.
-    pub watchdog_ttl: Duration,
-    /// Largest random pause between attempts when no release was heard.
-    pub retry_jitter: Duration,
-}
-
-impl Default for LockConfig {
-    fn default() -> Self {
-        LockConfig {
-            node_timeout: Duration::from_millis(100),
-            watchdog_ttl: Duration::from_secs(30),
-            retry_jitter: Duration::from_millis(50),
-        }
-    }
-}
-
-/// How to take one lock.
-#[derive(Debug, Clone)]
-pub struct LockOptions {
-    /// Who takes it; the same owner may take it again (reentrancy).
-    pub owner: String,
-    /// Fixed lease: the lock expires after it and nothing renews it. `None`
-    /// (the default) turns the watchdog on.
-    pub lease: Option<Duration>,
-    /// How long `lock` waits for a held lock (`try_lock` does not wait).
-    pub wait: Duration,
-}
-
-impl LockOptions {
-    /// Options for `owner`: watchdog on, wait up to 10 s.
-    pub fn new(owner: impl Into<String>) -> Self {
-        LockOptions {
-            owner: owner.into(),
-            lease: None,
-            wait: Duration::from_secs(10),
-        }
-    }
-
-    /// A fixed lease instead of the watchdog.
-    pub fn lease(mut self, lease: Duration) -> Self {
-        self.lease = Some(lease);
-        self
-    }
-
-    /// How long `lock` waits.
-    pub fn wait(mut self, wait: Duration) -> Self {
-        self.wait = wait;
-        self
-    }
 }
 
 /// The lock scripts.
@@ -707,58 +622,5 @@ impl LockClient {
             }
         }
         replies
-    }
-}
-
-/// A held lock. Unlock it with [`LockGuard::unlock`]; dropping it releases
-/// it in the background.
-pub struct LockGuard {
-    client: LockClient,
-    held: Arc<Held>,
-    released: bool,
-}
-
-impl LockGuard {
-    /// The grant's fencing token: larger than every earlier grant's. Pass it
-    /// with every write the lock guards (see `db::fenced`).
-    pub fn fencing_token(&self) -> u64 {
-        self.held.fence
-    }
-
-    /// The lock's name.
-    pub fn name(&self) -> &str {
-        &self.held.name
-    }
-
-    /// True once the grant is known lost (renewal failed, or lease over).
-    pub fn is_lost(&self) -> bool {
-        *self.held.lost.borrow()
-    }
-
-    /// Resolves when the grant is lost, so the holder can stop its work.
-    pub async fn lost(&self) {
-        let mut rx = self.held.lost.subscribe();
-        let _ = rx.wait_for(|l| *l).await;
-    }
-
-    /// Releases this hold (the last hold of a reentrant owner releases the
-    /// lock). Returns false when the lock had already expired or been taken.
-    pub async fn unlock(mut self) -> bool {
-        self.released = true;
-        self.client.release_held(&self.held).await
-    }
-}
-
-impl Drop for LockGuard {
-    fn drop(&mut self) {
-        if self.released {
-            return;
-        }
-        let (client, held) = (self.client.clone(), self.held.clone());
-        if let Ok(rt) = tokio::runtime::Handle::try_current() {
-            rt.spawn(async move {
-                client.release_held(&held).await;
-            });
-        }
     }
 }
