@@ -125,6 +125,10 @@ struct Bench {
     args: Args,
     engine: Engine,
     conn: redis::cluster_async::ClusterConnection,
+    /// The same cluster with `ack = replicated` (WAIT for one replica).
+    replicated: Engine,
+    /// Whether the masters have replicas.
+    has_replicas: bool,
     lock_nodes: Vec<String>,
     run: String,
     created: Vec<String>,
@@ -168,24 +172,24 @@ impl Bench {
         Duration::from_secs(self.args.cap_seconds)
     }
 
+    /// `ops` purchases through `engine` over `skus` (whose stock adds up to
+    /// at least `ops`, so every call reaches Redis).
     async fn engine_run(
         &mut self,
         scenario: &str,
+        label: &str,
+        engine: Engine,
         skus: Vec<String>,
-        stock: u64,
         rate: Option<f64>,
         ops: u64,
     ) -> Result<RunResult> {
-        let label = if rate.is_some() {
-            "engine@80%"
-        } else {
-            "engine"
-        };
+        let stock = ops;
         let bar = self.bar(ops, format!("{scenario} {label}"));
         let (engine, skus_arc, run): (Engine, Arc<Vec<String>>, Arc<str>) = (
-            self.engine.clone(),
+            engine,
             Arc::new(skus.clone()),
-            format!("{}-{scenario}-{label}", self.run).into(),
+            // User ids allow no spaces: "engine ack=replicated" -> "engine_ack=replicated".
+            format!("{}-{scenario}-{}", self.run, label.replace(' ', "_")).into(),
         );
         let stats = load::run(
             ops,
@@ -522,10 +526,16 @@ async fn main() -> Result<()> {
     let lock_nodes = config.lock_nodes.clone();
     let engine = Engine::connect(Config {
         lock_nodes: Vec::new(),
-        ..config
+        ..config.clone()
     })
     .await
     .context("connecting to the cluster (is ops/up running?)")?;
+    let replicated = Engine::connect(Config {
+        lock_nodes: Vec::new(),
+        ack: flashsale::Ack::Replicated,
+        ..config
+    })
+    .await?;
     let mut conn = engine.dedicated_connection().await?;
     let machine = machine(&mut conn, &engine).await;
     let run = format!(
@@ -535,6 +545,8 @@ async fn main() -> Result<()> {
     let mut b = Bench {
         args: args.clone(),
         engine,
+        replicated,
+        has_replicas: machine.replicas > 0,
         conn,
         lock_nodes,
         run,
@@ -592,8 +604,9 @@ async fn measure(b: &mut Bench) -> Result<(Vec<RunResult>, Vec<lockbench::LockRe
             "hot1" => {
                 results.push(b.anchor_run("hot1", "hot1-anchor", 1, 1).await?);
                 let st = b.sale("hot1", ops, 1).await?;
+                let e = b.engine.clone();
                 let r = b
-                    .engine_run("hot1", vec![st.sku.clone()], ops, None, ops)
+                    .engine_run("hot1", "engine", e.clone(), vec![st.sku.clone()], None, ops)
                     .await?;
                 let peak = r.throughput;
                 results.push(r);
@@ -602,13 +615,25 @@ async fn measure(b: &mut Bench) -> Result<(Vec<RunResult>, Vec<lockbench::LockRe
                 results.push(
                     b.engine_run(
                         "hot1",
+                        "engine@80%",
+                        e,
                         vec![st.sku.clone()],
-                        paced_ops,
                         Some(peak * 0.8),
                         paced_ops,
                     )
                     .await?,
                 );
+                // The durability knob: confirm only once a replica has the
+                // order (needs replicas; without them every WAIT times out).
+                if b.has_replicas {
+                    let st = b.sale("hot1-replicated", ops, 1).await?;
+                    let r = b.replicated.clone();
+                    let label = "engine ack=replicated";
+                    results.push(
+                        b.engine_run("hot1", label, r, vec![st.sku.clone()], None, ops)
+                            .await?,
+                    );
+                }
                 if let Some(r) = b.lock_run().await? {
                     results.push(r);
                 }
@@ -618,8 +643,9 @@ async fn measure(b: &mut Bench) -> Result<(Vec<RunResult>, Vec<lockbench::LockRe
                 let buckets = b.args.buckets;
                 results.push(b.anchor_run("hotB", "hotB-anchor", buckets, 1).await?);
                 let st = b.sale("hotB", ops, buckets).await?;
+                let e = b.engine.clone();
                 results.push(
-                    b.engine_run("hotB", vec![st.sku.clone()], ops, None, ops)
+                    b.engine_run("hotB", "engine", e, vec![st.sku.clone()], None, ops)
                         .await?,
                 );
             }
@@ -634,7 +660,8 @@ async fn measure(b: &mut Bench) -> Result<(Vec<RunResult>, Vec<lockbench::LockRe
                             .sku,
                     );
                 }
-                results.push(b.engine_run("many", skus, ops, None, ops).await?);
+                let e = b.engine.clone();
+                results.push(b.engine_run("many", "engine", e, skus, None, ops).await?);
             }
             "none" => {}
             other => {

@@ -8,7 +8,7 @@ use serde_json::Value;
 
 #[test]
 fn every_strategy_runs_and_the_json_is_complete() {
-    let cluster = RedisCluster::start(3, 0);
+    let cluster = RedisCluster::start(3, 1);
     let locks: Vec<RedisServer> = (0..3).map(|_| RedisServer::start()).collect();
     let lock_urls: Vec<String> = locks.iter().map(|l| l.url()).collect();
     let dir = tempfile::TempDir::new().expect("dir");

@@ -167,3 +167,73 @@ async fn killing_a_master_mid_sale_fails_over_without_oversell() {
         );
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replicated_ack_confirms_only_what_a_replica_holds() {
+    let mut cluster = RedisCluster::start(3, 1);
+    let config = flashsale::Config {
+        cluster_nodes: cluster.seeds(),
+        lock_nodes: Vec::new(),
+        ack: flashsale::Ack::Replicated,
+        ..flashsale::Config::default()
+    };
+    let engine = flashsale::Engine::connect(config).await.expect("engine");
+    let status = engine
+        .create_sale(SaleSpec::new("durable", 10))
+        .await
+        .expect("create");
+    let c = engine
+        .purchase(PurchaseRequest {
+            sku: "durable",
+            user: "u1",
+            qty: 1,
+            request_id: "r1",
+        })
+        .await
+        .expect("confirmed once a replica has it");
+
+    // The replica of the bucket's master holds the order already.
+    let master = cluster.master_of_slot(status.buckets[0].slot);
+    let nodes: String = cluster.node(master).cmd(&["CLUSTER", "NODES"]);
+    let master_id = nodes
+        .lines()
+        .find(|l| l.contains("myself"))
+        .and_then(|l| l.split(' ').next())
+        .expect("id")
+        .to_owned();
+    let replica_port: u16 = nodes
+        .lines()
+        .find(|l| l.contains(&format!("slave {master_id}")))
+        .and_then(|l| l.split(' ').nth(1))
+        .and_then(|a| a.split('@').next()?.rsplit(':').next()?.parse().ok())
+        .expect("replica of the master");
+    let mut replica = cluster.node(replica_port).conn();
+    let _: () = redis::cmd("READONLY")
+        .query(&mut replica)
+        .expect("READONLY");
+    let on_replica: redis::Value = redis::cmd("XRANGE")
+        .arg(&status.buckets[0].stream)
+        .arg("-")
+        .arg("+")
+        .query(&mut replica)
+        .expect("XRANGE on the replica");
+    assert!(
+        format!("{on_replica:?}").contains(&c.order_id),
+        "the confirmed order is on the replica"
+    );
+
+    // Without a replica, nothing is confirmed: the buyer is told to retry.
+    cluster.node_mut(replica_port).kill();
+    let r = engine
+        .purchase(PurchaseRequest {
+            sku: "durable",
+            user: "u2",
+            qty: 1,
+            request_id: "r2",
+        })
+        .await;
+    assert!(
+        matches!(r, Err(PurchaseError::Unavailable(ref m)) if m.contains("replica")),
+        "{r:?}"
+    );
+}
