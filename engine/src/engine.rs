@@ -43,6 +43,8 @@ pub(crate) struct Inner {
     pub(crate) order_ids: OrderIds,
     pub(crate) epoch: Instant,
     pub(crate) stats: Stats,
+    /// Group commit of `ack = replicated`.
+    pub(crate) waits: crate::replication::WaitBatches,
     /// Locks for admin operations, when lock nodes are configured.
     pub(crate) locks: Option<crate::lock::LockClient>,
 }
@@ -118,6 +120,7 @@ impl Engine {
                 order_ids: OrderIds::new(),
                 epoch: Instant::now(),
                 stats: Stats::default(),
+                waits: Default::default(),
                 locks,
             }),
         };

@@ -15,6 +15,7 @@
 //! | [`engine`] | [`Engine`]: connection, script loading, EVALSHA with NOSCRIPT reload and retries |
 //! | [`sale`] | create, status, restock, close; the cached sale handle |
 //! | [`purchase`] | the hot path |
+//! | `replication` | group commit of `ack = replicated` (one WAIT per batch) |
 //! | [`orders`] | the order writer: streams into PostgreSQL exactly once |
 //! | [`ledger`] | reconcile: initial = remaining + pending + written |
 //! | [`lock`] | distributed locks on separate Redis nodes: Redlock, watchdog, fencing |
@@ -47,6 +48,7 @@ pub mod metrics;
 pub mod orders;
 pub mod placement;
 pub mod purchase;
+mod replication;
 pub mod sale;
 pub mod scripts;
 pub mod validate;

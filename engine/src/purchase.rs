@@ -284,12 +284,12 @@ impl Engine {
         if self.inner.config.ack == Ack::Leader {
             return Ok(());
         }
-        match self.wait_replicated(slot, 1000).await {
+        match self.replicated(slot).await {
             Ok(true) => Ok(()),
             Ok(false) => Err(PurchaseError::Unavailable(
                 "no replica acknowledged the order".into(),
             )),
-            Err(e) => Err(unavailable(e)),
+            Err(e) => Err(PurchaseError::Unavailable(e)),
         }
     }
 }
