@@ -179,9 +179,30 @@ async fn replicated_ack_confirms_only_what_a_replica_holds() {
     };
     let engine = flashsale::Engine::connect(config).await.expect("engine");
     let status = engine
-        .create_sale(SaleSpec::new("durable", 10))
+        .create_sale(SaleSpec::new("durable", 1000))
         .await
         .expect("create");
+    // Many purchases at once share WAITs (group commit); each still returns
+    // only after a replica holds it.
+    let burst: Vec<_> = (0..200)
+        .map(|i| {
+            let engine = engine.clone();
+            tokio::spawn(async move {
+                let id = format!("burst-{i}");
+                engine
+                    .purchase(PurchaseRequest {
+                        sku: "durable",
+                        user: &id,
+                        qty: 1,
+                        request_id: &id,
+                    })
+                    .await
+            })
+        })
+        .collect();
+    for t in burst {
+        t.await.expect("task").expect("confirmed once replicated");
+    }
     let c = engine
         .purchase(PurchaseRequest {
             sku: "durable",
@@ -220,6 +241,14 @@ async fn replicated_ack_confirms_only_what_a_replica_holds() {
     assert!(
         format!("{on_replica:?}").contains(&c.order_id),
         "the confirmed order is on the replica"
+    );
+    let replica_len: i64 = redis::cmd("XLEN")
+        .arg(&status.buckets[0].stream)
+        .query(&mut replica)
+        .expect("XLEN");
+    assert_eq!(
+        replica_len, 201,
+        "every confirmed order was on the replica when confirmed"
     );
 
     // Without a replica, nothing is confirmed: the buyer is told to retry.
