@@ -34,13 +34,18 @@ fn client(s: &[RedisServer], watchdog_ttl: Duration) -> LockClient {
 async fn mutual_exclusion(n: usize) {
     let nodes = servers(n);
     let data = RedisServer::start();
-    let locks = client(&nodes, Duration::from_secs(5));
+    // Four clients (as four processes would be) of four tasks each: tasks of
+    // one client queue locally, clients contend on the lock nodes.
+    let clients: Vec<LockClient> = (0..4)
+        .map(|_| client(&nodes, Duration::from_secs(5)))
+        .collect();
     let inside = Arc::new(AtomicUsize::new(0));
     let overlaps = Arc::new(AtomicUsize::new(0));
     let redis = redis::Client::open(data.url()).expect("url");
     let tasks: Vec<_> = (0..16)
         .map(|t| {
-            let (locks, inside, overlaps) = (locks.clone(), inside.clone(), overlaps.clone());
+            let (locks, inside, overlaps) =
+                (clients[t % 4].clone(), inside.clone(), overlaps.clone());
             let redis = redis.clone();
             tokio::spawn(async move {
                 let mut conn = redis

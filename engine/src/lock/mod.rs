@@ -61,6 +61,7 @@ struct LockScripts {
     fence: LuaScript,
     release: LuaScript,
     extend: LuaScript,
+    waiting: LuaScript,
 }
 
 /// A lock held by this client: shared by the guards of a reentrant owner.
@@ -155,6 +156,10 @@ fn lock_key(name: &str) -> String {
     format!("flashsale:lock:{name}")
 }
 
+fn waiters_key(name: &str) -> String {
+    format!("flashsale:waiters:{name}")
+}
+
 fn fence_key(name: &str) -> String {
     format!("flashsale:fence:{name}")
 }
@@ -206,6 +211,10 @@ impl LockClient {
                     extend: LuaScript::new(
                         "lock_extend",
                         include_str!("../../../lua/lock_extend.lua"),
+                    ),
+                    waiting: LuaScript::new(
+                        "lock_waiting",
+                        include_str!("../../../lua/lock_waiting.lua"),
                     ),
                 },
                 config,
@@ -275,8 +284,8 @@ impl LockClient {
         // Register before the first attempt so a release between the attempt
         // and the wait is not missed.
         let wake = self.inner.waiters.register(name);
-        let mut waited = false;
-        loop {
+        let mut counted = false;
+        let result = loop {
             let notified = wake.notified();
             tokio::pin!(notified);
             notified.as_mut().enable();
@@ -287,14 +296,14 @@ impl LockClient {
                     *held.gate.lock().unwrap_or_else(|p| p.into_inner()) = permit.take();
                     metrics::histogram!(metric::ACQUIRE_SECONDS)
                         .record(started.elapsed().as_secs_f64());
-                    return Ok(LockGuard {
+                    break Ok(LockGuard {
                         client: self.clone(),
                         held,
                         released: false,
                     });
                 }
                 Attempt::NoQuorum { reachable, detail } if remaining.is_zero() => {
-                    return Err(LockError::NoQuorum {
+                    break Err(LockError::NoQuorum {
                         name: name.to_owned(),
                         reachable,
                         nodes: self.inner.nodes.len(),
@@ -302,12 +311,16 @@ impl LockClient {
                         detail,
                     });
                 }
-                Attempt::Busy { .. } if remaining.is_zero() => return Err(timeout()),
+                Attempt::Busy { .. } if remaining.is_zero() => break Err(timeout()),
+                Attempt::Busy { .. } if !counted => {
+                    // Count ourselves among the waiters so releases publish,
+                    // then look again at once: a release that came before the
+                    // count published nothing.
+                    metrics::counter!(metric::WAITS).increment(1);
+                    self.count_waiter(name, 1, wait).await;
+                    counted = true;
+                }
                 Attempt::Busy { retry_in } => {
-                    if !waited {
-                        metrics::counter!(metric::WAITS).increment(1);
-                        waited = true;
-                    }
                     let pause = retry_in.min(remaining) + self.jitter();
                     tokio::select! {
                         _ = &mut notified => {}
@@ -321,7 +334,24 @@ impl LockClient {
                     .await;
                 }
             }
+        };
+        if counted {
+            // Off the caller's path: the count only decides who gets woken.
+            let (client, name) = (self.clone(), name.to_owned());
+            tokio::spawn(async move { client.count_waiter(&name, -1, wait).await });
         }
+        result
+    }
+
+    /// Adds `delta` to the waiter count of `name` on every node; the count
+    /// expires a little after the longest wait, so a waiter that died only
+    /// costs extra wake-ups until then.
+    async fn count_waiter(&self, name: &str, delta: i64, wait: Duration) {
+        let key = waiters_key(name);
+        let ttl = (wait + Duration::from_secs(5)).as_millis().to_string();
+        let delta = delta.to_string();
+        self.on_all_nodes(&self.inner.scripts.waiting, &[&key], &[&delta, &ttl])
+            .await;
     }
 
     /// The gate of `name`, created on first use.
@@ -585,8 +615,9 @@ impl LockClient {
         let key = lock_key(name);
         let script = &self.inner.scripts.release;
         let timeout = self.inner.config.node_timeout;
+        let wkey = waiters_key(name);
         let args = [token, CHANNEL, name];
-        let keys = [key.as_str()];
+        let keys = [key.as_str(), wkey.as_str()];
         let replies = join_all(
             self.inner
                 .nodes
