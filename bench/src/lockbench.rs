@@ -79,9 +79,9 @@ enum Held {
     Rslock(rslock::Lock),
 }
 
-/// Runs `pairs` acquire+release pairs split over `tasks` tasks on one name.
+/// Runs `pairs` acquire+release pairs on one name, one task per client.
 async fn run_one(
-    imp: Impl,
+    imps: Vec<Impl>,
     label: &str,
     nodes: usize,
     tasks: usize,
@@ -92,10 +92,11 @@ async fn run_one(
     let next = Arc::new(AtomicU64::new(0));
     let released_at = Arc::new(AtomicU64::new(0));
     let epoch = Instant::now();
-    let workers: Vec<_> = (0..tasks)
-        .map(|w| {
-            let (imp, name, next, released_at) =
-                (imp.clone(), name.clone(), next.clone(), released_at.clone());
+    let workers: Vec<_> = imps
+        .into_iter()
+        .enumerate()
+        .map(|(w, imp)| {
+            let (name, next, released_at) = (name.clone(), next.clone(), released_at.clone());
             tokio::spawn(async move {
                 let mut handoff =
                     Histogram::<u64>::new_with_bounds(1, 120_000_000, 3).expect("constant bounds");
@@ -158,12 +159,23 @@ pub async fn run_all(
             continue;
         }
         let urls = lock_nodes[..n].to_vec();
-        let flashsale = Impl::Flashsale(LockClient::new(&urls, LockConfig::default())?);
-        let rs = Impl::Rslock(Arc::new(rslock::LockManager::new(urls.clone())));
         for t in [1usize, tasks] {
-            for (label, imp) in [("flashsale", flashsale.clone()), ("rslock", rs.clone())] {
+            // One client per task, as separate processes would have: the
+            // contention happens on the lock nodes, for both implementations.
+            let mut flashsale = Vec::with_capacity(t);
+            let mut rs = Vec::with_capacity(t);
+            for _ in 0..t {
+                flashsale.push(Impl::Flashsale(LockClient::new(
+                    &urls,
+                    LockConfig::default(),
+                )?));
+                rs.push(Impl::Rslock(Arc::new(rslock::LockManager::new(
+                    urls.clone(),
+                ))));
+            }
+            for (label, imps) in [("flashsale", flashsale), ("rslock", rs)] {
                 bar.set_message(format!("lock {label} nodes={n} tasks={t}"));
-                out.push(run_one(imp, label, n, t, pairs, cap).await);
+                out.push(run_one(imps, label, n, t, pairs, cap).await);
                 bar.inc(1);
             }
         }

@@ -323,7 +323,14 @@ impl LockClient {
                 Attempt::Busy { retry_in } => {
                     let pause = retry_in.min(remaining) + self.jitter();
                     tokio::select! {
-                        _ = &mut notified => {}
+                        _ = &mut notified => {
+                            // Every waiter hears the same release; with several
+                            // nodes, rushing in together splits the vote so
+                            // nobody wins a majority. Spread them out.
+                            if self.inner.nodes.len() > 1 {
+                                tokio::time::sleep(self.inner.config.wake_spread.mul_f64(rand::random::<f64>())).await;
+                            }
+                        }
                         _ = tokio::time::sleep(pause.min(remaining)) => {}
                     }
                 }

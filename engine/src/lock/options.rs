@@ -46,6 +46,9 @@ pub struct LockConfig {
     pub watchdog_ttl: Duration,
     /// Largest random pause between attempts when no release was heard.
     pub retry_jitter: Duration,
+    /// Largest random pause after a release was heard, before trying (only
+    /// with several nodes, where simultaneous attempts split the vote).
+    pub wake_spread: Duration,
 }
 
 impl Default for LockConfig {
@@ -54,6 +57,7 @@ impl Default for LockConfig {
             node_timeout: Duration::from_millis(100),
             watchdog_ttl: Duration::from_secs(30),
             retry_jitter: Duration::from_millis(50),
+            wake_spread: Duration::from_millis(3),
         }
     }
 }
