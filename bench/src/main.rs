@@ -73,6 +73,10 @@ struct Args {
     /// No progress bars.
     #[arg(long)]
     quiet: bool,
+    /// Run everything this many times and report, per row, the run with the
+    /// median throughput (a shared machine is noisy).
+    #[arg(long, default_value_t = 3)]
+    repeat: usize,
 }
 
 /// The cluster and lock nodes: flashsale's defaults (the ops/up topology),
@@ -313,10 +317,7 @@ impl Bench {
             self.args.concurrency,
             &stats,
             stats.confirmed.saturating_sub(stock),
-            format!(
-                "stock {stock}, ends at {left}: {} units oversold",
-                stats.confirmed.saturating_sub(stock)
-            ),
+            format!("stock {stock}, left {left} (below zero = oversold)"),
         ))
     }
 
@@ -554,10 +555,19 @@ async fn main() -> Result<()> {
         plain_keys: Vec::new(),
         bars: MultiProgress::new(),
     };
-    let result = measure(&mut b).await;
-    let cleaned = b.cleanup().await;
-    let (mut results, lock_results) = result?;
-    cleaned?;
+    let mut runs = Vec::with_capacity(args.repeat.max(1));
+    let base_run = b.run.clone();
+    for rep in 0..args.repeat.max(1) {
+        // Fresh SKUs, users and request ids per repetition: a reused request
+        // id would be answered as a replay, not a sale.
+        b.run = format!("{base_run}r{rep}");
+        let result = measure(&mut b).await;
+        // Clean up after every repetition, and even when one failed.
+        let cleaned = b.cleanup().await;
+        runs.push(result?);
+        cleaned?;
+    }
+    let (mut results, lock_results) = medians(runs);
 
     for sc in ["hot1", "hotB", "many"] {
         if let Some(anchor) = find(&results, sc, "anchor").map(|r| r.throughput) {
@@ -594,6 +604,62 @@ async fn main() -> Result<()> {
         std::fs::write(dir.join("plot.svg"), report::svg(&report))?;
     }
     Ok(())
+}
+
+/// Per row (scenario and strategy; lock implementation, nodes and tasks),
+/// the repetition with the median throughput.
+fn medians(
+    runs: Vec<(Vec<RunResult>, Vec<lockbench::LockResult>)>,
+) -> (Vec<RunResult>, Vec<lockbench::LockResult>) {
+    fn median<T: Clone>(mut xs: Vec<T>, key: impl Fn(&T) -> f64) -> Option<T> {
+        xs.sort_by(|a, b| key(a).total_cmp(&key(b)));
+        xs.get(xs.len() / 2).cloned()
+    }
+    let Some((first_r, first_l)) = runs.first().cloned() else {
+        return (Vec::new(), Vec::new());
+    };
+    let results = first_r
+        .iter()
+        .filter_map(|r| {
+            let same: Vec<RunResult> = runs
+                .iter()
+                .filter_map(|(rs, _)| {
+                    rs.iter()
+                        .find(|x| x.scenario == r.scenario && x.strategy == r.strategy)
+                        .cloned()
+                })
+                .collect();
+            // Never let the median hide a bad repetition: oversell is the
+            // worst seen, errors are all of them.
+            let oversold = same.iter().map(|x| x.oversold).max().unwrap_or(0);
+            let errors = same.iter().map(|x| x.errors).sum();
+            median(same, |x| x.throughput).map(|m| RunResult {
+                oversold,
+                errors,
+                ..m
+            })
+        })
+        .collect();
+    let locks = first_l
+        .iter()
+        .filter_map(|l| {
+            let same: Vec<lockbench::LockResult> = runs
+                .iter()
+                .filter_map(|(_, ls)| {
+                    ls.iter()
+                        .find(|x| {
+                            x.implementation == l.implementation
+                                && x.nodes == l.nodes
+                                && x.tasks == l.tasks
+                        })
+                        .cloned()
+                })
+                .collect();
+            let errors = same.iter().map(|x| x.errors).sum();
+            median(same, |x| x.pairs_per_second).map(|m| lockbench::LockResult { errors, ..m })
+        })
+        .collect();
+    (results, locks)
 }
 
 async fn measure(b: &mut Bench) -> Result<(Vec<RunResult>, Vec<lockbench::LockResult>)> {

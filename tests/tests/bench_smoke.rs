@@ -34,6 +34,8 @@ fn every_strategy_runs_and_the_json_is_complete() {
             "3",
             "--cap-seconds",
             "30",
+            "--repeat",
+            "2",
             "--quiet",
         ])
         .arg("--out")
