@@ -509,3 +509,50 @@ async fn admin_operations_wait_for_the_sku_admin_lock() {
         .expect("restock");
     assert_eq!((st.initial, st.remaining), (35, 35));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reconcile_results_are_written_only_with_the_newest_fencing_token() {
+    let cluster = flashsale_tests::RedisCluster::start(3, 0);
+    let nodes = servers(3);
+    let pg = PgDb::create();
+    let pool = flashsale::db::pool(&pg.url(), 2).expect("pool");
+    let engine = flashsale_tests::engine_on(&cluster).await;
+    engine
+        .create_sale(flashsale::SaleSpec::new("fenced", 5))
+        .await
+        .expect("create");
+    let reports = flashsale::ledger::reconcile(&engine, &pool, &[])
+        .await
+        .expect("reconcile");
+
+    let locks = client(&nodes, Duration::from_secs(5));
+    let first = locks
+        .lock("reconcile", &LockOptions::new("old"))
+        .await
+        .expect("lock");
+    let old_token = first.fencing_token();
+    first.unlock().await;
+    let second = locks
+        .lock("reconcile", &LockOptions::new("new"))
+        .await
+        .expect("lock");
+    flashsale::ledger::record(&pool, &reports, second.fencing_token())
+        .await
+        .expect("newest token writes");
+    let stale = flashsale::ledger::record(&pool, &reports, old_token).await;
+    assert!(
+        matches!(stale, Err(flashsale::db::DbError::StaleToken { .. })),
+        "{stale:?}"
+    );
+    second.unlock().await;
+    assert_eq!(
+        pg.query("SELECT count(*) FROM ledger_checks"),
+        "1",
+        "the stale write left nothing"
+    );
+    assert_eq!(
+        pg.query("SELECT max(fencing_token) FROM ledger_checks"),
+        pg.query("SELECT token FROM fencing_tokens WHERE resource = 'ledger_checks'"),
+        "the row carries the token the resource accepted"
+    );
+}
