@@ -266,3 +266,146 @@ async fn replicated_ack_confirms_only_what_a_replica_holds() {
         "{r:?}"
     );
 }
+
+/// Moves every key of `slot` from the master on `from` to the master on `to`
+/// the way `redis-cli --cluster reshard` does: IMPORTING/MIGRATING, MIGRATE
+/// in batches, then SETSLOT NODE on every master.
+fn migrate_slot(cluster: &RedisCluster, slot: u16, from: u16, to: u16) {
+    let id = |port: u16| -> String { cluster.node(port).cmd(&["CLUSTER", "MYID"]) };
+    let (from_id, to_id) = (id(from), id(to));
+    let s = slot.to_string();
+    let _: () = cluster
+        .node(to)
+        .cmd(&["CLUSTER", "SETSLOT", &s, "IMPORTING", &from_id]);
+    let _: () = cluster
+        .node(from)
+        .cmd(&["CLUSTER", "SETSLOT", &s, "MIGRATING", &to_id]);
+    loop {
+        let keys: Vec<String> = cluster
+            .node(from)
+            .cmd(&["CLUSTER", "GETKEYSINSLOT", &s, "100"]);
+        if keys.is_empty() {
+            break;
+        }
+        let port = to.to_string();
+        let mut args = vec![
+            "MIGRATE",
+            "127.0.0.1",
+            port.as_str(),
+            "",
+            "0",
+            "5000",
+            "KEYS",
+        ];
+        args.extend(keys.iter().map(String::as_str));
+        let _: String = cluster.node(from).cmd(&args);
+    }
+    for port in cluster.master_ports() {
+        let _: () = cluster
+            .node(port)
+            .cmd(&["CLUSTER", "SETSLOT", &s, "NODE", &to_id]);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn migrating_a_bucket_slot_mid_sale_neither_oversells_nor_doubles() {
+    let cluster = RedisCluster::start(3, 0);
+    let engine = engine_on(&cluster).await;
+    let status = engine
+        .create_sale(SaleSpec::new("moving", 2000))
+        .await
+        .expect("create");
+    let slot = status.buckets[0].slot;
+    let from = cluster.master_of_slot(slot);
+    let to = cluster
+        .master_ports()
+        .into_iter()
+        .find(|p| *p != from)
+        .expect("another master");
+
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+    let buyers = {
+        let engine = engine.clone();
+        tokio::spawn(async move {
+            let sem = Arc::new(tokio::sync::Semaphore::new(32));
+            for i in 0..3000u32 {
+                let permit = sem.clone().acquire_owned().await.expect("semaphore");
+                let (engine, tx) = (engine.clone(), tx.clone());
+                tokio::spawn(async move {
+                    let id = format!("m{i}");
+                    let r = engine
+                        .purchase(PurchaseRequest {
+                            sku: "moving",
+                            user: &id,
+                            qty: 1,
+                            request_id: &id,
+                        })
+                        .await;
+                    let _ = tx.send((Instant::now(), r));
+                    drop(permit);
+                });
+            }
+        })
+    };
+    let mut answers = Vec::new();
+    while answers.len() < 300 {
+        answers.push(rx.recv().await.expect("answers flow"));
+    }
+    // Blocking commands on this runtime thread; the buyers keep running on
+    // the other worker.
+    let started = Instant::now();
+    tokio::task::block_in_place(|| migrate_slot(&cluster, slot, from, to));
+    let migration = (started, Instant::now());
+    buyers.await.expect("buyers");
+    while answers.len() < 3000 {
+        match tokio::time::timeout(Duration::from_secs(30), rx.recv()).await {
+            Ok(Some(a)) => answers.push(a),
+            _ => break,
+        }
+    }
+    assert_eq!(answers.len(), 3000, "every buyer got an answer");
+    let times: Vec<Instant> = answers.iter().map(|(t, _)| *t).collect();
+    let answers: Vec<_> = answers.into_iter().map(|(_, r)| r).collect();
+    let confirmed: Vec<String> = answers
+        .iter()
+        .filter_map(|a| a.as_ref().ok())
+        .map(|c| c.order_id.clone())
+        .collect();
+    let others: Vec<_> = answers
+        .iter()
+        .filter_map(|a| a.as_ref().err())
+        .filter(|e| **e != PurchaseError::SoldOut)
+        .collect();
+    assert!(
+        others.is_empty(),
+        "buyers saw errors during the migration: {:?}",
+        others.first()
+    );
+    assert_eq!(confirmed.len(), 2000, "exactly the stock was sold");
+    let during = times
+        .iter()
+        .filter(|t| **t > migration.0 && **t < migration.1)
+        .count();
+    let after = times.iter().filter(|t| **t > migration.1).count();
+    assert!(
+        during > 0 && after > 0,
+        "the sale ran through the migration ({during} answers during, {after} after)"
+    );
+    assert_eq!(
+        confirmed.iter().collect::<HashSet<_>>().len(),
+        2000,
+        "no order id twice"
+    );
+
+    let status = engine.sale_status("moving").await.expect("status");
+    assert_eq!(
+        status.buckets[0].master,
+        format!("127.0.0.1:{to}"),
+        "the bucket now lives on the target"
+    );
+    assert_eq!(status.remaining, 0);
+    assert_eq!(
+        status.buckets[0].stream_len, 2000,
+        "the stream moved with its slot, one entry per order"
+    );
+}
