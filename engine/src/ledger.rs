@@ -95,25 +95,9 @@ struct Snapshot {
 
 fn parse_snapshot(v: Value) -> Option<Snapshot> {
     let Value::Array(mut p) = v else { return None };
-    if p.len() != 4 {
+    if p.len() != 3 {
         return None;
     }
-    let entries = match p.pop()? {
-        Value::Array(flat) => flat
-            .chunks(2)
-            .filter_map(|c| {
-                let id = match &c[0] {
-                    Value::BulkString(b) => String::from_utf8(b.clone()).ok()?,
-                    _ => return None,
-                };
-                match c.get(1)? {
-                    Value::Int(q) if *q > 0 => Some((id, *q as u64)),
-                    _ => None,
-                }
-            })
-            .collect(),
-        _ => return None,
-    };
     let last = match p.pop()? {
         Value::BulkString(b) => String::from_utf8(b).ok()?,
         Value::SimpleString(s) => s,
@@ -132,16 +116,52 @@ fn parse_snapshot(v: Value) -> Option<Snapshot> {
         initial,
         stock,
         last_id: (ms.parse().ok()?, seq.parse().ok()?),
-        entries,
+        entries: Vec::new(),
     })
 }
 
-/// The ledger of one SKU, exact even while buyers and the writer run: each
-/// bucket is read in one atomic step (stock, units ever put in, the stream's
-/// last id, the entries still in the stream), and PostgreSQL is read in one
-/// REPEATABLE READ snapshot counting only orders with ids up to that last id.
-/// Every order made before the Redis snapshot is then either still pending
-/// (in the stream, not in PostgreSQL) or written, never both, never neither.
+/// The orders (id, qty) still in `stream` with ids up to `last`, read in
+/// chunks so no single call holds the master for long.
+async fn queued_orders(
+    conn: &mut redis::cluster_async::ClusterConnection,
+    stream: &str,
+    last: (i64, i64),
+) -> Result<Vec<(String, u64)>, redis::RedisError> {
+    let end = format!("{}-{}", last.0, last.1);
+    let mut start = "-".to_owned();
+    let mut out = Vec::new();
+    loop {
+        let v: Value = redis::cmd("XRANGE")
+            .arg(stream)
+            .arg(&start)
+            .arg(&end)
+            .arg("COUNT")
+            .arg(1000)
+            .query_async(conn)
+            .await?;
+        let entries = crate::orders::entry::parse_entries(&v);
+        let Some(tail) = entries.last() else { break };
+        start = format!("({}", tail.id);
+        out.extend(
+            entries
+                .iter()
+                .filter_map(|e| e.to_order().ok())
+                .map(|o| (o.order_id, o.qty as u64)),
+        );
+    }
+    Ok(out)
+}
+
+/// The ledger of one SKU, exact even while buyers and the writer run:
+/// 1. each bucket is read in one atomic step (units ever put in, stock, the
+///    stream's last id), so `initial = stock + orders with id <= last_id`;
+/// 2. then the entries up to last_id still in the stream are read in chunks
+///    (the writer may trim some meanwhile, but only after writing them);
+/// 3. then PostgreSQL is read in one REPEATABLE READ snapshot, counting only
+///    orders with ids up to last_id.
+///
+/// Every order up to last_id is then either still in the stream and not in
+/// PostgreSQL (pending), or in PostgreSQL (written): never both, never neither.
 async fn reconcile_one(
     engine: &Engine,
     pool: &Pool,
@@ -164,6 +184,8 @@ async fn reconcile_one(
                 "ledger snapshot reply",
             ))
         })?;
+        let mut snap = snap;
+        snap.entries = queued_orders(&mut conn, &b.keys.orders, snap.last_id).await?;
         snaps.push((b, snap));
         dead_lettered += redis::cmd("XLEN")
             .arg(keys::dead_letter_stream(&b.tag))
