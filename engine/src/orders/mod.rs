@@ -185,7 +185,15 @@ impl Stop {
 struct StreamState {
     group_ready: bool,
     last_claim: Option<Instant>,
+    /// A stream that keeps coming back empty is polled less and less often
+    /// (up to [`MAX_QUIET`]), so hundreds of finished sales do not cost the
+    /// cluster hundreds of reads every `idle_wait`.
+    quiet_until: Option<Instant>,
+    quiet_for: Duration,
 }
+
+/// Longest pause between reads of a stream that had nothing.
+const MAX_QUIET: Duration = Duration::from_millis(250);
 
 /// Drains the order streams of every sale into PostgreSQL.
 pub struct OrderWriter {
@@ -292,6 +300,8 @@ impl OrderWriter {
                         .or_insert(StreamState {
                             group_ready: false,
                             last_claim: None,
+                            quiet_until: None,
+                            quiet_for: Duration::ZERO,
                         });
                 }
             }
@@ -307,15 +317,36 @@ impl OrderWriter {
 
     /// One pass over every stream; returns the entries handled.
     async fn round(&mut self) -> usize {
-        let keys: Vec<String> = self.streams.keys().cloned().collect();
+        // A drain must look at every stream, quiet or not.
+        let now = Instant::now();
+        let draining = self.stop.draining();
+        let keys: Vec<String> = self
+            .streams
+            .iter()
+            .filter(|(_, s)| draining || s.quiet_until.is_none_or(|t| t <= now))
+            .map(|(k, _)| k.clone())
+            .collect();
         let mut moved = 0;
         for key in keys {
             if self.stop.asked() {
                 break;
             }
-            match self.drain_once(&key).await {
-                Ok(n) => moved += n,
-                Err(e) => tracing::warn!(stream = %key, error = %e, "order stream read failed"),
+            let n = match self.drain_once(&key).await {
+                Ok(n) => n,
+                Err(e) => {
+                    tracing::warn!(stream = %key, error = %e, "order stream read failed");
+                    0
+                }
+            };
+            moved += n;
+            if let Some(s) = self.streams.get_mut(&key) {
+                if n == 0 {
+                    s.quiet_for = (s.quiet_for * 2).max(self.config.idle_wait).min(MAX_QUIET);
+                    s.quiet_until = Some(Instant::now() + s.quiet_for);
+                } else {
+                    s.quiet_for = Duration::ZERO;
+                    s.quiet_until = None;
+                }
             }
         }
         moved
