@@ -55,8 +55,8 @@ struct Args {
     /// Time cap of any one run, seconds.
     #[arg(long, default_value_t = 60)]
     cap_seconds: u64,
-    /// Scenarios to run (comma-separated: hot1,hotB,many; `none` for the lock benchmark only).
-    #[arg(long, default_value = "hot1,hotB,many", value_delimiter = ',')]
+    /// Scenarios to run (comma-separated: hot1,hotB,many,door; `none` for the lock benchmark only).
+    #[arg(long, default_value = "hot1,hotB,many,door", value_delimiter = ',')]
     scenarios: Vec<String>,
     /// Skip the lock benchmark.
     #[arg(long)]
@@ -319,6 +319,100 @@ impl Bench {
             stats.confirmed.saturating_sub(stock),
             format!("stock {stock}, left {left} (below zero = oversold)"),
         ))
+    }
+
+    /// "Which costs less at the door": the service's in-process rate limiter
+    /// against the seeds' Redis rate-limit script, one check per request.
+    async fn door_runs(&mut self) -> Result<Vec<RunResult>> {
+        let ops = self.args.ops;
+        let limiter = Arc::new(flashsale::ratelimit::RateLimiter::new(5.0, 5, 0.0, 0));
+        let bar = self.bar(ops, "door in-process limiter".into());
+        let stats = load::run(
+            ops,
+            self.args.concurrency,
+            self.cap(),
+            None,
+            &bar,
+            move |i| {
+                let limiter = limiter.clone();
+                async move {
+                    if limiter.allow(&format!("door-u{}", i % 10_000)) {
+                        load::Outcome::Confirmed
+                    } else {
+                        load::Outcome::SoldOut
+                    }
+                }
+            },
+        )
+        .await;
+        bar.finish();
+        let mut out = vec![row(
+            "door",
+            "in-process limiter",
+            self.args.concurrency,
+            &stats,
+            0,
+            "token bucket per user, no I/O".into(),
+        )];
+
+        let script = redis::Script::new(include_str!("../../lua/rate_limit.lua"));
+        let sha = script.get_hash().to_owned();
+        let _: Value = self
+            .conn
+            .route_command(
+                redis::cmd("SCRIPT")
+                    .arg("LOAD")
+                    .arg(include_str!("../../lua/rate_limit.lua"))
+                    .clone(),
+                redis::cluster_routing::RoutingInfo::MultiNode((
+                    redis::cluster_routing::MultipleNodeRoutingInfo::AllMasters,
+                    Some(redis::cluster_routing::ResponsePolicy::AllSucceeded),
+                )),
+            )
+            .await?;
+        let bar = self.bar(ops, "door redis rate_limit.lua".into());
+        let (conn, run) = (self.conn.clone(), self.run.clone());
+        let stats = load::run(
+            ops,
+            self.args.concurrency,
+            self.cap(),
+            None,
+            &bar,
+            move |i| {
+                let (mut conn, sha, run) = (conn.clone(), sha.clone(), run.clone());
+                async move {
+                    let window = SystemTime::now()
+                        .duration_since(UNIX_EPOCH)
+                        .map(|d| d.as_secs())
+                        .unwrap_or(0);
+                    let key = format!("{{rl:{run}-door-u{}}}:{window}", i % 10_000);
+                    match redis::cmd("EVALSHA")
+                        .arg(&sha)
+                        .arg(1)
+                        .arg(&key)
+                        .arg(5)
+                        .arg(1000)
+                        .query_async::<i64>(&mut conn)
+                        .await
+                    {
+                        Ok(1) => load::Outcome::Confirmed,
+                        Ok(_) => load::Outcome::SoldOut,
+                        Err(_) => load::Outcome::Error,
+                    }
+                }
+            },
+        )
+        .await;
+        bar.finish();
+        out.push(row(
+            "door",
+            "redis rate_limit.lua",
+            self.args.concurrency,
+            &stats,
+            0,
+            "fixed window, one EVALSHA per check".into(),
+        ));
+        Ok(out)
     }
 
     async fn lock_run(&mut self) -> Result<Option<RunResult>> {
@@ -729,6 +823,7 @@ async fn measure(b: &mut Bench) -> Result<(Vec<RunResult>, Vec<lockbench::LockRe
                 let e = b.engine.clone();
                 results.push(b.engine_run("many", "engine", e, skus, None, ops).await?);
             }
+            "door" => results.extend(b.door_runs().await?),
             "none" => {}
             other => {
                 return Err(anyhow!(

@@ -20,6 +20,7 @@
 //! | [`ledger`] | reconcile: initial = remaining + pending + written |
 //! | [`lock`] | distributed locks on separate Redis nodes: Redlock, watchdog, fencing |
 //! | [`db`] | PostgreSQL pool and versioned migrations |
+//! | [`ratelimit`] | in-process token buckets for the service's door |
 //! | [`validate`] | input checks before anything reaches Redis |
 //! | [`error`] | typed errors and the one classification of Redis errors |
 //! | [`metrics`] | metric names (`flashsale_*`) |
@@ -48,6 +49,7 @@ pub mod metrics;
 pub mod orders;
 pub mod placement;
 pub mod purchase;
+pub mod ratelimit;
 mod replication;
 pub mod sale;
 pub mod scripts;

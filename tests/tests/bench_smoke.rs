@@ -99,6 +99,13 @@ fn every_strategy_runs_and_the_json_is_complete() {
         400,
         "engine sold one unit per call"
     );
+    for st in ["in-process limiter", "redis rate_limit.lua"] {
+        let r = find("door", st);
+        assert!(
+            r["throughput"].as_f64().unwrap_or(0.0) > 0.0 && r["errors"] == 0,
+            "door/{st}: {r}"
+        );
+    }
     assert!(
         find("hot1", "naive")["oversold"].is_u64(),
         "naive reports its oversell"

@@ -5,7 +5,6 @@
 //! Concurrency is capped with a semaphore; `/metrics` is served here.
 
 mod api;
-mod limit;
 
 use std::future::Future;
 use std::sync::Arc;
@@ -23,7 +22,7 @@ use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 use tokio::net::TcpListener;
 use tokio::sync::Semaphore;
 
-pub use limit::RateLimiter;
+use flashsale::ratelimit::RateLimiter;
 
 /// HTTP requests answered, by `route` and `status`.
 const HTTP_REQUESTS: &str = "flashsale_http_requests_total";

@@ -1,7 +1,9 @@
 //! In-process rate limiting at the door: a token bucket per user and one for
-//! the whole service. Chosen over a Redis rate-limit script because it costs
-//! no network trip and never loads the inventory cluster; the trade-off is
-//! that limits are per process (N processes allow N times the rate).
+//! the whole service, checked before a request reaches Redis. Chosen over a
+//! Redis rate-limit script (`lua/rate_limit.lua`, kept for the benchmark's
+//! comparison) because it costs no network trip and never loads the
+//! inventory cluster; the trade-off is that limits are per process (N
+//! processes allow N times the rate). Never does I/O.
 
 use std::collections::HashMap;
 use std::hash::{BuildHasher, RandomState};
