@@ -142,6 +142,10 @@ pub fn markdown(r: &Report) -> String {
             );
         }
     }
+    let _ = writeln!(
+        s,
+        "\nTargets: the median over repetitions of each figure, each figure taken within one repetition."
+    );
     let _ = writeln!(s, "\n| target | measured | goal | met |");
     let _ = writeln!(s, "| --- | ---: | --- | --- |");
     for t in &r.targets {
