@@ -245,18 +245,38 @@ impl Engine {
         slot: u16,
         cmd: &Cmd,
     ) -> Result<Value, RedisError> {
+        self.run_with_retry(cmd, Some((script, slot))).await
+    }
+
+    /// Sends a plain command with the same retry policy as scripts (admin and
+    /// status calls; not the hot path).
+    pub(crate) async fn run_cmd<T: redis::FromRedisValue>(
+        &self,
+        cmd: &Cmd,
+    ) -> Result<T, RedisError> {
+        self.run_with_retry(cmd, None).await
+    }
+
+    /// The one retry loop: `script` (with its slot) is what to reload on
+    /// NOSCRIPT; a plain command gives up on NOSCRIPT like on any other
+    /// permanent error.
+    async fn run_with_retry<T: redis::FromRedisValue>(
+        &self,
+        cmd: &Cmd,
+        script: Option<(&LuaScript, u16)>,
+    ) -> Result<T, RedisError> {
         let backoff = self.inner.config.retry;
         let started = Instant::now();
         let mut attempt = 0u32;
         let mut reloads = 0u32;
         loop {
             let mut conn = self.conn();
-            let err = match cmd.query_async::<Value>(&mut conn).await {
+            let err = match cmd.query_async::<T>(&mut conn).await {
                 Ok(v) => return Ok(v),
                 Err(e) => e,
             };
-            match classify(&err) {
-                Recovery::ReloadScript if reloads < MAX_RELOADS => {
+            match (classify(&err), script) {
+                (Recovery::ReloadScript, Some((script, slot))) if reloads < MAX_RELOADS => {
                     reloads += 1;
                     if let Err(e) = self.reload_on(script, slot).await {
                         tracing::warn!(script = script.name, slot, error = %e, "script reload failed");
@@ -264,15 +284,14 @@ impl Engine {
                             .await?;
                     }
                 }
-                Recovery::ReloadScript | Recovery::GiveUp => return Err(err),
-                r @ (Recovery::RetryLater | Recovery::Reconnect) => {
-                    let reason = if r == Recovery::RetryLater {
-                        "retry_later"
-                    } else {
-                        "reconnect"
-                    };
-                    self.pause_or_give_up(&mut attempt, started, backoff, err, reason)
-                        .await?;
+                (Recovery::ReloadScript | Recovery::GiveUp, _) => return Err(err),
+                (Recovery::RetryLater, _) => {
+                    self.pause_or_give_up(&mut attempt, started, backoff, err, "retry_later")
+                        .await?
+                }
+                (Recovery::Reconnect, _) => {
+                    self.pause_or_give_up(&mut attempt, started, backoff, err, "reconnect")
+                        .await?
                 }
             }
         }
@@ -301,31 +320,6 @@ impl Engine {
         tracing::debug!(error = %err, reason, attempt = *attempt, "retrying redis call");
         tokio::time::sleep(delay).await;
         Ok(())
-    }
-
-    /// Sends a plain command with the same retry policy as scripts (admin and
-    /// status calls; not the hot path).
-    pub(crate) async fn run_cmd<T: redis::FromRedisValue>(
-        &self,
-        cmd: &Cmd,
-    ) -> Result<T, RedisError> {
-        let backoff = self.inner.config.retry;
-        let started = Instant::now();
-        let mut attempt = 0u32;
-        loop {
-            let mut conn = self.conn();
-            let err = match cmd.query_async::<T>(&mut conn).await {
-                Ok(v) => return Ok(v),
-                Err(e) => e,
-            };
-            match classify(&err) {
-                Recovery::RetryLater | Recovery::Reconnect => {
-                    self.pause_or_give_up(&mut attempt, started, backoff, err, "admin")
-                        .await?
-                }
-                Recovery::ReloadScript | Recovery::GiveUp => return Err(err),
-            }
-        }
     }
 
     /// Readiness: every slot is served and every script is loaded on every

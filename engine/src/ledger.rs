@@ -167,10 +167,7 @@ async fn reconcile_one(
     pool: &Pool,
     sku: &str,
 ) -> Result<LedgerReport, LedgerError> {
-    let sale = engine.sale(sku).await.map_err(|e| match e {
-        crate::error::PurchaseError::UnknownSale(s) => AdminError::UnknownSale(s),
-        other => AdminError::Unavailable(other.to_string()),
-    })?;
+    let sale = engine.admin_sale(sku).await?;
     let mut snaps = Vec::with_capacity(sale.buckets.len());
     let mut dead_lettered = 0u64;
     let mut conn = engine.dedicated_connection().await?;

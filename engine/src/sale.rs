@@ -318,10 +318,7 @@ impl Engine {
     /// stock and stream length, and the totals.
     pub async fn sale_status(&self, sku: &str) -> Result<SaleStatus, AdminError> {
         validate::sku(sku).map_err(AdminError::Invalid)?;
-        let sale = self.sale(sku).await.map_err(|e| match e {
-            PurchaseError::UnknownSale(s) => AdminError::UnknownSale(s),
-            other => AdminError::Unavailable(other.to_string()),
-        })?;
+        let sale = self.admin_sale(sku).await?;
         let map = self.slot_map().await.map_err(unavailable)?;
         let meta: Vec<Option<String>> = self
             .run_cmd(
@@ -498,7 +495,8 @@ impl Engine {
             .map_err(|e| AdminError::Lock(e.to_string()))
     }
 
-    async fn admin_sale(&self, sku: &str) -> Result<Arc<SaleHandle>, AdminError> {
+    /// The cached sale handle, with errors as admin errors.
+    pub(crate) async fn admin_sale(&self, sku: &str) -> Result<Arc<SaleHandle>, AdminError> {
         self.sale(sku).await.map_err(|e| match e {
             PurchaseError::UnknownSale(s) => AdminError::UnknownSale(s),
             other => AdminError::Unavailable(other.to_string()),
