@@ -7,7 +7,7 @@
 //! also stall the shared connection once per purchase).
 
 use std::collections::HashMap;
-use std::sync::Mutex;
+use std::sync::{Mutex, MutexGuard};
 
 use tokio::sync::oneshot;
 
@@ -32,18 +32,20 @@ pub(crate) struct WaitBatches {
     slots: Mutex<HashMap<u16, SlotWaits>>,
 }
 
+impl WaitBatches {
+    /// The per-slot state; a poisoned lock is still usable (plain data).
+    fn lock(&self) -> MutexGuard<'_, HashMap<u16, SlotWaits>> {
+        self.slots.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
 impl Engine {
     /// Resolves once a WAIT sent after this call returns: true when a replica
     /// acknowledged every write made before it on the slot's master.
     pub(crate) async fn replicated(&self, slot: u16) -> WaitAnswer {
         let (tx, rx) = oneshot::channel();
         let start_driver = {
-            let mut slots = self
-                .inner
-                .waits
-                .slots
-                .lock()
-                .unwrap_or_else(|p| p.into_inner());
+            let mut slots = self.inner.waits.lock();
             let s = slots.entry(slot).or_default();
             s.next_batch.push(tx);
             !std::mem::replace(&mut s.driving, true)
@@ -60,12 +62,7 @@ impl Engine {
     async fn drive_waits(&self, slot: u16) {
         loop {
             let batch = {
-                let mut slots = self
-                    .inner
-                    .waits
-                    .slots
-                    .lock()
-                    .unwrap_or_else(|p| p.into_inner());
+                let mut slots = self.inner.waits.lock();
                 let Some(s) = slots.get_mut(&slot) else {
                     return;
                 };

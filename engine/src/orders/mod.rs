@@ -183,6 +183,8 @@ impl Stop {
 
 /// State of one stream this writer drains.
 struct StreamState {
+    /// Where malformed entries of this stream go (same hash tag, same slot).
+    dead_letter: String,
     group_ready: bool,
     last_claim: Option<Instant>,
     /// A stream that keeps coming back empty is polled less and less often
@@ -297,7 +299,8 @@ impl OrderWriter {
                 for b in &sale.buckets {
                     self.streams
                         .entry(b.keys.orders.clone())
-                        .or_insert(StreamState {
+                        .or_insert_with(|| StreamState {
+                            dead_letter: crate::keys::dead_letter_stream(&b.tag),
                             group_ready: false,
                             last_claim: None,
                             quiet_until: None,
@@ -434,8 +437,13 @@ impl OrderWriter {
                 None => return Ok(()),
             }
         }
+        let dead_key = self
+            .streams
+            .get(key)
+            .map(|s| s.dead_letter.clone())
+            .unwrap_or_default();
         for (e, reason) in &dead {
-            stream::dead_letter(&mut self.conn, key, e, reason).await?;
+            stream::dead_letter(&mut self.conn, &dead_key, e, reason).await?;
             tracing::warn!(stream = key, id = %e.id, reason, "order entry dead-lettered");
         }
         if !dead.is_empty() {

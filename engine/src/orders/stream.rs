@@ -9,7 +9,6 @@ use redis::cluster_async::ClusterConnection;
 use redis::{RedisError, Value};
 
 use super::entry::{next_id, parse_entries, parse_xreadgroup, RawEntry};
-use crate::keys;
 
 /// The consumer group every order writer joins.
 pub const GROUP: &str = "flashsale-writer";
@@ -101,21 +100,16 @@ pub async fn ack(
     Ok(())
 }
 
-/// Copies a malformed entry, with the reason, to the stream's dead-letter
-/// stream (same hash tag, so same slot).
+/// Copies a malformed entry, with the reason, to `dead_key`, the stream's
+/// dead-letter stream (same hash tag, so same slot).
 pub async fn dead_letter(
     conn: &mut ClusterConnection,
-    key: &str,
+    dead_key: &str,
     e: &RawEntry,
     reason: &str,
 ) -> Result<(), RedisError> {
-    let tag = key
-        .trim_start_matches('{')
-        .split('}')
-        .next()
-        .unwrap_or_default();
     let mut cmd = redis::cmd("XADD");
-    cmd.arg(keys::dead_letter_stream(tag))
+    cmd.arg(dead_key)
         .arg("*")
         .arg("reason")
         .arg(reason)
