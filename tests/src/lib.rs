@@ -400,13 +400,10 @@ pub fn stream_orders(
     let mut out = Vec::new();
     for b in &status.buckets {
         let node = cluster.node(cluster.master_of_slot(b.slot));
-        let entries: Vec<(String, Vec<(String, String)>)> = {
-            let reply: redis::Value = node.cmd(&["XRANGE", &b.stream, "-", "+"]);
-            parse_xrange(reply)
-        };
-        for (_, fields) in entries {
+        let reply: redis::Value = node.cmd(&["XRANGE", &b.stream, "-", "+"]);
+        for e in flashsale::orders::entry::parse_entries(&reply) {
             let get = |k: &str| {
-                fields
+                e.fields
                     .iter()
                     .find(|(f, _)| f == k)
                     .map(|(_, v)| v.clone())
@@ -416,33 +413,6 @@ pub fn stream_orders(
         }
     }
     out
-}
-
-fn parse_xrange(v: redis::Value) -> Vec<(String, Vec<(String, String)>)> {
-    use redis::Value;
-    let text = |v: &Value| match v {
-        Value::BulkString(b) => String::from_utf8_lossy(b).into_owned(),
-        Value::SimpleString(s) => s.clone(),
-        other => format!("{other:?}"),
-    };
-    let Value::Array(items) = v else {
-        return vec![];
-    };
-    items
-        .into_iter()
-        .filter_map(|e| {
-            let Value::Array(parts) = e else { return None };
-            let id = text(parts.first()?);
-            let Value::Array(kv) = parts.get(1)? else {
-                return None;
-            };
-            let fields = kv
-                .chunks(2)
-                .map(|c| (text(&c[0]), c.get(1).map(text).unwrap_or_default()))
-                .collect();
-            Some((id, fields))
-        })
-        .collect()
 }
 
 /// Path of the `flashsale` binary, built once per test process (debug

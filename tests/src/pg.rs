@@ -33,40 +33,32 @@ impl PgDb {
 
 impl Drop for PgDb {
     fn drop(&mut self) {
-        let _ = Command::new("psql")
-            .args([
-                "-h",
-                "127.0.0.1",
-                "-U",
-                "postgres",
-                "-d",
-                "postgres",
-                "-qAtc",
-            ])
-            .arg(format!(
-                "DROP DATABASE IF EXISTS {} WITH (FORCE)",
-                self.name
-            ))
-            .output();
+        let drop_db = format!("DROP DATABASE IF EXISTS {} WITH (FORCE)", self.name);
+        let _ = psql_command("postgres", &drop_db).output();
     }
 }
 
+/// `psql` on the machine's server, database `db`, running `sql`, stopping at
+/// the first error, printing unaligned rows only.
+fn psql_command(db: &str, sql: &str) -> Command {
+    let mut c = Command::new("psql");
+    c.args([
+        "-h",
+        "127.0.0.1",
+        "-U",
+        "postgres",
+        "-d",
+        db,
+        "-v",
+        "ON_ERROR_STOP=1",
+        "-qAtc",
+        sql,
+    ]);
+    c
+}
+
 fn psql(db: &str, sql: &str) -> String {
-    let out = Command::new("psql")
-        .args([
-            "-h",
-            "127.0.0.1",
-            "-U",
-            "postgres",
-            "-d",
-            db,
-            "-v",
-            "ON_ERROR_STOP=1",
-            "-qAtc",
-            sql,
-        ])
-        .output()
-        .expect("run psql");
+    let out = psql_command(db, sql).output().expect("run psql");
     assert!(
         out.status.success(),
         "psql {sql}: {}",
