@@ -172,6 +172,25 @@ impl Bench {
         Ok(st)
     }
 
+    /// Runs `op` `ops` times at the configured concurrency (paced to `rate`
+    /// when given) behind a progress bar labelled `label`.
+    async fn load<F, Fut>(
+        &self,
+        label: String,
+        ops: u64,
+        rate: Option<f64>,
+        op: F,
+    ) -> load::LoadStats
+    where
+        F: Fn(u64) -> Fut + Clone + Send + Sync + 'static,
+        Fut: std::future::Future<Output = load::Outcome> + Send,
+    {
+        let bar = self.bar(ops, label);
+        let stats = load::run(ops, self.args.concurrency, self.cap(), rate, &bar, op).await;
+        bar.finish();
+        stats
+    }
+
     fn cap(&self) -> Duration {
         Duration::from_secs(self.args.cap_seconds)
     }
@@ -188,23 +207,17 @@ impl Bench {
         ops: u64,
     ) -> Result<RunResult> {
         let stock = ops;
-        let bar = self.bar(ops, format!("{scenario} {label}"));
         let (engine, skus_arc, run): (Engine, Arc<Vec<String>>, Arc<str>) = (
             engine,
             Arc::new(skus.clone()),
             // User ids allow no spaces: "engine ack=replicated" -> "engine_ack=replicated".
             format!("{}-{scenario}-{}", self.run, label.replace(' ', "_")).into(),
         );
-        let stats = load::run(
-            ops,
-            self.args.concurrency,
-            self.cap(),
-            rate,
-            &bar,
-            move |i| strategies::engine_op(engine.clone(), skus_arc.clone(), run.clone(), i),
-        )
-        .await;
-        bar.finish();
+        let stats = self
+            .load(format!("{scenario} {label}"), ops, rate, move |i| {
+                strategies::engine_op(engine.clone(), skus_arc.clone(), run.clone(), i)
+            })
+            .await;
         let mut sold = 0u64;
         let mut below_zero = 0u64;
         for sku in &skus {
@@ -294,19 +307,13 @@ impl Bench {
         let ops = self.args.ops;
         let stock = ops / 2;
         let key = self.plain_stock("naive", stock).await?;
-        let bar = self.bar(ops, "hot1 naive (GET, DECR)".into());
         let conn = self.conn.clone();
         let k = key.clone();
-        let stats = load::run(
-            ops,
-            self.args.concurrency,
-            self.cap(),
-            None,
-            &bar,
-            move |_| strategies::naive_op(conn.clone(), k.clone()),
-        )
-        .await;
-        bar.finish();
+        let stats = self
+            .load("hot1 naive (GET, DECR)".into(), ops, None, move |_| {
+                strategies::naive_op(conn.clone(), k.clone())
+            })
+            .await;
         let left: i64 = redis::cmd("GET")
             .arg(&*key)
             .query_async(&mut self.conn)
@@ -326,14 +333,8 @@ impl Bench {
     async fn door_runs(&mut self) -> Result<Vec<RunResult>> {
         let ops = self.args.ops;
         let limiter = Arc::new(flashsale::ratelimit::RateLimiter::new(5.0, 5, 0.0, 0));
-        let bar = self.bar(ops, "door in-process limiter".into());
-        let stats = load::run(
-            ops,
-            self.args.concurrency,
-            self.cap(),
-            None,
-            &bar,
-            move |i| {
+        let stats = self
+            .load("door in-process limiter".into(), ops, None, move |i| {
                 let limiter = limiter.clone();
                 async move {
                     if limiter.allow(&format!("door-u{}", i % 10_000)) {
@@ -342,10 +343,8 @@ impl Bench {
                         load::Outcome::SoldOut
                     }
                 }
-            },
-        )
-        .await;
-        bar.finish();
+            })
+            .await;
         let mut out = vec![row(
             "door",
             "in-process limiter",
@@ -370,15 +369,9 @@ impl Bench {
                 )),
             )
             .await?;
-        let bar = self.bar(ops, "door redis rate_limit.lua".into());
         let (conn, run) = (self.conn.clone(), self.run.clone());
-        let stats = load::run(
-            ops,
-            self.args.concurrency,
-            self.cap(),
-            None,
-            &bar,
-            move |i| {
+        let stats = self
+            .load("door redis rate_limit.lua".into(), ops, None, move |i| {
                 let (mut conn, sha, run) = (conn.clone(), sha.clone(), run.clone());
                 async move {
                     let window = SystemTime::now()
@@ -400,10 +393,8 @@ impl Bench {
                         Err(_) => load::Outcome::Error,
                     }
                 }
-            },
-        )
-        .await;
-        bar.finish();
+            })
+            .await;
         out.push(row(
             "door",
             "redis rate_limit.lua",
@@ -425,22 +416,14 @@ impl Bench {
             &self.lock_nodes,
             flashsale::lock::LockConfig::default(),
         )?;
-        let bar = self.bar(ops, "hot1 lock (lock,GET,DECR)".into());
         let conn = self.conn.clone();
         let worker = Arc::new(std::sync::atomic::AtomicU64::new(0));
-        let stats = load::run(
-            ops,
-            self.args.concurrency,
-            self.cap(),
-            None,
-            &bar,
-            move |_| {
+        let stats = self
+            .load("hot1 lock (lock,GET,DECR)".into(), ops, None, move |_| {
                 let w = worker.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                 strategies::lock_op(locks.clone(), conn.clone(), key.clone(), w)
-            },
-        )
-        .await;
-        bar.finish();
+            })
+            .await;
         Ok(Some(row(
             "hot1",
             "lock",
