@@ -619,25 +619,17 @@ impl LockClient {
     /// Compare-and-delete of `token` on every node (or only on `only`);
     /// returns how many released.
     async fn release_token(&self, name: &str, token: &str, only: Option<&[usize]>) -> usize {
-        let key = lock_key(name);
-        let script = &self.inner.scripts.release;
-        let timeout = self.inner.config.node_timeout;
-        let wkey = waiters_key(name);
-        let args = [token, CHANNEL, name];
-        let keys = [key.as_str(), wkey.as_str()];
-        let replies = join_all(
-            self.inner
-                .nodes
-                .iter()
-                .enumerate()
-                .filter(|(i, _)| only.is_none_or(|o| o.contains(i)))
-                .map(|(_, n)| n.eval(script, &keys, &args, timeout)),
+        let (key, wkey) = (lock_key(name), waiters_key(name));
+        self.on_nodes(
+            &self.inner.scripts.release,
+            &[&key, &wkey],
+            &[token, CHANNEL, name],
+            only,
         )
-        .await;
-        replies
-            .iter()
-            .filter(|r| matches!(r, Ok(Value::Int(1))))
-            .count()
+        .await
+        .iter()
+        .filter(|r| matches!(r, Ok(Value::Int(1))))
+        .count()
     }
 
     async fn on_all_nodes(
@@ -646,15 +638,29 @@ impl LockClient {
         keys: &[&str],
         args: &[&str],
     ) -> Vec<Result<Value, NodeError>> {
+        self.on_nodes(script, keys, args, None).await
+    }
+
+    /// Runs `script` on every node (or only the nodes at the indexes in
+    /// `only`) in parallel, each within the per-node timeout, counting errors.
+    async fn on_nodes(
+        &self,
+        script: &LuaScript,
+        keys: &[&str],
+        args: &[&str],
+        only: Option<&[usize]>,
+    ) -> Vec<Result<Value, NodeError>> {
         let timeout = self.inner.config.node_timeout;
-        let replies = join_all(
-            self.inner
-                .nodes
-                .iter()
-                .map(|n| n.eval(script, keys, args, timeout)),
-        )
-        .await;
-        for (n, r) in self.inner.nodes.iter().zip(&replies) {
+        let chosen: Vec<&LockNode> = self
+            .inner
+            .nodes
+            .iter()
+            .enumerate()
+            .filter(|(i, _)| only.is_none_or(|o| o.contains(i)))
+            .map(|(_, n)| n)
+            .collect();
+        let replies = join_all(chosen.iter().map(|n| n.eval(script, keys, args, timeout))).await;
+        for (n, r) in chosen.iter().zip(&replies) {
             if r.is_err() {
                 metrics::counter!(metric::NODE_ERRORS, "node" => n.addr.clone()).increment(1);
             }
