@@ -1,31 +1,48 @@
--- settle.lua: close a pending request in the buyer's home bucket, once the
--- engine has tried the other buckets with take.lua.
+-- settle.lua: close a pending request in the buyer's home bucket, once a walk
+-- over the other buckets (take.lua) has an outcome. Run by the buyer's
+-- attempt, by a concurrent retry, or by the sweeper: the first one settles,
+-- the others read what it decided.
 --
 -- KEYS[1] {tag}:q:<user>     integer, units this user has bought or reserved
--- KEYS[2] {tag}:r:<request>  request record: "P" (pending) or "C:<bucket>:<order_id>"
--- ARGV[1] outcome: "C" (confirmed elsewhere) or "S" (every bucket short)
--- ARGV[2] qty that purchase.lua reserved
--- ARGV[3] bucket that confirmed (outcome "C")
--- ARGV[4] order id that confirmed (outcome "C")
--- ARGV[5] seconds to keep the request record
+-- KEYS[2] {tag}:r:<n>:<user>:<request_id>   request record ("P:<qty>" while pending)
+-- KEYS[3] {tag}:pending      sorted set of pending requests
+-- ARGV[1] outcome: "C" (a bucket took) or "S" (every bucket refused)
+-- ARGV[2] bucket that took (outcome "C")
+-- ARGV[3] order id that took (outcome "C")
+-- ARGV[4] refusal code (outcome "S": -1 sold out, -4 ended, -5 closed)
+-- ARGV[5] seconds to keep the request record (1..2^31)
+-- ARGV[6] the request's member in KEYS[3]
 --
--- Returns 1 when it settled the request, 0 when it was not pending any more
--- (a concurrent retry settled it first).
+-- Returns {code, record}:
+--   {1, record}   this call settled the request; record is what it wrote
+--   {0, record}   it was not pending (settled before); record as it is now
+--                 ("" when it expired)
 --
--- Invariant: the reserved quota is given back at most once, and only when no
--- bucket took stock for the request.
+-- Invariant: the reserved quota is given back at most once, only when no
+-- bucket took stock for the request, and by the qty the request was made
+-- with (the record's, never the caller's).
 
-if redis.call('GET', KEYS[2]) ~= 'P' then
-  return 0
+local ttl = tonumber(ARGV[5])
+if not ttl or ttl < 1 or ttl > 2147483648 or (ARGV[1] ~= 'C' and ARGV[1] ~= 'S') then
+  return redis.error_reply('ERR settle.lua: bad arguments')
 end
+local rec = redis.call('GET', KEYS[2])
+local qty = rec and string.match(rec, '^P:(%d+)$')
+if not qty then
+  redis.call('ZREM', KEYS[3], ARGV[6])
+  return {0, rec or ''}
+end
+local out
 if ARGV[1] == 'C' then
-  redis.call('SET', KEYS[2], 'C:' .. ARGV[3] .. ':' .. ARGV[4], 'EX', tonumber(ARGV[5]))
-  return 1
-end
-redis.call('DEL', KEYS[2])
-if redis.call('EXISTS', KEYS[1]) == 1 then
-  if redis.call('DECRBY', KEYS[1], tonumber(ARGV[2])) <= 0 then
-    redis.call('DEL', KEYS[1])
+  out = 'C:' .. qty .. ':' .. ARGV[2] .. ':' .. ARGV[3]
+else
+  out = 'S:' .. qty .. ':' .. ARGV[4]
+  if redis.call('EXISTS', KEYS[1]) == 1 then
+    if redis.call('DECRBY', KEYS[1], tonumber(qty)) <= 0 then
+      redis.call('DEL', KEYS[1])
+    end
   end
 end
-return 1
+redis.call('SET', KEYS[2], out, 'EX', ttl)
+redis.call('ZREM', KEYS[3], ARGV[6])
+return {1, out}

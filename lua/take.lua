@@ -1,51 +1,90 @@
--- take.lua: take stock for a pending request from a bucket other than the
--- buyer's home bucket (purchase.lua already checked window and quota there).
+-- take.lua: one step of a fall-through walk. Takes stock for a pending
+-- request in a bucket other than the buyer's home bucket, or records that
+-- this bucket refused it. Either outcome is final for the request here.
 --
--- KEYS[1] {tag}:sale         hash: sku, tag, bucket, state
+-- Why a refusal is recorded: the engine walks the other buckets in one fixed
+-- order and stops at the first that takes. If a refusal were forgotten, a
+-- retry after a restock could take in a bucket an earlier attempt passed,
+-- while that attempt took further on: two orders for one request. With every
+-- outcome final per bucket, a bucket takes only when each bucket before it
+-- refused for good, so at most one bucket ever takes for a request, however
+-- many attempts (and sweepers) walk at once.
+--
+-- KEYS[1] {tag}:sale         hash: sku, tag, bucket, state, starts_ms, ends_ms
 -- KEYS[2] {tag}:stock        integer, the units left in this bucket
 -- KEYS[3] {tag}:orders       stream the order writer drains into PostgreSQL
--- KEYS[4] {tag}:r:<request>  record of this request in this bucket: "C:<bucket>:<order_id>"
--- ARGV[1] qty (integer >= 1)
+-- KEYS[4] {tag}:r:<n>:<user>:<request_id>   this request's record in this bucket:
+--                              "C:<qty>:<bucket>:<order_id>" took here
+--                              "X:<qty>:<code>"              refused here (code -1/-4/-5)
+-- ARGV[1] qty (integer 1..2^53-1)
 -- ARGV[2] order id to use if this request makes a new order
 -- ARGV[3] user id
--- ARGV[4] seconds to keep the request record
+-- ARGV[4] seconds to keep the request record (1..2^31)
+-- ARGV[5] "take", or "refuse" (the sweeper closing an abandoned request:
+--         never takes, only makes the refusal final where nothing was decided)
+-- ARGV[6] "1" when the engine will WAIT for a replica (ack = replicated)
 --
 -- Returns {code, order_id, n}:
 --   { 1, order_id, bucket}   taken, new order queued on KEYS[3]
---   { 2, order_id, bucket}   this request already took stock here: same answer
---   {-1, "", remaining}      not enough stock in this bucket
---   {-5, "", 0}              sale closed
+--   { 2, order_id, bucket}   this request took here before: same answer
+--   {-1, "", stock}          refused: not enough stock (or the sweeper's refusal)
+--   {-4, "", stock}          refused: the sale's window is over (or not open)
+--   {-5, "", stock}          refused: sale closed
 --   {-6, "", 0}              no such sale in this bucket
---   {-7, "", 0}              invalid qty
+--   {-7, "", 0}              invalid argument
+--   {-8, "", 0}              this request was made before with another qty
 --
--- Invariant: a request takes stock in a bucket at most once (the request
--- record), so a retry after a timeout never makes a second order.
+-- Invariant: a request takes stock in a bucket at most once, and in at most
+-- one bucket of its sale.
 
-local sale = redis.call('HMGET', KEYS[1], 'state', 'bucket', 'sku', 'tag')
+local MAX = 9007199254740991
+local sale = redis.call('HMGET', KEYS[1], 'state', 'bucket', 'sku', 'tag', 'starts_ms', 'ends_ms')
 if not sale[1] then
   return {-6, '', 0}
 end
 local qty = tonumber(ARGV[1])
-if not qty or qty < 1 or qty ~= math.floor(qty) then
+local ttl = tonumber(ARGV[4])
+if not qty or qty < 1 or qty > MAX or qty ~= math.floor(qty)
+   or not ttl or ttl < 1 or ttl > 2147483648 or ttl ~= math.floor(ttl)
+   or (ARGV[5] ~= 'take' and ARGV[5] ~= 'refuse') then
   return {-7, '', 0}
 end
 local prior = redis.call('GET', KEYS[4])
 if prior then
-  local bucket, order_id = string.match(prior, '^C:(%d+):(.+)$')
-  return {2, order_id, tonumber(bucket)}
+  local kind, pqty, rest = string.match(prior, '^(%u):(%d+):(.*)$')
+  if tonumber(pqty) ~= qty then
+    return {-8, '', 0}
+  end
+  if kind == 'C' then
+    local bucket, order_id = string.match(rest, '^(%d+):(.+)$')
+    if ARGV[6] == '1' then
+      redis.call('SET', KEYS[4], prior, 'KEEPTTL')
+    end
+    return {2, order_id, tonumber(bucket)}
+  end
+  return {tonumber(rest), '', tonumber(redis.call('GET', KEYS[2]) or '0')}
 end
-if sale[1] ~= 'open' then
-  return {-5, '', 0}
-end
+
 local stock = tonumber(redis.call('GET', KEYS[2]) or '0')
-if stock < qty then
-  return {-1, '', stock}
-end
 local now = redis.call('TIME')
 local now_ms = tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000)
+local ends_ms = tonumber(sale[6])
+local refusal = nil
+if sale[1] ~= 'open' then
+  refusal = -5
+elseif now_ms < tonumber(sale[5]) or (ends_ms > 0 and now_ms >= ends_ms) then
+  refusal = -4
+elseif ARGV[5] == 'refuse' or stock < qty then
+  refusal = -1
+end
+if refusal then
+  redis.call('SET', KEYS[4], 'X:' .. qty .. ':' .. refusal, 'EX', ttl)
+  return {refusal, '', stock}
+end
+
 redis.call('DECRBY', KEYS[2], qty)
 redis.call('XADD', KEYS[3], '*',
   'order_id', ARGV[2], 'sku', sale[3], 'user', ARGV[3], 'qty', qty,
   'bucket', sale[2], 'tag', sale[4], 'ts', now_ms)
-redis.call('SET', KEYS[4], 'C:' .. sale[2] .. ':' .. ARGV[2], 'EX', tonumber(ARGV[4]))
+redis.call('SET', KEYS[4], 'C:' .. qty .. ':' .. sale[2] .. ':' .. ARGV[2], 'EX', ttl)
 return {1, ARGV[2], tonumber(sale[2])}

@@ -27,6 +27,11 @@ pub struct Config {
     /// a request_id later than this are treated as new requests.
     #[serde(with = "millis", rename = "request_ttl_ms")]
     pub request_ttl: Duration,
+    /// A fall-through left pending longer than this (its process died
+    /// between buckets and nobody retried) is settled by the sweeper
+    /// ([`crate::Engine::settle_abandoned`], run by the order writer).
+    #[serde(with = "millis", rename = "pending_timeout_ms")]
+    pub pending_timeout: Duration,
     /// Largest quantity one purchase may ask for.
     pub max_qty: u32,
     /// Retry policy for Redis errors that may pass (failover, reshard).
@@ -48,6 +53,7 @@ impl Default for Config {
             ack: Ack::Leader,
             sold_out_recheck: Duration::from_millis(500),
             request_ttl: Duration::from_secs(24 * 3600),
+            pending_timeout: Duration::from_secs(30),
             max_qty: 100,
             retry: Backoff::default(),
             server: ServerConfig::default(),
@@ -69,14 +75,65 @@ impl Config {
         if self.max_qty == 0 {
             return Err("max_qty: must be at least 1".into());
         }
-        if self.request_ttl < Duration::from_secs(1) {
-            return Err("request_ttl_ms: must be at least 1000".into());
+        within(
+            "request_ttl_ms",
+            self.request_ttl,
+            Duration::from_secs(1),
+            MAX_REQUEST_TTL,
+        )?;
+        within(
+            "sold_out_recheck_ms",
+            self.sold_out_recheck,
+            Duration::ZERO,
+            Duration::from_secs(3600),
+        )?;
+        within(
+            "pending_timeout_ms",
+            self.pending_timeout,
+            Duration::from_millis(100),
+            Duration::from_secs(3600),
+        )?;
+        if self.pending_timeout >= self.request_ttl {
+            return Err(
+                "pending_timeout_ms: must be shorter than request_ttl_ms, or an abandoned \
+                 request's record expires before the sweeper settles it"
+                    .into(),
+            );
         }
         if self.retry.initial.is_zero() || self.retry.max < self.retry.initial {
             return Err("retry: need 0 < initial_ms <= max_ms".into());
         }
+        within(
+            "retry.max_ms",
+            self.retry.max,
+            Duration::ZERO,
+            Duration::from_secs(60),
+        )?;
+        within(
+            "retry.deadline_ms",
+            self.retry.deadline,
+            Duration::ZERO,
+            Duration::from_secs(600),
+        )?;
         self.server.validate()
     }
+}
+
+/// Longest `request_ttl`: 30 days. Request records live this long in Redis,
+/// and the scripts take it in whole seconds below 2^31.
+pub const MAX_REQUEST_TTL: Duration = Duration::from_secs(30 * 24 * 3600);
+
+/// Checks that a duration field lies in `[min, max]`, naming the field.
+pub(crate) fn within(field: &str, d: Duration, min: Duration, max: Duration) -> Result<(), String> {
+    if d < min || d > max {
+        return Err(format!(
+            "{field}: {} is out of range {}..={}",
+            d.as_millis(),
+            min.as_millis(),
+            max.as_millis()
+        ));
+    }
+    Ok(())
 }
 
 /// Settings of the HTTP service (`flashsale serve`).
@@ -144,9 +201,12 @@ impl ServerConfig {
         if self.admin_token.as_deref().is_some_and(|t| t.len() < 8) {
             return Err("server.admin_token: use at least 8 characters".into());
         }
-        if self.reconcile_every < Duration::from_millis(100) {
-            return Err("server.reconcile_every_ms: must be >= 100".into());
-        }
+        within(
+            "server.reconcile_every_ms",
+            self.reconcile_every,
+            Duration::from_millis(100),
+            Duration::from_secs(24 * 3600),
+        )?;
         Ok(())
     }
 }

@@ -40,7 +40,6 @@ pub(crate) struct Inner {
     pub(crate) config: Config,
     /// Sale metadata by SKU. A std lock: it is never held across an await.
     pub(crate) sales: RwLock<HashMap<String, Arc<SaleHandle>>>,
-    pub(crate) order_ids: OrderIds,
     pub(crate) epoch: Instant,
     pub(crate) stats: Stats,
     /// Group commit of `ack = replicated`.
@@ -59,28 +58,6 @@ pub struct Stats {
     pub redis_retries: AtomicU64,
     /// Purchases answered "sold out" from the local flag.
     pub sold_out_local: AtomicU64,
-}
-
-/// Order ids unique across processes: a random 64-bit process prefix and a
-/// counter, as 32 hex digits. Made before the script runs, used only when the
-/// script creates an order (a retry gets the stored id back).
-pub(crate) struct OrderIds {
-    prefix: u64,
-    next: AtomicU64,
-}
-
-impl OrderIds {
-    fn new() -> Self {
-        OrderIds {
-            prefix: rand::random(),
-            next: AtomicU64::new(1),
-        }
-    }
-
-    pub(crate) fn next(&self) -> String {
-        let n = self.next.fetch_add(1, Ordering::Relaxed);
-        format!("{:016x}{:016x}", self.prefix, n)
-    }
 }
 
 impl Engine {
@@ -117,7 +94,6 @@ impl Engine {
                 scripts: Scripts::new(),
                 config,
                 sales: RwLock::new(HashMap::new()),
-                order_ids: OrderIds::new(),
                 epoch: Instant::now(),
                 stats: Stats::default(),
                 waits: Default::default(),

@@ -35,9 +35,32 @@ pub enum PurchaseError {
     /// The request itself is malformed; nothing was changed.
     #[error("invalid request: {0}")]
     Invalid(InvalidInput),
+    /// This (sku, user, request_id) was first sent with another quantity;
+    /// nothing was changed. A request id names one request, as an
+    /// idempotency key does: send new parameters under a new id.
+    #[error("request id was used before with other parameters")]
+    RequestMismatch,
     /// The inventory cluster could not answer within the retry budget.
     #[error("inventory unavailable: {0}")]
     Unavailable(String),
+}
+
+impl PurchaseError {
+    /// A short, stable name of the error: the `result` label of the purchase
+    /// metrics and the `error` field of the HTTP answer.
+    pub fn code(&self) -> &'static str {
+        match self {
+            PurchaseError::SoldOut => "sold_out",
+            PurchaseError::LimitExceeded { .. } => "limit_exceeded",
+            PurchaseError::NotStarted => "not_started",
+            PurchaseError::Ended => "ended",
+            PurchaseError::Closed => "closed",
+            PurchaseError::UnknownSale(_) => "unknown_sale",
+            PurchaseError::Invalid(_) => "invalid",
+            PurchaseError::RequestMismatch => "request_mismatch",
+            PurchaseError::Unavailable(_) => "unavailable",
+        }
+    }
 }
 
 /// Why an input was refused before it reached Redis.
@@ -103,6 +126,10 @@ pub enum AdminError {
     /// The admin lock could not be taken.
     #[error("admin lock: {0}")]
     Lock(String),
+    /// This operation id was used before with other parameters; nothing was
+    /// changed.
+    #[error("operation id {0:?} was used before with other parameters")]
+    OperationMismatch(String),
 }
 
 /// Why [`crate::Engine::connect`] failed.

@@ -39,12 +39,24 @@ impl BucketKeys {
         }
     }
 
-    /// `{tag}:r:<request_id>`, the record of one request in this bucket.
-    pub fn request(&self, request_id: &str) -> String {
-        let mut k = String::with_capacity(self.prefix.len() + 2 + request_id.len());
+    /// `{tag}:r:<n>:<user>:<request_id>`, the record of one request in
+    /// this bucket. A request is (sku, user, request_id): the tag names the
+    /// sale, and the user's length `n` keeps `("a:b", "c")` and `("a", "b:c")`
+    /// apart.
+    pub fn request(&self, user: &str, request_id: &str) -> String {
+        let mut k = String::with_capacity(self.prefix.len() + 8 + user.len() + request_id.len());
         k.push_str(&self.prefix);
         k.push_str("r:");
-        k.push_str(request_id);
+        push_member(&mut k, user, request_id);
+        k
+    }
+
+    /// `{tag}:pending`, the sorted set of this bucket's pending fall-throughs
+    /// (member [`pending_member`], score: ms when it became pending).
+    pub fn pending(&self) -> String {
+        let mut k = String::with_capacity(self.prefix.len() + 7);
+        k.push_str(&self.prefix);
+        k.push_str("pending");
         k
     }
 
@@ -58,6 +70,31 @@ impl BucketKeys {
     }
 }
 
+/// `<n>:<user>:<request_id>`: how a request is named inside its bucket,
+/// both in its record's key and in the pending index.
+pub fn pending_member(user: &str, request_id: &str) -> String {
+    let mut m = String::with_capacity(8 + user.len() + request_id.len());
+    push_member(&mut m, user, request_id);
+    m
+}
+
+/// Splits a [`pending_member`] back into (user, request_id).
+pub fn parse_pending_member(m: &str) -> Option<(&str, &str)> {
+    let (n, rest) = m.split_once(':')?;
+    let n: usize = n.parse().ok()?;
+    let user = rest.get(..n)?;
+    let request_id = rest.get(n..)?.strip_prefix(':')?;
+    Some((user, request_id))
+}
+
+fn push_member(k: &mut String, user: &str, request_id: &str) {
+    use std::fmt::Write;
+    let _ = write!(k, "{}:", user.len());
+    k.push_str(user);
+    k.push(':');
+    k.push_str(request_id);
+}
+
 /// The order stream of a shard tag.
 pub fn orders_stream(tag: &str) -> String {
     format!("{{{tag}}}:orders")
@@ -66,4 +103,21 @@ pub fn orders_stream(tag: &str) -> String {
 /// The dead-letter stream of a shard tag (malformed order entries).
 pub fn dead_letter_stream(tag: &str) -> String {
     format!("{{{tag}}}:orders:dead")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_request_is_named_by_user_and_request_id_without_ambiguity() {
+        let k = BucketKeys::new("t");
+        assert_eq!(k.request("alice", "r1"), "{t}:r:5:alice:r1");
+        assert_ne!(k.request("a:b", "c"), k.request("a", "b:c"));
+        for (u, r) in [("a:b", "c"), ("a", "b:c"), ("u", "")] {
+            assert_eq!(parse_pending_member(&pending_member(u, r)), Some((u, r)));
+        }
+        assert_eq!(parse_pending_member("9:short:x"), None);
+        assert_eq!(parse_pending_member("x:y"), None);
+    }
 }

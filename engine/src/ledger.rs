@@ -39,7 +39,13 @@ pub struct LedgerReport {
     pub orders_in_db: u64,
     /// Entries in the dead-letter streams (not counted as units).
     pub dead_lettered: u64,
-    /// `initial == remaining + pending + written`.
+    /// Units of orders in PostgreSQL whose ids lie past everything the
+    /// bucket's stream ever generated: the stream lost them (a failover took
+    /// back writes the order writer had already committed). Always an
+    /// imbalance, whatever the other figures say.
+    pub lost_from_stream: u64,
+    /// `initial == remaining + pending + written` and nothing was lost from
+    /// a stream.
     pub conserved: bool,
 }
 
@@ -78,6 +84,7 @@ pub async fn reconcile(
         .iter()
         .map(|r| {
             (r.initial as i64 - (r.remaining + r.pending as i64 + r.written as i64)).unsigned_abs()
+                + r.lost_from_stream
         })
         .sum();
     metrics::gauge!(IMBALANCE).set(imbalance as f64);
@@ -200,6 +207,7 @@ async fn reconcile_one(
         .map_err(DbError::from)?;
     let (mut initial, mut remaining, mut pending, mut written, mut orders_in_db) =
         (0u64, 0i64, 0u64, 0u64, 0u64);
+    let mut beyond = Vec::new();
     for (b, snap) in &snaps {
         let row = tx
             .query_one(
@@ -229,10 +237,33 @@ async fn reconcile_one(
             .sum::<u64>();
         initial += snap.initial;
         remaining += snap.stock;
+        let later = tx
+            .query(
+                "SELECT stream_id, qty::int8 FROM orders
+                 WHERE shard_tag = $1
+                   AND (split_part(stream_id, '-', 1)::int8, split_part(stream_id, '-', 2)::int8) > ($2::int8, $3::int8)",
+                &[&b.tag, &snap.last_id.0, &snap.last_id.1],
+            )
+            .await
+            .map_err(DbError::from)?;
+        for r in later {
+            beyond.push((b, r.get::<_, String>(0), r.get::<_, i64>(1).max(0) as u64));
+        }
     }
     tx.commit().await.map_err(DbError::from)?;
+    // Rows past the snapshot may be orders made since (fine), or orders the
+    // stream lost (a failover): the stream's last id, read again now, tells
+    // them apart, since every order made since has an id up to it.
+    let mut lost_from_stream = 0u64;
+    for (b, stream_id, qty) in beyond {
+        let last = last_generated_id(&mut conn, &b.keys.orders).await?;
+        if crate::orders::stream_cmp_ids(&stream_id, &last) == std::cmp::Ordering::Greater {
+            lost_from_stream += qty;
+        }
+    }
     metrics::gauge!(STOCK_REMAINING, "sku" => sku.to_owned()).set(remaining as f64);
-    let conserved = initial as i64 == remaining + pending as i64 + written as i64;
+    let conserved =
+        initial as i64 == remaining + pending as i64 + written as i64 && lost_from_stream == 0;
     Ok(LedgerReport {
         sku: sku.to_owned(),
         initial,
@@ -241,8 +272,44 @@ async fn reconcile_one(
         written,
         orders_in_db,
         dead_lettered,
+        lost_from_stream,
         conserved,
     })
+}
+
+/// The stream's last generated id now ("0-0" when it has none).
+async fn last_generated_id(
+    conn: &mut redis::cluster_async::ClusterConnection,
+    stream: &str,
+) -> Result<String, redis::RedisError> {
+    let info: Result<Value, _> = redis::cmd("XINFO")
+        .arg("STREAM")
+        .arg(stream)
+        .query_async(conn)
+        .await;
+    let Ok(info) = info else {
+        return Ok("0-0".into());
+    };
+    let pairs: Vec<(Value, Value)> = match info {
+        Value::Map(m) => m,
+        Value::Array(a) => a
+            .chunks(2)
+            .filter_map(|c| Some((c.first()?.clone(), c.get(1)?.clone())))
+            .collect(),
+        _ => Vec::new(),
+    };
+    for (k, v) in pairs {
+        let is_last = matches!(&k, Value::BulkString(b) if b == b"last-generated-id")
+            || matches!(&k, Value::SimpleString(s) if s == "last-generated-id");
+        if is_last {
+            return Ok(match v {
+                Value::BulkString(b) => String::from_utf8_lossy(&b).into_owned(),
+                Value::SimpleString(s) => s,
+                _ => "0-0".into(),
+            });
+        }
+    }
+    Ok("0-0".into())
 }
 
 /// Records `reports` in `ledger_checks`, fenced by the reconcile lock's

@@ -13,8 +13,11 @@
 //! | [`keys`] | every key name (hash-tagged per bucket) |
 //! | [`scripts`] | the Lua scripts of `lua/`, compiled in, with their SHA1 |
 //! | [`engine`] | [`Engine`]: connection, script loading, EVALSHA with NOSCRIPT reload and retries |
-//! | [`sale`] | create, status, restock, close; the cached sale handle |
-//! | [`purchase`] | the hot path |
+//! | [`sale`] | the sale spec, the cached sale handle, status |
+//! | [`admin`] | create, restock, close, repair: exactly once, never half-done |
+//! | [`purchase`] | the hot path, and the fall-through walk over buckets |
+//! | [`replies`] | every script's reply, decoded once into an enum |
+//! | `sweeper` | settles fall-throughs whose process died half-way |
 //! | `replication` | group commit of `ack = replicated` (one WAIT per batch) |
 //! | [`orders`] | the order writer: streams into PostgreSQL exactly once |
 //! | [`ledger`] | reconcile: initial = remaining + pending + written |
@@ -38,6 +41,7 @@
 //! the pending record with `settle.lua`.
 #![warn(missing_docs)]
 
+pub mod admin;
 pub mod config;
 pub mod db;
 pub mod engine;
@@ -51,8 +55,10 @@ pub mod placement;
 pub mod purchase;
 pub mod ratelimit;
 mod replication;
+pub mod replies;
 pub mod sale;
 pub mod scripts;
+mod sweeper;
 pub mod validate;
 
 pub use config::{Ack, Backoff, Config, ServerConfig};
@@ -61,3 +67,4 @@ pub use error::{AdminError, ConnectError, InvalidInput, PurchaseError};
 pub use orders::{OrderWriter, WriterConfig, WriterHandle, WriterReport};
 pub use purchase::{Confirmed, PurchaseRequest};
 pub use sale::{BucketStatus, SaleSpec, SaleStatus};
+pub use sweeper::SweepReport;

@@ -1,19 +1,23 @@
 //! The hot path, top to bottom: validate, local sold-out flag, EVALSHA of
-//! `purchase.lua` in the buyer's home bucket, map the reply. Only when the
-//! home bucket is short does a purchase fall through to the other buckets
-//! (`take.lua`) and settle the home bucket's pending record (`settle.lua`).
-//! No lock is held across an await; nothing from the network is unwrapped.
+//! `purchase.lua` in the buyer's home bucket, decode the reply, answer. Only
+//! when the home bucket is short does a purchase walk the other buckets
+//! (`take.lua`, in one fixed order, each outcome final per bucket) and settle
+//! the home bucket's pending record (`settle.lua`). A request is (sku, user,
+//! request_id); it makes at most one order, and a confirmed request answers
+//! every retry with that order. No lock is held across an await; nothing from
+//! the network is unwrapped.
 
 use std::time::Instant;
 
-use redis::Value;
 use serde::Serialize;
 
 use crate::config::Ack;
 use crate::engine::Engine;
 use crate::error::{InvalidInput, PurchaseError};
+use crate::keys;
 use crate::metrics as m;
-use crate::sale::SaleHandle;
+use crate::replies::{self, PurchaseReply, Refusal, RequestRecord, TakeReply};
+use crate::sale::{BucketHandle, SaleHandle};
 use crate::validate;
 
 /// One buyer's request. Borrowed, so a service can pass fields straight from
@@ -41,58 +45,68 @@ pub struct Confirmed {
     pub replayed: bool,
 }
 
-/// A decoded script reply: `{code, order_id, n}`.
-struct Reply {
-    code: i64,
-    order_id: String,
-    n: i64,
-}
-
-fn decode(v: Value) -> Result<Reply, PurchaseError> {
-    let bad = || PurchaseError::Unavailable("unexpected script reply".into());
-    let Value::Array(mut items) = v else {
-        return Err(bad());
-    };
-    if items.len() != 3 {
-        return Err(bad());
-    }
-    let n = match items.pop() {
-        Some(Value::Int(n)) => n,
-        _ => return Err(bad()),
-    };
-    let order_id = match items.pop() {
-        Some(Value::BulkString(b)) => String::from_utf8(b).map_err(|_| bad())?,
-        Some(Value::SimpleString(s)) => s,
-        _ => return Err(bad()),
-    };
-    let code = match items.pop() {
-        Some(Value::Int(c)) => c,
-        _ => return Err(bad()),
-    };
-    Ok(Reply { code, order_id, n })
-}
-
 fn unavailable(e: redis::RedisError) -> PurchaseError {
     PurchaseError::Unavailable(e.to_string())
 }
 
+fn bad_reply(e: replies::BadReply) -> PurchaseError {
+    PurchaseError::Unavailable(e.to_string())
+}
+
+impl From<Refusal> for PurchaseError {
+    fn from(r: Refusal) -> Self {
+        match r {
+            Refusal::SoldOut => PurchaseError::SoldOut,
+            Refusal::Ended => PurchaseError::Ended,
+            Refusal::Closed => PurchaseError::Closed,
+        }
+    }
+}
+
+/// A new order id: 128 random bits as 32 hex digits. Unguessable, and it
+/// says nothing about how many orders a process made.
+fn new_order_id() -> String {
+    format!("{:032x}", rand::random::<u128>())
+}
+
+/// How a walk step treats a bucket: a buyer's walk takes; the sweeper's
+/// only makes refusals final.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum TakeMode {
+    Take,
+    Refuse,
+}
+
+/// Who a request is, inside the engine.
+#[derive(Clone, Copy)]
+pub(crate) struct RequestKey<'a> {
+    pub(crate) user: &'a str,
+    pub(crate) request_id: &'a str,
+    pub(crate) qty: u64,
+}
+
+/// Where a walk over the other buckets ended.
+pub(crate) struct WalkOutcome {
+    /// The bucket that took (slot, order id, bucket index, replayed).
+    pub(crate) taken: Option<(u16, String, u32, bool)>,
+    /// The strongest refusal seen.
+    pub(crate) refusal: Refusal,
+    /// Every bucket walked reported no stock at all.
+    pub(crate) all_empty: bool,
+}
+
 impl Engine {
-    /// Buys `qty` units for `user`. Never oversells; a retry with the same
-    /// `request_id` returns the first confirmation, never a second order.
+    /// Buys `qty` units for `user`. Never oversells. A request is (sku,
+    /// user, request_id): a retry gets the first confirmation, never a second
+    /// order; the same request with another qty is refused
+    /// ([`PurchaseError::RequestMismatch`]).
     pub async fn purchase(&self, req: PurchaseRequest<'_>) -> Result<Confirmed, PurchaseError> {
         let started = Instant::now();
         let result = self.purchase_inner(req).await;
         let label = match &result {
             Ok(c) if c.replayed => "replayed",
             Ok(_) => "confirmed",
-            Err(PurchaseError::SoldOut) => "sold_out",
-            Err(PurchaseError::LimitExceeded { .. }) => "limit",
-            Err(PurchaseError::NotStarted) => "not_started",
-            Err(PurchaseError::Ended) => "ended",
-            Err(PurchaseError::Closed) => "closed",
-            Err(PurchaseError::UnknownSale(_)) => "unknown_sale",
-            Err(PurchaseError::Invalid(_)) => "invalid",
-            Err(PurchaseError::Unavailable(_)) => "unavailable",
+            Err(e) => e.code(),
         };
         metrics::counter!(m::PURCHASES, "result" => label).increment(1);
         metrics::histogram!(m::PURCHASE_SECONDS).record(started.elapsed().as_secs_f64());
@@ -113,7 +127,14 @@ impl Engine {
                 max: sale.per_user_limit,
             }));
         }
-        if sale.sold_out_fresh(self.now_ms(), cfg.sold_out_recheck) {
+        let home = &sale.buckets[sale.home_bucket(req.user)];
+        let record_key = home.keys.request(req.user, req.request_id);
+        if sale.sold_out_fresh(self.now_ms(), cfg.sold_out_recheck)
+            && !self.request_seen(&record_key).await?
+        {
+            // Only a request Redis has never seen is answered by the flag: a
+            // GET instead of the purchase script. A retry of a decided
+            // request goes on to the script and gets its decision.
             self.inner
                 .stats
                 .sold_out_local
@@ -122,12 +143,10 @@ impl Engine {
             return Err(PurchaseError::SoldOut);
         }
 
-        let home = &sale.buckets[sale.home_bucket(req.user)];
-        let order_id = self.inner.order_ids.next();
-        let ttl = cfg.request_ttl.as_secs();
-        let request_key = home.keys.request(req.request_id);
-        let quota_key = home.keys.quota(req.user);
+        let order_id = new_order_id();
         let script = &self.inner.scripts.purchase;
+        let quota_key = home.keys.quota(req.user);
+        let pending_key = home.keys.pending();
         let mut cmd = Engine::evalsha(
             script,
             &[
@@ -135,145 +154,253 @@ impl Engine {
                 &home.keys.stock,
                 &home.keys.orders,
                 &quota_key,
-                &request_key,
+                &record_key,
+                &pending_key,
             ],
         );
-        cmd.arg(qty).arg(&order_id).arg(req.user).arg(ttl);
-        let reply = decode(
-            self.run_script(script, home.slot, &cmd)
-                .await
-                .map_err(unavailable)?,
-        )?;
-
-        match reply.code {
-            1 | 2 => {
+        cmd.arg(qty)
+            .arg(&order_id)
+            .arg(req.user)
+            .arg(self.request_ttl_secs())
+            .arg(self.replicated_flag())
+            .arg(keys::pending_member(req.user, req.request_id));
+        let v = self
+            .run_script(script, home.slot, &cmd)
+            .await
+            .map_err(unavailable)?;
+        let request = RequestKey {
+            user: req.user,
+            request_id: req.request_id,
+            qty: u64::from(qty),
+        };
+        match replies::purchase(v).map_err(bad_reply)? {
+            PurchaseReply::Confirmed { order_id, bucket } => {
                 self.ack(home.slot).await?;
                 Ok(Confirmed {
-                    order_id: reply.order_id,
-                    bucket: reply.n as u32,
-                    replayed: reply.code == 2,
+                    order_id,
+                    bucket,
+                    replayed: false,
                 })
             }
-            3 | 4 => {
-                metrics::counter!(m::FALLTHROUGHS).increment(1);
-                self.fall_through(
-                    &sale,
-                    home.index as usize,
-                    req,
-                    qty,
-                    &order_id,
-                    reply.n == 0,
-                )
-                .await
+            PurchaseReply::Replayed { order_id, bucket } => {
+                self.ack(home.slot).await?;
+                Ok(Confirmed {
+                    order_id,
+                    bucket,
+                    replayed: true,
+                })
             }
-            -1 => {
-                if reply.n == 0 {
+            PurchaseReply::FallThrough { home_stock } | PurchaseReply::Pending { home_stock } => {
+                metrics::counter!(m::FALLTHROUGHS).increment(1);
+                self.fall_through(&sale, home, request, &order_id, home_stock)
+                    .await
+            }
+            PurchaseReply::Refused { why, home_stock } => {
+                if why == Refusal::SoldOut && home_stock == 0 && sale.buckets.len() == 1 {
                     sale.mark_sold_out(self.now_ms());
                 }
-                Err(PurchaseError::SoldOut)
+                Err(why.into())
             }
-            -2 => Err(PurchaseError::LimitExceeded {
+            PurchaseReply::LimitReached { used } => Err(PurchaseError::LimitExceeded {
                 limit: sale.per_user_limit,
-                already: reply.n.max(0) as u32,
+                already: u32::try_from(used.max(0)).unwrap_or(u32::MAX),
             }),
-            -3 => Err(PurchaseError::NotStarted),
-            -4 => Err(PurchaseError::Ended),
-            -5 => Err(PurchaseError::Closed),
-            -6 => Err(PurchaseError::UnknownSale(req.sku.to_owned())),
-            _ => Err(PurchaseError::Unavailable(format!(
-                "script code {}",
-                reply.code
-            ))),
+            PurchaseReply::NotStarted => Err(PurchaseError::NotStarted),
+            PurchaseReply::UnknownSale => Err(PurchaseError::UnknownSale(req.sku.to_owned())),
+            PurchaseReply::Mismatch => Err(PurchaseError::RequestMismatch),
+            PurchaseReply::BadArgs => Err(PurchaseError::Unavailable(
+                "purchase.lua refused the engine's arguments".into(),
+            )),
         }
     }
 
-    /// The home bucket was short and holds the request as pending: try the
-    /// other buckets in order, then settle the home record with the outcome.
-    /// Every bucket is tried even by a replayed (pending) request, since an
-    /// earlier attempt may have taken stock in any of them.
+    /// True when Redis holds a record of this request (any outcome).
+    async fn request_seen(&self, record_key: &str) -> Result<bool, PurchaseError> {
+        let rec: Option<Vec<u8>> = self
+            .run_cmd(redis::cmd("GET").arg(record_key))
+            .await
+            .map_err(unavailable)?;
+        Ok(rec.is_some())
+    }
+
+    /// The home bucket was short and holds the request as pending: walk the
+    /// other buckets, settle the home record with the outcome, and answer
+    /// with what the record says then (a concurrent attempt may have settled
+    /// it first; both walked the same buckets to the same outcome).
     async fn fall_through(
         &self,
         sale: &SaleHandle,
-        home: usize,
-        req: PurchaseRequest<'_>,
-        qty: u32,
+        home: &BucketHandle,
+        request: RequestKey<'_>,
         order_id: &str,
-        home_empty: bool,
+        home_stock: i64,
     ) -> Result<Confirmed, PurchaseError> {
-        let ttl = self.inner.config.request_ttl.as_secs();
+        let walk = self
+            .walk(sale, home, request, order_id, TakeMode::Take)
+            .await?;
+        let settled = self.settle(home, request, &walk).await?;
+        let answer = match settled.record {
+            RequestRecord::Confirmed {
+                order_id, bucket, ..
+            } => {
+                let ours = settled.settled
+                    && walk
+                        .taken
+                        .as_ref()
+                        .is_some_and(|(_, id, _, replayed)| *id == order_id && !replayed);
+                Ok(Confirmed {
+                    order_id,
+                    bucket,
+                    replayed: !ours,
+                })
+            }
+            RequestRecord::Refused { why, .. } => Err(PurchaseError::from(why)),
+            // The record expired under a very late retry: answer by the walk.
+            RequestRecord::Missing => match &walk.taken {
+                Some((_, order_id, bucket, replayed)) => Ok(Confirmed {
+                    order_id: order_id.clone(),
+                    bucket: *bucket,
+                    replayed: *replayed,
+                }),
+                None => Err(walk.refusal.into()),
+            },
+            RequestRecord::Pending { .. } => Err(PurchaseError::Unavailable(
+                "settle.lua left the request pending".into(),
+            )),
+        };
+        match &answer {
+            Ok(c) => {
+                // Confirm only once every write of the purchase is on a
+                // replica: the home bucket's reservation and record, and the
+                // bucket that took.
+                let taker = sale
+                    .buckets
+                    .get(c.bucket as usize)
+                    .map(|b| b.slot)
+                    .unwrap_or(home.slot);
+                if taker == home.slot {
+                    self.ack(home.slot).await?;
+                } else {
+                    tokio::try_join!(self.ack(home.slot), self.ack(taker))?;
+                }
+            }
+            Err(PurchaseError::SoldOut) if walk.all_empty && home_stock == 0 => {
+                sale.mark_sold_out(self.now_ms());
+            }
+            Err(_) => {}
+        }
+        answer
+    }
+
+    /// Walks the buckets after `home` in their fixed order, stopping at the
+    /// first that takes. Never stops at a refusal: every bucket before the
+    /// one that takes must have refused for good (see `take.lua`).
+    pub(crate) async fn walk(
+        &self,
+        sale: &SaleHandle,
+        home: &BucketHandle,
+        request: RequestKey<'_>,
+        order_id: &str,
+        mode: TakeMode,
+    ) -> Result<WalkOutcome, PurchaseError> {
         let n = sale.buckets.len();
-        let mut all_empty = home_empty;
-        let mut closed = false;
-        let mut confirmed = None;
+        let mut out = WalkOutcome {
+            taken: None,
+            refusal: Refusal::SoldOut,
+            all_empty: true,
+        };
         for step in 1..n {
-            let b = &sale.buckets[(home + step) % n];
-            let request_key = b.keys.request(req.request_id);
-            let script = &self.inner.scripts.take;
-            let mut cmd = Engine::evalsha(
-                script,
-                &[&b.keys.sale, &b.keys.stock, &b.keys.orders, &request_key],
-            );
-            cmd.arg(qty).arg(order_id).arg(req.user).arg(ttl);
-            let reply = decode(
-                self.run_script(script, b.slot, &cmd)
-                    .await
-                    .map_err(unavailable)?,
-            )?;
-            match reply.code {
-                1 | 2 => {
-                    self.ack(b.slot).await?;
-                    confirmed = Some(Confirmed {
-                        order_id: reply.order_id,
-                        bucket: reply.n as u32,
-                        replayed: reply.code == 2,
-                    });
+            let b = &sale.buckets[(home.index as usize + step) % n];
+            match self.take(b, request, order_id, mode).await? {
+                TakeReply::Taken {
+                    order_id,
+                    bucket,
+                    replayed,
+                } => {
+                    out.taken = Some((b.slot, order_id, bucket, replayed));
                     break;
                 }
-                -1 => all_empty &= reply.n == 0,
-                -5 => {
-                    closed = true;
-                    break;
+                TakeReply::Refused { why, stock } => {
+                    out.refusal = out.refusal.max(why);
+                    out.all_empty &= stock <= 0;
                 }
-                _ => {
-                    return Err(PurchaseError::Unavailable(format!(
-                        "take.lua code {}",
-                        reply.code
-                    )))
+                TakeReply::UnknownSale => return Err(PurchaseError::UnknownSale(sale.sku.clone())),
+                TakeReply::Mismatch => return Err(PurchaseError::RequestMismatch),
+                TakeReply::BadArgs => {
+                    return Err(PurchaseError::Unavailable(
+                        "take.lua refused the engine's arguments".into(),
+                    ))
                 }
             }
         }
+        Ok(out)
+    }
 
-        let home_b = &sale.buckets[home];
-        let script = &self.inner.scripts.settle;
+    /// One `take.lua` call on bucket `b`.
+    async fn take(
+        &self,
+        b: &BucketHandle,
+        request: RequestKey<'_>,
+        order_id: &str,
+        mode: TakeMode,
+    ) -> Result<TakeReply, PurchaseError> {
+        let script = &self.inner.scripts.take;
+        let record_key = b.keys.request(request.user, request.request_id);
         let mut cmd = Engine::evalsha(
             script,
-            &[
-                &home_b.keys.quota(req.user),
-                &home_b.keys.request(req.request_id),
-            ],
+            &[&b.keys.sale, &b.keys.stock, &b.keys.orders, &record_key],
         );
-        match &confirmed {
-            Some(c) => cmd
-                .arg("C")
-                .arg(qty)
-                .arg(c.bucket)
-                .arg(&c.order_id)
-                .arg(ttl),
-            None => cmd.arg("S").arg(qty).arg(0).arg("").arg(ttl),
-        };
-        self.run_script(script, home_b.slot, &cmd)
+        cmd.arg(request.qty)
+            .arg(order_id)
+            .arg(request.user)
+            .arg(self.request_ttl_secs())
+            .arg(match mode {
+                TakeMode::Take => "take",
+                TakeMode::Refuse => "refuse",
+            })
+            .arg(self.replicated_flag());
+        let v = self
+            .run_script(script, b.slot, &cmd)
             .await
             .map_err(unavailable)?;
+        replies::take(v).map_err(bad_reply)
+    }
 
-        match confirmed {
-            Some(c) => Ok(c),
-            None if closed => Err(PurchaseError::Closed),
-            None => {
-                if all_empty {
-                    sale.mark_sold_out(self.now_ms());
-                }
-                Err(PurchaseError::SoldOut)
-            }
+    /// `settle.lua` in the home bucket with the walk's outcome.
+    pub(crate) async fn settle(
+        &self,
+        home: &BucketHandle,
+        request: RequestKey<'_>,
+        walk: &WalkOutcome,
+    ) -> Result<replies::SettleReply, PurchaseError> {
+        let script = &self.inner.scripts.settle;
+        let keys = [
+            home.keys.quota(request.user),
+            home.keys.request(request.user, request.request_id),
+            home.keys.pending(),
+        ];
+        let mut cmd = Engine::evalsha(script, &[&keys[0], &keys[1], &keys[2]]);
+        match &walk.taken {
+            Some((_, order_id, bucket, _)) => cmd.arg("C").arg(*bucket).arg(order_id).arg(0),
+            None => cmd.arg("S").arg(0).arg("").arg(walk.refusal.code()),
+        };
+        cmd.arg(self.request_ttl_secs())
+            .arg(keys::pending_member(request.user, request.request_id));
+        let v = self
+            .run_script(script, home.slot, &cmd)
+            .await
+            .map_err(unavailable)?;
+        replies::settle(v).map_err(bad_reply)
+    }
+
+    fn request_ttl_secs(&self) -> u64 {
+        self.inner.config.request_ttl.as_secs().max(1)
+    }
+
+    fn replicated_flag(&self) -> &'static str {
+        match self.inner.config.ack {
+            Ack::Replicated => "1",
+            Ack::Leader => "0",
         }
     }
 

@@ -1,23 +1,28 @@
-//! Sales: creating one (placing its buckets on distinct masters), reading its
-//! status, restocking and closing it, and the cached [`SaleHandle`] the hot
-//! path uses. Admin operations are rare; they may take several round trips
-//! and never sit on the purchase path.
+//! Sales as the hot path and readers see them: the [`SaleSpec`] of a new
+//! sale, the cached [`SaleHandle`] (tags, slots, keys, the local sold-out
+//! flag), and the status read from Redis. The writes that make and change a
+//! sale live in `admin.rs`.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, SystemTime};
 
-use redis::Value;
 use serde::Serialize;
 
 use crate::engine::Engine;
-use crate::error::{AdminError, InvalidInput, PurchaseError};
+use crate::error::{AdminError, PurchaseError};
 use crate::keys::{self, BucketKeys};
-use crate::placement::{pick_tags, tag_slot};
+use crate::placement::tag_slot;
 use crate::validate;
 
 /// Largest number of buckets one SKU may be split into.
 pub const MAX_BUCKETS: u32 = 64;
+
+/// Most units a sale, and any one bucket over its life (creation plus
+/// restocks), may hold: 2^53 - 1, the largest integer a Lua number (a
+/// double) holds exactly. Checked before anything reaches Redis, and again
+/// by the scripts.
+pub const MAX_UNITS: u64 = (1 << 53) - 1;
 
 /// What [`Engine::create_sale`] creates.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -145,114 +150,11 @@ pub struct BucketStatus {
     pub stream_len: u64,
 }
 
-fn unix_ms(t: Option<SystemTime>) -> u64 {
-    t.and_then(|t| t.duration_since(UNIX_EPOCH).ok())
-        .map(|d| d.as_millis() as u64)
-        .unwrap_or(0)
-}
-
 fn unavailable(e: redis::RedisError) -> AdminError {
     AdminError::Unavailable(e.to_string())
 }
 
 impl Engine {
-    /// Creates a sale: picks shard tags so the buckets sit on distinct
-    /// masters, writes the metadata and each bucket. Fails with
-    /// `AlreadyExists` (changing nothing) when the SKU has a sale.
-    pub async fn create_sale(&self, spec: SaleSpec) -> Result<SaleStatus, AdminError> {
-        validate::sku(&spec.sku).map_err(AdminError::Invalid)?;
-        if spec.buckets == 0 || spec.buckets > MAX_BUCKETS {
-            return Err(AdminError::Invalid(InvalidInput::Spec(format!(
-                "buckets must be 1..={MAX_BUCKETS}, got {}",
-                spec.buckets
-            ))));
-        }
-        if spec.stock > i64::MAX as u64 / 2 {
-            return Err(AdminError::Invalid(InvalidInput::Spec(
-                "stock is too large".into(),
-            )));
-        }
-        let (starts_ms, ends_ms) = (unix_ms(spec.starts_at), unix_ms(spec.ends_at));
-        if ends_ms != 0 && ends_ms <= starts_ms {
-            return Err(AdminError::Invalid(InvalidInput::Spec(
-                "ends_at must be after starts_at".into(),
-            )));
-        }
-        let sku = spec.sku.clone();
-        self.under_admin_lock(&sku, self.create_sale_locked(spec, starts_ms, ends_ms))
-            .await
-    }
-
-    async fn create_sale_locked(
-        &self,
-        spec: SaleSpec,
-        starts_ms: u64,
-        ends_ms: u64,
-    ) -> Result<SaleStatus, AdminError> {
-        let map = self.slot_map().await.map_err(unavailable)?;
-        let tags = pick_tags(&spec.sku, spec.buckets, &map)
-            .ok_or_else(|| AdminError::Unavailable("cluster has no masters".into()))?;
-
-        let meta = keys::sale_meta(&spec.sku);
-        let claimed: bool = self
-            .run_cmd(redis::cmd("HSETNX").arg(&meta).arg("sku").arg(&spec.sku))
-            .await
-            .map_err(unavailable)?;
-        if !claimed {
-            return Err(AdminError::AlreadyExists(spec.sku));
-        }
-        let tag_list = tags.join(",");
-        let _: () = self
-            .run_cmd(
-                redis::cmd("HSET")
-                    .arg(&meta)
-                    .arg("tags")
-                    .arg(&tag_list)
-                    .arg("limit")
-                    .arg(spec.per_user_limit)
-                    .arg("starts_ms")
-                    .arg(starts_ms)
-                    .arg("ends_ms")
-                    .arg(ends_ms)
-                    .arg("stock")
-                    .arg(spec.stock),
-            )
-            .await
-            .map_err(unavailable)?;
-
-        let b = u64::from(spec.buckets);
-        for (i, tag) in tags.iter().enumerate() {
-            let i = i as u64;
-            let units = spec.stock / b + u64::from(i < spec.stock % b);
-            let bk = BucketKeys::new(tag);
-            let mut cmd =
-                Engine::evalsha(&self.inner.scripts.create_bucket, &[&bk.sale, &bk.stock]);
-            cmd.arg(units);
-            for (f, v) in [
-                ("sku", spec.sku.clone()),
-                ("tag", tag.clone()),
-                ("bucket", i.to_string()),
-                ("buckets", b.to_string()),
-                ("state", "open".into()),
-                ("starts_ms", starts_ms.to_string()),
-                ("ends_ms", ends_ms.to_string()),
-                ("limit", spec.per_user_limit.to_string()),
-                ("initial", units.to_string()),
-            ] {
-                cmd.arg(f).arg(v);
-            }
-            self.run_script(&self.inner.scripts.create_bucket, tag_slot(tag), &cmd)
-                .await
-                .map_err(unavailable)?;
-        }
-        let _: () = self
-            .run_cmd(redis::cmd("SADD").arg(keys::sale_index()).arg(&spec.sku))
-            .await
-            .map_err(unavailable)?;
-        tracing::info!(sku = %spec.sku, buckets = spec.buckets, stock = spec.stock, "sale created");
-        self.sale_status(&spec.sku).await
-    }
-
     /// Every SKU that has a sale.
     pub async fn list_sales(&self) -> Result<Vec<String>, AdminError> {
         let mut skus: Vec<String> = self
@@ -376,123 +278,6 @@ impl Engine {
             });
         }
         Ok(status)
-    }
-
-    /// Adds `qty` units to an open sale, spread over its buckets, and clears
-    /// this process's sold-out flag (other processes see the new stock
-    /// within `sold_out_recheck`).
-    pub async fn restock(&self, sku: &str, qty: u64) -> Result<SaleStatus, AdminError> {
-        validate::sku(sku).map_err(AdminError::Invalid)?;
-        if qty == 0 || qty > i64::MAX as u64 / 2 {
-            return Err(AdminError::Invalid(InvalidInput::Spec(format!(
-                "restock qty must be positive and sane, got {qty}"
-            ))));
-        }
-        self.under_admin_lock(sku, self.restock_locked(sku, qty))
-            .await
-    }
-
-    async fn restock_locked(&self, sku: &str, qty: u64) -> Result<SaleStatus, AdminError> {
-        let sale = self.admin_sale(sku).await?;
-        let n = sale.buckets.len() as u64;
-        for (i, b) in sale.buckets.iter().enumerate() {
-            let units = qty / n + u64::from((i as u64) < qty % n);
-            if units == 0 {
-                continue;
-            }
-            let mut cmd =
-                Engine::evalsha(&self.inner.scripts.restock, &[&b.keys.sale, &b.keys.stock]);
-            cmd.arg(units);
-            let reply = self
-                .run_script(&self.inner.scripts.restock, b.slot, &cmd)
-                .await
-                .map_err(unavailable)?;
-            match reply {
-                Value::Int(-6) => return Err(AdminError::UnknownSale(sku.to_owned())),
-                Value::Int(-5) => return Err(AdminError::Closed(sku.to_owned())),
-                _ => {}
-            }
-        }
-        let _: () = self
-            .run_cmd(
-                redis::cmd("HINCRBY")
-                    .arg(keys::sale_meta(sku))
-                    .arg("stock")
-                    .arg(qty),
-            )
-            .await
-            .map_err(unavailable)?;
-        sale.clear_sold_out();
-        self.sale_status(sku).await
-    }
-
-    /// Closes a sale: every bucket refuses new purchases from now on; retried
-    /// request_ids still get their first answer.
-    pub async fn close_sale(&self, sku: &str) -> Result<SaleStatus, AdminError> {
-        validate::sku(sku).map_err(AdminError::Invalid)?;
-        self.under_admin_lock(sku, self.close_sale_locked(sku))
-            .await
-    }
-
-    async fn close_sale_locked(&self, sku: &str) -> Result<SaleStatus, AdminError> {
-        let sale = self.admin_sale(sku).await?;
-        for b in &sale.buckets {
-            let _: () = self
-                .run_cmd(
-                    redis::cmd("HSET")
-                        .arg(&b.keys.sale)
-                        .arg("state")
-                        .arg("closed"),
-                )
-                .await
-                .map_err(unavailable)?;
-        }
-        let _: () = self
-            .run_cmd(
-                redis::cmd("HSET")
-                    .arg(keys::sale_meta(sku))
-                    .arg("state")
-                    .arg("closed"),
-            )
-            .await
-            .map_err(unavailable)?;
-        self.sale_status(sku).await
-    }
-
-    /// Runs `op` (a future: nothing happens until it is awaited) while
-    /// holding the SKU's admin lock.
-    async fn under_admin_lock<T>(
-        &self,
-        sku: &str,
-        op: impl std::future::Future<Output = Result<T, AdminError>>,
-    ) -> Result<T, AdminError> {
-        let guard = self.admin_lock(sku).await?;
-        let result = op.await;
-        if let Some(g) = guard {
-            g.unlock().await;
-        }
-        result
-    }
-
-    /// Holds the SKU's admin lock (when lock nodes are configured) so two
-    /// operators' create/restock/close of one SKU never interleave.
-    async fn admin_lock(&self, sku: &str) -> Result<Option<crate::lock::LockGuard>, AdminError> {
-        let Some(locks) = self.locks() else {
-            return Ok(None);
-        };
-        let owner = format!(
-            "admin-{}-{:016x}",
-            std::process::id(),
-            rand::random::<u64>()
-        );
-        locks
-            .lock(
-                &format!("sale-admin:{sku}"),
-                &crate::lock::LockOptions::new(owner),
-            )
-            .await
-            .map(Some)
-            .map_err(|e| AdminError::Lock(e.to_string()))
     }
 
     /// The cached sale handle, with errors as admin errors.

@@ -34,8 +34,10 @@ pub struct Scripts {
     pub settle: LuaScript,
     /// `lua/create_bucket.lua`: create one bucket unless it exists.
     pub create_bucket: LuaScript,
-    /// `lua/restock.lua`: add units to one bucket.
+    /// `lua/restock.lua`: add units to one bucket, once per operation.
     pub restock: LuaScript,
+    /// `lua/create_meta.lua`: claim a SKU and record a sale's plan.
+    pub create_meta: LuaScript,
     /// `lua/ledger_snapshot.lua`: one bucket's ledger at one instant.
     pub ledger_snapshot: LuaScript,
 }
@@ -52,6 +54,7 @@ impl Scripts {
                 include_str!("../../lua/create_bucket.lua"),
             ),
             restock: LuaScript::new("restock", include_str!("../../lua/restock.lua")),
+            create_meta: LuaScript::new("create_meta", include_str!("../../lua/create_meta.lua")),
             ledger_snapshot: LuaScript::new(
                 "ledger_snapshot",
                 include_str!("../../lua/ledger_snapshot.lua"),
@@ -60,8 +63,9 @@ impl Scripts {
     }
 
     /// All scripts, for loading them on a node.
-    pub fn all(&self) -> [&LuaScript; 6] {
+    pub fn all(&self) -> [&LuaScript; 7] {
         [
+            &self.create_meta,
             &self.purchase,
             &self.take,
             &self.settle,

@@ -525,3 +525,65 @@ impl Drop for KillOnDrop {
 pub fn kill_on_drop(child: Child) -> KillOnDrop {
     KillOnDrop(child)
 }
+
+impl RedisNode {
+    /// Keys matching `pattern` on this node (tests only: KEYS is O(n)).
+    pub fn keys(&self, pattern: &str) -> Vec<String> {
+        self.cmd(&["KEYS", pattern])
+    }
+
+    /// `connected_clients` from `INFO clients` (this call's own connection
+    /// included).
+    pub fn connected_clients(&self) -> usize {
+        let info: String = self.cmd(&["INFO", "clients"]);
+        info.lines()
+            .find_map(|l| l.strip_prefix("connected_clients:"))
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or(0)
+    }
+}
+
+/// A user id whose home bucket, in a sale of `buckets` buckets, is `home`
+/// (the engine picks it from CRC16 of the user id).
+pub fn user_with_home(prefix: &str, buckets: usize, home: usize) -> String {
+    (0..10_000)
+        .map(|i| format!("{prefix}-{i}"))
+        .find(|u| usize::from(flashsale::placement::tag_slot(u)) % buckets == home)
+        .expect("some user id lands in every bucket")
+}
+
+/// An engine on `cluster` with the test defaults, changed by `tweak`.
+pub async fn engine_with(
+    cluster: &RedisCluster,
+    tweak: impl FnOnce(&mut flashsale::Config),
+) -> flashsale::Engine {
+    let mut config = flashsale::Config {
+        cluster_nodes: cluster.seeds(),
+        lock_nodes: Vec::new(),
+        ..flashsale::Config::default()
+    };
+    tweak(&mut config);
+    flashsale::Engine::connect(config)
+        .await
+        .expect("engine connects to the test cluster")
+}
+
+/// Polls `ok` every 50 ms until it holds or `timeout` passes; async twin of
+/// [`wait_for`] for conditions that need the runtime.
+pub async fn wait_until<F, Fut>(timeout: Duration, what: &str, mut ok: F)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let start = Instant::now();
+    loop {
+        if ok().await {
+            return;
+        }
+        assert!(
+            start.elapsed() < timeout,
+            "timed out after {timeout:?}: {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}

@@ -20,11 +20,14 @@ use redis::cluster_async::ClusterConnection;
 use tokio::sync::Notify;
 use tokio::task::JoinHandle;
 
+use redis::cluster_routing::{Route, RoutingInfo, SingleNodeRoutingInfo, SlotAddr};
+
 use crate::config::Backoff;
 use crate::db::{self, DbError};
 use crate::engine::Engine;
 use entry::{OrderRow, RawEntry};
 
+pub use stream::cmp_ids as stream_cmp_ids;
 pub use stream::GROUP;
 
 /// Metric names of the order path.
@@ -64,6 +67,12 @@ pub struct WriterConfig {
     pub backoff: Backoff,
     /// How long to keep retrying the batch in hand after shutdown was asked.
     pub shutdown_grace: Duration,
+    /// How often abandoned fall-throughs are settled
+    /// ([`Engine::settle_abandoned`]); zero turns the sweeper off.
+    pub sweep_every: Duration,
+    /// Longest WAIT for a replica before a batch is written (it is held and
+    /// asked again next round, never written unreplicated).
+    pub replica_wait: Duration,
 }
 
 impl Default for WriterConfig {
@@ -85,6 +94,8 @@ impl Default for WriterConfig {
                 deadline: Duration::MAX,
             },
             shutdown_grace: Duration::from_secs(5),
+            sweep_every: Duration::from_secs(1),
+            replica_wait: Duration::from_millis(200),
         }
     }
 }
@@ -112,11 +123,18 @@ pub struct WriterReport {
     pub dead_lettered: u64,
     /// Entries taken over from other consumers.
     pub claimed: u64,
+    /// Times a batch was held back because no replica had it yet.
+    pub held_unreplicated: u64,
+    /// Entries PostgreSQL refused for good (dead-lettered with its message).
+    pub rejected: u64,
+    /// Abandoned fall-throughs the writer's sweeper settled.
+    pub settled_abandoned: u64,
 }
 
 /// A writer running on a tokio task; stop it with [`WriterHandle::shutdown`].
 pub struct WriterHandle {
     stop: Arc<Stop>,
+    progress: Arc<std::sync::Mutex<WriterReport>>,
     task: JoinHandle<Result<WriterReport, WriterError>>,
 }
 
@@ -145,6 +163,14 @@ impl WriterHandle {
             .unwrap_or_else(|e| Err(WriterError::Redis(format!("writer task: {e}"))));
         timer.abort();
         r
+    }
+
+    /// What the writer has done so far (updated after every round).
+    pub fn progress(&self) -> WriterReport {
+        self.progress
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
     }
 
     /// Kills the task where it stands, as a crash would (tests, emergencies).
@@ -192,6 +218,10 @@ struct StreamState {
     /// cluster hundreds of reads every `idle_wait`.
     quiet_until: Option<Instant>,
     quiet_for: Duration,
+    /// The stream's slot (its master is where WAIT goes).
+    slot: u16,
+    /// Entries read but not yet on a replica: written once one has them.
+    held: Vec<RawEntry>,
 }
 
 /// Longest pause between reads of a stream that had nothing.
@@ -205,6 +235,7 @@ pub struct OrderWriter {
     config: WriterConfig,
     streams: BTreeMap<String, StreamState>,
     report: WriterReport,
+    progress: Arc<std::sync::Mutex<WriterReport>>,
     stop: Arc<Stop>,
 }
 
@@ -229,6 +260,7 @@ impl OrderWriter {
             config,
             streams: BTreeMap::new(),
             report: WriterReport::default(),
+            progress: Arc::default(),
             stop: Arc::new(Stop::default()),
         })
     }
@@ -251,19 +283,31 @@ impl OrderWriter {
     /// Starts the writer on a task.
     pub fn spawn(self) -> WriterHandle {
         let stop = self.stop.clone();
+        let progress = self.progress.clone();
         let task = tokio::spawn(async move {
             let mut w = self;
             w.run_until_stopped().await
         });
-        WriterHandle { stop, task }
+        WriterHandle {
+            stop,
+            progress,
+            task,
+        }
     }
 
     async fn run_until_stopped(&mut self) -> Result<WriterReport, WriterError> {
         let mut last_discover: Option<Instant> = None;
+        let mut last_sweep: Option<Instant> = None;
         while !self.stop.asked() {
             if last_discover.is_none_or(|t| t.elapsed() >= self.config.discover_every) {
                 self.discover().await;
                 last_discover = Some(Instant::now());
+            }
+            if !self.config.sweep_every.is_zero()
+                && last_sweep.is_none_or(|t| t.elapsed() >= self.config.sweep_every)
+            {
+                self.sweep().await;
+                last_sweep = Some(Instant::now());
             }
             let draining = self.stop.draining();
             if draining {
@@ -271,6 +315,7 @@ impl OrderWriter {
                 self.discover().await;
             }
             let moved = self.round().await;
+            *self.progress.lock().unwrap_or_else(|p| p.into_inner()) = self.report.clone();
             if moved == 0 && draining {
                 break;
             }
@@ -282,6 +327,14 @@ impl OrderWriter {
             }
         }
         Ok(self.report.clone())
+    }
+
+    /// Settles fall-throughs whose process died half-way (see `sweeper.rs`).
+    async fn sweep(&mut self) {
+        match self.engine.settle_abandoned().await {
+            Ok(r) => self.report.settled_abandoned += r.settled,
+            Err(e) => tracing::warn!(error = %e, "sweeper pass failed"),
+        }
     }
 
     /// Refreshes the list of streams from the sale index and publishes the
@@ -305,6 +358,8 @@ impl OrderWriter {
                             last_claim: None,
                             quiet_until: None,
                             quiet_for: Duration::ZERO,
+                            slot: b.slot,
+                            held: Vec::new(),
                         });
                 }
             }
@@ -362,10 +417,25 @@ impl OrderWriter {
         let Some(state) = self.streams.get_mut(key) else {
             return Ok(0);
         };
+        if !state.held.is_empty() {
+            let slot = state.slot;
+            if !self.replicated(slot).await? {
+                return Ok(0);
+            }
+            let held = self
+                .streams
+                .get_mut(key)
+                .map(|s| std::mem::take(&mut s.held))
+                .unwrap_or_default();
+            let n = held.len();
+            self.handle_batch(key, held).await?;
+            return Ok(n);
+        }
         if !state.group_ready {
             stream::ensure_group(&mut self.conn, key, &group).await?;
             state.group_ready = true;
         }
+        let slot = state.slot;
         let mut entries = Vec::new();
         let claim_due = state
             .last_claim
@@ -410,9 +480,57 @@ impl OrderWriter {
         if entries.is_empty() {
             return Ok(0);
         }
+        // Never write what a failover could take back: the read above is on
+        // this connection, so a WAIT after it covers every entry read.
+        if !self.replicated(slot).await? {
+            if let Some(s) = self.streams.get_mut(key) {
+                s.held = entries;
+            }
+            return Ok(0);
+        }
         let n = entries.len();
         self.handle_batch(key, entries).await?;
         Ok(n)
+    }
+
+    /// True when a replica of `slot`'s master has every write this
+    /// connection saw there (our reads of the stream included), or when that
+    /// master has no replica to fail over to.
+    async fn replicated(&mut self, slot: u16) -> Result<bool, redis::RedisError> {
+        let route = || {
+            RoutingInfo::SingleNode(SingleNodeRoutingInfo::SpecificNode(Route::new(
+                slot,
+                SlotAddr::Master,
+            )))
+        };
+        let acked = self
+            .conn
+            .route_command(
+                redis::cmd("WAIT")
+                    .arg(1)
+                    .arg(self.config.replica_wait.as_millis() as u64)
+                    .clone(),
+                route(),
+            )
+            .await?;
+        if matches!(acked, redis::Value::Int(n) if n >= 1) {
+            return Ok(true);
+        }
+        let role = self
+            .conn
+            .route_command(redis::cmd("ROLE").clone(), route())
+            .await?;
+        let has_replicas = match &role {
+            redis::Value::Array(parts) => {
+                matches!(parts.get(2), Some(redis::Value::Array(r)) if !r.is_empty())
+            }
+            _ => true,
+        };
+        if has_replicas {
+            self.report.held_unreplicated += 1;
+            tracing::debug!(slot, "order batch held: no replica has it yet");
+        }
+        Ok(!has_replicas)
     }
 
     /// Writes the good entries, dead-letters the bad, then acknowledges all
@@ -424,17 +542,36 @@ impl OrderWriter {
         entries: Vec<RawEntry>,
     ) -> Result<(), redis::RedisError> {
         let mut rows = Vec::with_capacity(entries.len());
-        let mut dead = Vec::new();
+        let mut row_entries = Vec::with_capacity(entries.len());
+        let mut dead: Vec<(&RawEntry, String)> = Vec::new();
         for e in &entries {
             match e.to_order() {
-                Ok(r) => rows.push(r),
-                Err(reason) => dead.push((e, reason)),
+                Ok(r) => {
+                    rows.push(r);
+                    row_entries.push(e);
+                }
+                Err(reason) => dead.push((e, reason.to_string())),
             }
         }
         if !rows.is_empty() {
             match self.write_with_retry(&rows).await {
-                Some(inserted) => self.report.written += inserted,
-                None => return Ok(()),
+                Ok(inserted) => self.report.written += inserted,
+                Err(WriteFailure::Stopped) => return Ok(()),
+                Err(WriteFailure::Permanent(_)) => {
+                    // One bad row must not hold back the rest of the batch,
+                    // nor every stream after this one: write them one by one
+                    // and dead-letter each row the database refuses for good.
+                    for (row, entry) in rows.iter().zip(&row_entries) {
+                        match self.write_with_retry(std::slice::from_ref(row)).await {
+                            Ok(n) => self.report.written += n,
+                            Err(WriteFailure::Stopped) => return Ok(()),
+                            Err(WriteFailure::Permanent(msg)) => {
+                                self.report.rejected += 1;
+                                dead.push((*entry, format!("refused by PostgreSQL: {msg}")));
+                            }
+                        }
+                    }
+                }
             }
         }
         let dead_key = self
@@ -460,9 +597,11 @@ impl OrderWriter {
     }
 
     /// Inserts `rows` in one transaction, retrying with backoff while
-    /// PostgreSQL fails. Returns the rows inserted, or `None` when shutdown's
-    /// grace ran out first (nothing acknowledged, nothing lost).
-    async fn write_with_retry(&self, rows: &[OrderRow]) -> Option<u64> {
+    /// PostgreSQL fails for a reason that may pass. Returns the rows
+    /// inserted; a refusal that will not pass (bad data: SQLSTATE classes 22
+    /// and 23); or `Stopped` when shutdown's grace ran out first (nothing
+    /// acknowledged, nothing lost).
+    async fn write_with_retry(&self, rows: &[OrderRow]) -> Result<u64, WriteFailure> {
         let mut attempt = 0u32;
         let mut stop_seen: Option<Instant> = None;
         loop {
@@ -473,7 +612,11 @@ impl OrderWriter {
                         .record(started.elapsed().as_secs_f64());
                     metrics::histogram!(metric::BATCH_SIZE).record(rows.len() as f64);
                     metrics::counter!(metric::WRITTEN).increment(n);
-                    return Some(n);
+                    return Ok(n);
+                }
+                Err(e) if is_permanent(&e) => {
+                    metrics::counter!(metric::WRITE_FAILURES).increment(1);
+                    return Err(WriteFailure::Permanent(db_message(&e)));
                 }
                 Err(e) => {
                     metrics::counter!(metric::WRITE_FAILURES).increment(1);
@@ -487,12 +630,42 @@ impl OrderWriter {
                         n = rows.len(),
                         "stopping with a batch unwritten; it stays pending"
                     );
-                    return None;
+                    return Err(WriteFailure::Stopped);
                 }
             }
             tokio::time::sleep(self.config.backoff.delay(attempt)).await;
             attempt = attempt.saturating_add(1);
         }
+    }
+}
+
+/// Why a batch was not written.
+enum WriteFailure {
+    /// PostgreSQL refused the data itself; retrying cannot help.
+    Permanent(String),
+    /// Shutdown's grace ran out while PostgreSQL kept failing.
+    Stopped,
+}
+
+/// SQLSTATE class 22 (data exception) or 23 (integrity constraint): the
+/// rows themselves are refused, so the same statement will fail forever.
+fn is_permanent(e: &DbError) -> bool {
+    match e {
+        DbError::Query(q) => q
+            .code()
+            .is_some_and(|c| c.code().starts_with("22") || c.code().starts_with("23")),
+        _ => false,
+    }
+}
+
+/// The database's own message of a refusal (no connection details).
+fn db_message(e: &DbError) -> String {
+    match e {
+        DbError::Query(q) => q
+            .as_db_error()
+            .map(|d| format!("{}: {}", d.code().code(), d.message()))
+            .unwrap_or_else(|| q.to_string()),
+        other => other.to_string(),
     }
 }
 

@@ -134,30 +134,68 @@ pub fn cmp_ids(a: &str, b: &str) -> Ordering {
     parse(a).cmp(&parse(b))
 }
 
-/// Deletes entries every consumer has acknowledged: everything below the
-/// group's oldest pending entry, or, when nothing is pending, everything up
-/// to and including `last_acked` (entries after it were never delivered).
+/// Deletes entries that every consumer group of the stream is done with:
+/// below the oldest entry any group still has pending, and never past what
+/// any group has been delivered. Our group's `last_acked` bounds it too.
+/// Another group on the stream (an audit reader, say) therefore never loses
+/// an entry it has not read.
 pub async fn trim_acknowledged(
     conn: &mut ClusterConnection,
     key: &str,
-    group: &str,
+    _group: &str,
     last_acked: &str,
 ) -> Result<(), RedisError> {
-    let summary: Value = redis::cmd("XPENDING")
+    let Some(mut min_id) = next_id(last_acked) else {
+        return Ok(());
+    };
+    let groups: Value = redis::cmd("XINFO")
+        .arg("GROUPS")
         .arg(key)
-        .arg(group)
         .query_async(conn)
         .await?;
-    let min_id = match &summary {
-        Value::Array(p) if matches!(p.first(), Some(Value::Int(n)) if *n > 0) => match p.get(1) {
-            Some(Value::BulkString(b)) => String::from_utf8_lossy(b).into_owned(),
-            _ => return Ok(()),
-        },
-        _ => match next_id(last_acked) {
-            Some(id) => id,
-            None => return Ok(()),
-        },
+    let Value::Array(groups) = groups else {
+        return Ok(());
     };
+    for g in groups {
+        let fields = group_fields(g);
+        let get = |name: &str| {
+            fields
+                .iter()
+                .find(|(k, _)| k == name)
+                .map(|(_, v)| v.clone())
+        };
+        let Some(name) = get("name").and_then(|v| text(&v)) else {
+            return Ok(());
+        };
+        // Everything after the group's last delivered id is unread by it.
+        let Some(delivered) = get("last-delivered-id")
+            .and_then(|v| text(&v))
+            .and_then(|id| next_id(&id))
+        else {
+            return Ok(());
+        };
+        if cmp_ids(&delivered, &min_id) == Ordering::Less {
+            min_id = delivered;
+        }
+        let pending = matches!(get("pending"), Some(Value::Int(n)) if n > 0);
+        if pending {
+            let summary: Value = redis::cmd("XPENDING")
+                .arg(key)
+                .arg(&name)
+                .query_async(conn)
+                .await?;
+            let oldest = match &summary {
+                Value::Array(p) => p.get(1).and_then(text),
+                _ => None,
+            };
+            let Some(oldest) = oldest else {
+                return Ok(());
+            };
+            if cmp_ids(&oldest, &min_id) == Ordering::Less {
+                min_id = oldest;
+            }
+        }
+    }
     let _: i64 = redis::cmd("XTRIM")
         .arg(key)
         .arg("MINID")
@@ -165,6 +203,39 @@ pub async fn trim_acknowledged(
         .query_async(conn)
         .await?;
     Ok(())
+}
+
+fn text(v: &Value) -> Option<String> {
+    match v {
+        Value::BulkString(b) => Some(String::from_utf8_lossy(b).into_owned()),
+        Value::SimpleString(s) => Some(s.clone()),
+        _ => None,
+    }
+}
+
+/// The fields of one `XINFO GROUPS` entry, whatever the protocol's shape.
+fn group_fields(g: Value) -> Vec<(String, Value)> {
+    match g {
+        Value::Array(kv) => kv
+            .chunks(2)
+            .filter_map(|c| match (&c[0], c.get(1)) {
+                (Value::BulkString(k), Some(v)) => {
+                    Some((String::from_utf8_lossy(k).into_owned(), v.clone()))
+                }
+                (Value::SimpleString(k), Some(v)) => Some((k.clone(), v.clone())),
+                _ => None,
+            })
+            .collect(),
+        Value::Map(m) => m
+            .into_iter()
+            .filter_map(|(k, v)| match k {
+                Value::BulkString(k) => Some((String::from_utf8_lossy(&k).into_owned(), v)),
+                Value::SimpleString(k) => Some((k, v)),
+                _ => None,
+            })
+            .collect(),
+        _ => Vec::new(),
+    }
 }
 
 /// Entries of `key` not yet written: undelivered (lag) plus pending.
@@ -182,27 +253,7 @@ pub async fn backlog(
         return Ok(0);
     };
     for g in groups {
-        let fields: Vec<(String, Value)> = match g {
-            Value::Array(kv) => kv
-                .chunks(2)
-                .filter_map(|c| match (&c[0], c.get(1)) {
-                    (Value::BulkString(k), Some(v)) => {
-                        Some((String::from_utf8_lossy(k).into_owned(), v.clone()))
-                    }
-                    (Value::SimpleString(k), Some(v)) => Some((k.clone(), v.clone())),
-                    _ => None,
-                })
-                .collect(),
-            Value::Map(m) => m
-                .into_iter()
-                .filter_map(|(k, v)| match k {
-                    Value::BulkString(k) => Some((String::from_utf8_lossy(&k).into_owned(), v)),
-                    Value::SimpleString(k) => Some((k, v)),
-                    _ => None,
-                })
-                .collect(),
-            _ => continue,
-        };
+        let fields = group_fields(g);
         let get = |name: &str| {
             fields
                 .iter()

@@ -54,6 +54,9 @@ impl From<PurchaseError> for ApiError {
             PurchaseError::Closed => (StatusCode::CONFLICT, "closed"),
             PurchaseError::UnknownSale(_) => (StatusCode::NOT_FOUND, "unknown_sale"),
             PurchaseError::Invalid(_) => (StatusCode::UNPROCESSABLE_ENTITY, "invalid"),
+            PurchaseError::RequestMismatch => {
+                (StatusCode::UNPROCESSABLE_ENTITY, "request_mismatch")
+            }
             PurchaseError::Unavailable(_) => (StatusCode::SERVICE_UNAVAILABLE, "unavailable"),
             _ => (StatusCode::INTERNAL_SERVER_ERROR, "internal"),
         };

@@ -1,0 +1,538 @@
+//! Script replies, decoded once. Each Lua script answers with a small array
+//! whose first element is a code; what the codes mean is written in the
+//! script's header and, on the Rust side, only here: one enum per script and
+//! one function that turns a `redis::Value` into it. Everything above works
+//! with the enums and never with bare integers. Nothing here does I/O.
+
+use redis::Value;
+
+/// Why a bucket, or a whole request, was refused. The numbers are the
+/// scripts' codes, stored in request records as they are.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Refusal {
+    /// Not enough stock (code -1).
+    SoldOut,
+    /// The sale's window is over (code -4).
+    Ended,
+    /// The sale was closed (code -5).
+    Closed,
+}
+
+impl Refusal {
+    /// The script code of this refusal.
+    pub fn code(self) -> i64 {
+        match self {
+            Refusal::SoldOut => -1,
+            Refusal::Ended => -4,
+            Refusal::Closed => -5,
+        }
+    }
+
+    fn from_code(code: i64) -> Option<Refusal> {
+        match code {
+            -1 => Some(Refusal::SoldOut),
+            -4 => Some(Refusal::Ended),
+            -5 => Some(Refusal::Closed),
+            _ => None,
+        }
+    }
+
+    /// The stronger of two refusals, for a walk over buckets: a closed sale
+    /// says more than an ended window, which says more than an empty bucket.
+    pub fn max(self, other: Refusal) -> Refusal {
+        let rank = |r: Refusal| match r {
+            Refusal::SoldOut => 0,
+            Refusal::Ended => 1,
+            Refusal::Closed => 2,
+        };
+        if rank(other) > rank(self) {
+            other
+        } else {
+            self
+        }
+    }
+}
+
+/// A reply that does not have the shape its script promises.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{script}.lua replied with an unexpected shape: {detail}")]
+pub struct BadReply {
+    /// The script.
+    pub script: &'static str,
+    /// What was wrong.
+    pub detail: String,
+}
+
+fn bad(script: &'static str, detail: impl Into<String>) -> BadReply {
+    BadReply {
+        script,
+        detail: detail.into(),
+    }
+}
+
+/// `purchase.lua`, in the buyer's home bucket.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum PurchaseReply {
+    /// A new order, queued on the bucket's stream.
+    Confirmed {
+        /// The order.
+        order_id: String,
+        /// The bucket that took the stock.
+        bucket: u32,
+    },
+    /// This request was confirmed before: the same order.
+    Replayed {
+        /// The order.
+        order_id: String,
+        /// The bucket that took the stock.
+        bucket: u32,
+    },
+    /// The home bucket is short: quota reserved, request pending; walk the
+    /// other buckets.
+    FallThrough {
+        /// Units left in the home bucket.
+        home_stock: i64,
+    },
+    /// An earlier attempt left this request pending: walk the other buckets.
+    Pending {
+        /// Units left in the home bucket.
+        home_stock: i64,
+    },
+    /// Refused: sold out (a one-bucket sale, or every bucket refused this
+    /// request before), ended or closed.
+    Refused {
+        /// Why.
+        why: Refusal,
+        /// Units left in the home bucket.
+        home_stock: i64,
+    },
+    /// The per-user limit would be exceeded.
+    LimitReached {
+        /// Units the user holds or has reserved.
+        used: i64,
+    },
+    /// The sale's window has not opened.
+    NotStarted,
+    /// No sale in this bucket.
+    UnknownSale,
+    /// The engine sent an argument out of range (a bug, not the buyer's).
+    BadArgs,
+    /// The request was made before with another qty.
+    Mismatch,
+}
+
+/// `take.lua`, one step of a fall-through walk.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum TakeReply {
+    /// This bucket took the stock now (or, `replayed`, took it before).
+    Taken {
+        /// The order.
+        order_id: String,
+        /// The bucket.
+        bucket: u32,
+        /// True when an earlier attempt took it.
+        replayed: bool,
+    },
+    /// This bucket refused the request for good.
+    Refused {
+        /// Why.
+        why: Refusal,
+        /// Units left in the bucket (0 when not read).
+        stock: i64,
+    },
+    /// No sale in this bucket.
+    UnknownSale,
+    /// The engine sent an argument out of range.
+    BadArgs,
+    /// The request was made before with another qty.
+    Mismatch,
+}
+
+/// `settle.lua`: the request's record after settling.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SettleReply {
+    /// True when this call settled the request.
+    pub settled: bool,
+    /// The record as it is now.
+    pub record: RequestRecord,
+}
+
+/// A request record in its home bucket, as stored (see `purchase.lua`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RequestRecord {
+    /// Confirmed with this order.
+    Confirmed {
+        /// Units.
+        qty: u64,
+        /// The bucket that took.
+        bucket: u32,
+        /// The order.
+        order_id: String,
+    },
+    /// Still pending.
+    Pending {
+        /// Units.
+        qty: u64,
+    },
+    /// Every bucket refused.
+    Refused {
+        /// Units.
+        qty: u64,
+        /// Why.
+        why: Refusal,
+    },
+    /// No record (never made, or expired).
+    Missing,
+}
+
+impl RequestRecord {
+    /// Parses a record's text; `None` for text no script writes.
+    pub fn parse(s: &str) -> Option<RequestRecord> {
+        if s.is_empty() {
+            return Some(RequestRecord::Missing);
+        }
+        let mut parts = s.splitn(3, ':');
+        let kind = parts.next()?;
+        let qty: u64 = parts.next()?.parse().ok()?;
+        let rest = parts.next();
+        match (kind, rest) {
+            ("P", None) => Some(RequestRecord::Pending { qty }),
+            ("C", Some(rest)) => {
+                let (bucket, order_id) = rest.split_once(':')?;
+                Some(RequestRecord::Confirmed {
+                    qty,
+                    bucket: bucket.parse().ok()?,
+                    order_id: order_id.to_owned(),
+                })
+            }
+            ("S", Some(code)) => Some(RequestRecord::Refused {
+                qty,
+                why: Refusal::from_code(code.parse().ok()?)?,
+            }),
+            _ => None,
+        }
+    }
+}
+
+/// `restock.lua`, one bucket.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RestockReply {
+    /// Applied now.
+    Applied,
+    /// Applied before by this operation; nothing changed.
+    AlreadyApplied,
+    /// The sale is closed.
+    Closed,
+    /// No such bucket.
+    UnknownSale,
+    /// Units out of range.
+    BadArgs,
+    /// The operation id was used with other units.
+    Mismatch {
+        /// Units of the first use.
+        units: i64,
+    },
+    /// The bucket would pass 2^53-1 units.
+    TooLarge,
+}
+
+/// `create_meta.lua`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum CreateMetaReply {
+    /// This operation claimed the SKU now.
+    Claimed,
+    /// This operation claimed it before (a retry); `created` tells whether
+    /// that create finished.
+    Resumed {
+        /// Every bucket exists and the sale is indexed.
+        created: bool,
+    },
+    /// Another operation claimed it.
+    Taken {
+        /// Whether that create finished.
+        created: bool,
+    },
+}
+
+fn array(script: &'static str, v: Value, len: usize) -> Result<Vec<Value>, BadReply> {
+    match v {
+        Value::Array(items) if items.len() == len => Ok(items),
+        other => Err(bad(script, format!("{other:?}"))),
+    }
+}
+
+fn int(script: &'static str, v: &Value) -> Result<i64, BadReply> {
+    match v {
+        Value::Int(n) => Ok(*n),
+        other => Err(bad(script, format!("expected an integer, got {other:?}"))),
+    }
+}
+
+fn text(script: &'static str, v: &Value) -> Result<String, BadReply> {
+    match v {
+        Value::BulkString(b) => {
+            String::from_utf8(b.clone()).map_err(|_| bad(script, "text is not UTF-8"))
+        }
+        Value::SimpleString(s) => Ok(s.clone()),
+        other => Err(bad(script, format!("expected text, got {other:?}"))),
+    }
+}
+
+fn bucket(script: &'static str, n: i64) -> Result<u32, BadReply> {
+    u32::try_from(n).map_err(|_| bad(script, format!("bucket {n}")))
+}
+
+/// Decodes a `purchase.lua` reply.
+pub fn purchase(v: Value) -> Result<PurchaseReply, BadReply> {
+    const S: &str = "purchase";
+    let items = array(S, v, 3)?;
+    let (code, n) = (int(S, &items[0])?, int(S, &items[2])?);
+    Ok(match code {
+        1 => PurchaseReply::Confirmed {
+            order_id: text(S, &items[1])?,
+            bucket: bucket(S, n)?,
+        },
+        2 => PurchaseReply::Replayed {
+            order_id: text(S, &items[1])?,
+            bucket: bucket(S, n)?,
+        },
+        3 => PurchaseReply::FallThrough { home_stock: n },
+        4 => PurchaseReply::Pending { home_stock: n },
+        -2 => PurchaseReply::LimitReached { used: n },
+        -3 => PurchaseReply::NotStarted,
+        -6 => PurchaseReply::UnknownSale,
+        -7 => PurchaseReply::BadArgs,
+        -8 => PurchaseReply::Mismatch,
+        c => match Refusal::from_code(c) {
+            Some(why) => PurchaseReply::Refused { why, home_stock: n },
+            None => return Err(bad(S, format!("code {c}"))),
+        },
+    })
+}
+
+/// Decodes a `take.lua` reply.
+pub fn take(v: Value) -> Result<TakeReply, BadReply> {
+    const S: &str = "take";
+    let items = array(S, v, 3)?;
+    let (code, n) = (int(S, &items[0])?, int(S, &items[2])?);
+    Ok(match code {
+        1 | 2 => TakeReply::Taken {
+            order_id: text(S, &items[1])?,
+            bucket: bucket(S, n)?,
+            replayed: code == 2,
+        },
+        -6 => TakeReply::UnknownSale,
+        -7 => TakeReply::BadArgs,
+        -8 => TakeReply::Mismatch,
+        c => match Refusal::from_code(c) {
+            Some(why) => TakeReply::Refused { why, stock: n },
+            None => return Err(bad(S, format!("code {c}"))),
+        },
+    })
+}
+
+/// Decodes a `settle.lua` reply.
+pub fn settle(v: Value) -> Result<SettleReply, BadReply> {
+    const S: &str = "settle";
+    let items = array(S, v, 2)?;
+    let settled = match int(S, &items[0])? {
+        1 => true,
+        0 => false,
+        c => return Err(bad(S, format!("code {c}"))),
+    };
+    let raw = text(S, &items[1])?;
+    let record = RequestRecord::parse(&raw).ok_or_else(|| bad(S, format!("record {raw:?}")))?;
+    Ok(SettleReply { settled, record })
+}
+
+/// Decodes a `restock.lua` reply.
+pub fn restock(v: Value) -> Result<RestockReply, BadReply> {
+    const S: &str = "restock";
+    let items = array(S, v, 2)?;
+    let (code, n) = (int(S, &items[0])?, int(S, &items[1])?);
+    Ok(match code {
+        1 => RestockReply::Applied,
+        2 => RestockReply::AlreadyApplied,
+        -5 => RestockReply::Closed,
+        -6 => RestockReply::UnknownSale,
+        -7 => RestockReply::BadArgs,
+        -8 => RestockReply::Mismatch { units: n },
+        -9 => RestockReply::TooLarge,
+        c => return Err(bad(S, format!("code {c}"))),
+    })
+}
+
+/// Decodes a `create_meta.lua` reply.
+pub fn create_meta(v: Value) -> Result<CreateMetaReply, BadReply> {
+    const S: &str = "create_meta";
+    let items = array(S, v, 3)?;
+    let created = text(S, &items[2])? == "1";
+    Ok(match int(S, &items[0])? {
+        1 => CreateMetaReply::Claimed,
+        2 => CreateMetaReply::Resumed { created },
+        3 => CreateMetaReply::Taken { created },
+        c => return Err(bad(S, format!("code {c}"))),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn reply(code: i64, s: &str, n: i64) -> Value {
+        Value::Array(vec![
+            Value::Int(code),
+            Value::BulkString(s.as_bytes().to_vec()),
+            Value::Int(n),
+        ])
+    }
+
+    #[test]
+    fn every_purchase_reply_shape_decodes() {
+        let id = || "o1".to_owned();
+        for (v, want) in [
+            (
+                reply(1, "o1", 2),
+                PurchaseReply::Confirmed {
+                    order_id: id(),
+                    bucket: 2,
+                },
+            ),
+            (
+                reply(2, "o1", 0),
+                PurchaseReply::Replayed {
+                    order_id: id(),
+                    bucket: 0,
+                },
+            ),
+            (
+                reply(3, "", 0),
+                PurchaseReply::FallThrough { home_stock: 0 },
+            ),
+            (reply(4, "", 7), PurchaseReply::Pending { home_stock: 7 }),
+            (
+                reply(-1, "", 0),
+                PurchaseReply::Refused {
+                    why: Refusal::SoldOut,
+                    home_stock: 0,
+                },
+            ),
+            (reply(-2, "", 3), PurchaseReply::LimitReached { used: 3 }),
+            (reply(-3, "", 0), PurchaseReply::NotStarted),
+            (
+                reply(-4, "", 0),
+                PurchaseReply::Refused {
+                    why: Refusal::Ended,
+                    home_stock: 0,
+                },
+            ),
+            (
+                reply(-5, "", 0),
+                PurchaseReply::Refused {
+                    why: Refusal::Closed,
+                    home_stock: 0,
+                },
+            ),
+            (reply(-6, "", 0), PurchaseReply::UnknownSale),
+            (reply(-7, "", 0), PurchaseReply::BadArgs),
+            (reply(-8, "", 0), PurchaseReply::Mismatch),
+        ] {
+            assert_eq!(purchase(v), Ok(want));
+        }
+        assert!(purchase(reply(9, "", 0)).is_err());
+        assert!(purchase(reply(1, "o1", -1)).is_err(), "negative bucket");
+        assert!(purchase(Value::Int(1)).is_err());
+        assert!(purchase(Value::Array(vec![Value::Int(1)])).is_err());
+    }
+
+    #[test]
+    fn every_take_reply_shape_decodes() {
+        assert_eq!(
+            take(reply(2, "o", 1)),
+            Ok(TakeReply::Taken {
+                order_id: "o".into(),
+                bucket: 1,
+                replayed: true
+            })
+        );
+        assert_eq!(
+            take(reply(-4, "", 0)),
+            Ok(TakeReply::Refused {
+                why: Refusal::Ended,
+                stock: 0
+            })
+        );
+        assert_eq!(take(reply(-6, "", 0)), Ok(TakeReply::UnknownSale));
+        assert_eq!(take(reply(-7, "", 0)), Ok(TakeReply::BadArgs));
+        assert_eq!(take(reply(-8, "", 0)), Ok(TakeReply::Mismatch));
+        assert!(take(reply(-2, "", 0)).is_err(), "take has no limit code");
+    }
+
+    #[test]
+    fn records_and_settle_replies_decode() {
+        let v =
+            |code: i64, s: &str| Value::Array(vec![Value::Int(code), Value::BulkString(s.into())]);
+        assert_eq!(
+            settle(v(1, "C:2:1:abc:def")),
+            Ok(SettleReply {
+                settled: true,
+                record: RequestRecord::Confirmed {
+                    qty: 2,
+                    bucket: 1,
+                    order_id: "abc:def".into()
+                }
+            })
+        );
+        assert_eq!(
+            settle(v(0, "S:1:-5")).map(|r| r.record),
+            Ok(RequestRecord::Refused {
+                qty: 1,
+                why: Refusal::Closed
+            })
+        );
+        assert_eq!(
+            settle(v(0, "")).map(|r| r.record),
+            Ok(RequestRecord::Missing)
+        );
+        assert_eq!(
+            RequestRecord::parse("P:3"),
+            Some(RequestRecord::Pending { qty: 3 })
+        );
+        assert!(settle(v(0, "Z:1")).is_err());
+        assert!(settle(v(2, "P:1")).is_err());
+    }
+
+    #[test]
+    fn restock_and_create_replies_decode() {
+        let v = |a: i64, b: i64| Value::Array(vec![Value::Int(a), Value::Int(b)]);
+        assert_eq!(restock(v(1, 10)), Ok(RestockReply::Applied));
+        assert_eq!(restock(v(2, 5)), Ok(RestockReply::AlreadyApplied));
+        assert_eq!(restock(v(-5, 0)), Ok(RestockReply::Closed));
+        assert_eq!(restock(v(-6, 0)), Ok(RestockReply::UnknownSale));
+        assert_eq!(restock(v(-7, 0)), Ok(RestockReply::BadArgs));
+        assert_eq!(restock(v(-8, 4)), Ok(RestockReply::Mismatch { units: 4 }));
+        assert_eq!(restock(v(-9, 0)), Ok(RestockReply::TooLarge));
+        assert!(restock(v(0, 0)).is_err());
+        assert!(
+            restock(Value::Int(3)).is_err(),
+            "the old bare-integer reply"
+        );
+        let c = |code: i64, created: &str| {
+            Value::Array(vec![
+                Value::Int(code),
+                Value::BulkString(b"op".to_vec()),
+                Value::BulkString(created.into()),
+            ])
+        };
+        assert_eq!(create_meta(c(1, "0")), Ok(CreateMetaReply::Claimed));
+        assert_eq!(
+            create_meta(c(2, "1")),
+            Ok(CreateMetaReply::Resumed { created: true })
+        );
+        assert_eq!(
+            create_meta(c(3, "0")),
+            Ok(CreateMetaReply::Taken { created: false })
+        );
+        assert!(create_meta(c(4, "0")).is_err());
+    }
+}
