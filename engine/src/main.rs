@@ -96,6 +96,11 @@ enum SaleCommand {
         /// End the sale this many seconds from now (default: never).
         #[arg(long)]
         ends_in: Option<u64>,
+        /// Operation id: run the same command again with the same id (after
+        /// a timeout, say) and it finishes the first create instead of
+        /// failing with "already exists". Default: a fresh one.
+        #[arg(long)]
+        op_id: Option<String>,
         /// Print JSON.
         #[arg(long)]
         json: bool,
@@ -117,6 +122,17 @@ enum SaleCommand {
         /// Units to add.
         #[arg(long)]
         qty: u64,
+        /// Operation id: a retry with the same id adds the units once.
+        /// Default: a fresh one.
+        #[arg(long)]
+        op_id: Option<String>,
+    },
+    /// Finish whatever a crash left half-done on a sale (a create, a
+    /// restock, a close). Safe to run at any time.
+    Repair {
+        /// The SKU.
+        #[arg(long)]
+        sku: String,
     },
     /// Close a sale: no purchase confirms after this.
     Close {
@@ -295,22 +311,33 @@ async fn sale(engine: Engine, cmd: SaleCommand) -> Result<ExitCode> {
             per_user_limit,
             starts_in,
             ends_in,
+            op_id,
             json,
         } => {
-            let at = |s: u64| SystemTime::now() + Duration::from_secs(s);
-            let st = engine
-                .create_sale(SaleSpec {
-                    buckets,
-                    per_user_limit,
-                    starts_at: starts_in.map(at),
-                    ends_at: ends_in.map(at),
-                    ..SaleSpec::new(sku, stock)
+            let at = |field: &str, s: Option<u64>| -> Result<Option<SystemTime>> {
+                s.map(|s| {
+                    SystemTime::now()
+                        .checked_add(Duration::from_secs(s))
+                        .ok_or_else(|| anyhow::anyhow!("{field}: {s} seconds is too far away"))
                 })
-                .await?;
-            (st, json)
+                .transpose()
+            };
+            let spec = SaleSpec {
+                buckets,
+                per_user_limit,
+                starts_at: at("--starts-in", starts_in)?,
+                ends_at: at("--ends-in", ends_in)?,
+                ..SaleSpec::new(sku, stock)
+            };
+            let op = op_id.unwrap_or_else(flashsale::admin::new_operation_id);
+            (engine.create_sale_op(spec, &op).await?, json)
         }
         SaleCommand::Status { sku, json } => (engine.sale_status(&sku).await?, json),
-        SaleCommand::Restock { sku, qty } => (engine.restock(&sku, qty).await?, false),
+        SaleCommand::Restock { sku, qty, op_id } => {
+            let op = op_id.unwrap_or_else(flashsale::admin::new_operation_id);
+            (engine.restock_op(&sku, qty, &op).await?, false)
+        }
+        SaleCommand::Repair { sku } => (engine.repair_sale(&sku).await?, false),
         SaleCommand::Close { sku } => (engine.close_sale(&sku).await?, false),
         SaleCommand::List => {
             for sku in engine.list_sales().await? {

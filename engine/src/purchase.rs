@@ -7,7 +7,7 @@
 //! every retry with that order. No lock is held across an await; nothing from
 //! the network is unwrapped.
 
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use serde::Serialize;
 
@@ -404,19 +404,32 @@ impl Engine {
         }
     }
 
-    /// With `ack = replicated`, waits for one replica before confirming. A
-    /// timeout is reported as unavailable: the buyer retries with the same
-    /// request_id and gets the same order once it is replicated.
+    /// With `ack = replicated`, waits for one replica before confirming,
+    /// asking again (one WAIT of up to a second each time) within the retry
+    /// deadline, so a replica that is resyncing or briefly stalled delays
+    /// the answer instead of failing it. Past the deadline the answer is
+    /// `Unavailable`: the buyer retries with the same request_id and gets the
+    /// same order once it is replicated.
     async fn ack(&self, slot: u16) -> Result<(), PurchaseError> {
         if self.inner.config.ack == Ack::Leader {
             return Ok(());
         }
-        match self.replicated(slot).await {
-            Ok(true) => Ok(()),
-            Ok(false) => Err(PurchaseError::Unavailable(
-                "no replica acknowledged the order".into(),
-            )),
-            Err(e) => Err(PurchaseError::Unavailable(e)),
+        let started = Instant::now();
+        let deadline = self.inner.config.retry.deadline;
+        loop {
+            let why = match self.replicated(slot).await {
+                Ok(true) => return Ok(()),
+                Ok(false) => "no replica acknowledged the order".to_owned(),
+                Err(e) => {
+                    // The WAIT itself failed (a broken link): not a spin.
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    e
+                }
+            };
+            if started.elapsed() >= deadline {
+                return Err(PurchaseError::Unavailable(why));
+            }
+            metrics::counter!(m::REDIS_RETRIES, "reason" => "replica_wait").increment(1);
         }
     }
 }

@@ -331,6 +331,23 @@ impl RedisCluster {
         ports
     }
 
+    /// The port of a replica of the master on `master` (asked of that master).
+    pub fn replica_of(&self, master: u16) -> u16 {
+        let nodes: String = self.node(master).cmd(&["CLUSTER", "NODES"]);
+        let master_id = nodes
+            .lines()
+            .find(|l| l.contains("myself"))
+            .and_then(|l| l.split(' ').next())
+            .expect("the master's own id")
+            .to_owned();
+        nodes
+            .lines()
+            .find(|l| l.contains(&format!("slave {master_id}")))
+            .and_then(|l| l.split(' ').nth(1))
+            .and_then(|a| a.split('@').next()?.rsplit(':').next()?.parse().ok())
+            .expect("a replica of the master")
+    }
+
     /// The port of the master serving `slot` now.
     pub fn master_of_slot(&self, slot: u16) -> u16 {
         let n = self

@@ -239,14 +239,29 @@ async fn bad_inputs_get_typed_errors_and_change_nothing() {
         })
         .await
         .expect("create");
-    engine
+    // A sale cannot be created already over: this one ends soon, and the
+    // test waits (on the bucket master's clock) until it has.
+    let ends = SystemTime::now() + Duration::from_millis(1500);
+    let over = engine
         .create_sale(SaleSpec {
-            starts_at: Some(SystemTime::now() - 2 * hour),
-            ends_at: Some(SystemTime::now() - hour),
+            ends_at: Some(ends),
             ..SaleSpec::new("over", 10)
         })
         .await
         .expect("create");
+    let ends_ms = ends
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("after the epoch")
+        .as_millis() as u64;
+    let node = cluster.node(cluster.master_of_slot(over.buckets[0].slot));
+    flashsale_tests::wait_for(
+        Duration::from_secs(30),
+        || {
+            let (secs, micros): (u64, u64) = node.cmd(&["TIME"]);
+            secs * 1000 + micros / 1000 > ends_ms
+        },
+        || "the sale's window ended".into(),
+    );
     engine
         .create_sale(SaleSpec::new("shut", 10))
         .await

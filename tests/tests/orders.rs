@@ -329,3 +329,134 @@ async fn poison_entry_is_dead_lettered_and_later_orders_still_written() {
         "{ledger:?}"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reconcile_reports_orders_their_stream_lost() {
+    let cluster = RedisCluster::start(3, 0);
+    let pg = PgDb::create();
+    let pool = flashsale::db::pool(&pg.url(), 4).expect("pool");
+    let engine = engine_on(&cluster).await;
+    let status = engine
+        .create_sale(SaleSpec::new("lost", 10))
+        .await
+        .expect("create");
+    let confirmed = buy(&engine, "lost", 3, "l").await;
+    let writer = engine
+        .spawn_order_writer(pool.clone(), fast_writer(Duration::from_secs(5)))
+        .await
+        .expect("writer");
+    wait_for_db_orders(&pool, "lost", 3, Duration::from_secs(30)).await;
+    writer.shutdown().await.expect("stops");
+    assert_eq!(confirmed.len(), 3);
+    // What a failover before replication does: the stream (with its ids)
+    // and the stock go back to before the three orders, while PostgreSQL
+    // already holds them.
+    let b = &status.buckets[0];
+    let node = cluster.node(cluster.master_of_slot(b.slot));
+    let _: i64 = node.cmd(&["DEL", &b.stream]);
+    let _: () = node.cmd(&["SET", &b.key, "10"]);
+    let ledger = flashsale::ledger::reconcile(&engine, &pool, &["lost".to_owned()])
+        .await
+        .expect("reconcile");
+    assert!(
+        !ledger[0].conserved,
+        "a lost stream is never balanced: {ledger:?}"
+    );
+    assert_eq!(ledger[0].lost_from_stream, 3, "{ledger:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn order_postgres_refuses_is_dead_lettered_and_other_skus_still_flow() {
+    let cluster = RedisCluster::start(3, 0);
+    let pg = PgDb::create();
+    let pool = flashsale::db::pool(&pg.url(), 4).expect("pool");
+    let engine = engine_on(&cluster).await;
+    let status = engine
+        .create_sale(SaleSpec::new("refused", 100))
+        .await
+        .expect("create");
+    engine
+        .create_sale(SaleSpec::new("bystander", 100))
+        .await
+        .expect("create");
+    let b = &status.buckets[0];
+    let node = cluster.node(cluster.master_of_slot(b.slot));
+    // Well-formed for the writer, but out of PostgreSQL's timestamp range.
+    let _: String = node.cmd(&[
+        "XADD",
+        &b.stream,
+        "*",
+        "order_id",
+        "far-future",
+        "sku",
+        "refused",
+        "user",
+        "u",
+        "qty",
+        "1",
+        "bucket",
+        "0",
+        "tag",
+        &b.tag,
+        "ts",
+        "99999999999999999",
+    ]);
+    let mine = buy(&engine, "refused", 20, "r").await;
+    let theirs = buy(&engine, "bystander", 20, "y").await;
+    let writer = engine
+        .spawn_order_writer(pool.clone(), fast_writer(Duration::from_secs(5)))
+        .await
+        .expect("writer");
+    wait_for_db_orders(&pool, "bystander", 20, Duration::from_secs(30)).await;
+    wait_for_db_orders(&pool, "refused", 20, Duration::from_secs(30)).await;
+    let report = writer.shutdown().await.expect("stops");
+    assert_eq!(report.rejected, 1, "{report:?}");
+    assert_exactly_once(&mine, &db_order_ids(&pool, "refused").await);
+    assert_exactly_once(&theirs, &db_order_ids(&pool, "bystander").await);
+    let dead: redis::Value = node.cmd(&["XRANGE", &format!("{{{}}}:orders:dead", b.tag), "-", "+"]);
+    let text = format!("{dead:?}");
+    assert!(
+        text.contains("far-future") && text.contains("out of range"),
+        "dead-lettered with the database's message: {text}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn trimming_keeps_entries_another_consumer_group_has_not_read() {
+    let cluster = RedisCluster::start(3, 0);
+    let pg = PgDb::create();
+    let pool = flashsale::db::pool(&pg.url(), 4).expect("pool");
+    let engine = engine_on(&cluster).await;
+    let status = engine
+        .create_sale(SaleSpec::new("audited", 100))
+        .await
+        .expect("create");
+    let b = &status.buckets[0];
+    let node = cluster.node(cluster.master_of_slot(b.slot));
+    let _: () = node.cmd(&["XGROUP", "CREATE", &b.stream, "audit", "0", "MKSTREAM"]);
+    let confirmed = buy(&engine, "audited", 30, "a").await;
+    let writer = engine
+        .spawn_order_writer(pool.clone(), fast_writer(Duration::from_secs(5)))
+        .await
+        .expect("writer");
+    wait_for_db_orders(&pool, "audited", 30, Duration::from_secs(30)).await;
+    writer.shutdown().await.expect("stops");
+    let read: redis::Value = node.cmd(&[
+        "XREADGROUP",
+        "GROUP",
+        "audit",
+        "auditor",
+        "COUNT",
+        "1000",
+        "STREAMS",
+        &b.stream,
+        ">",
+    ]);
+    let text = format!("{read:?}");
+    for id in &confirmed {
+        assert!(
+            text.contains(id.as_str()),
+            "the audit group still reads {id}"
+        );
+    }
+}

@@ -6,7 +6,7 @@ use std::collections::HashSet;
 use std::path::Path;
 use std::process::{Command, Stdio};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use flashsale_tests::{free_port, kill_on_drop, PgDb, RedisCluster, ServeProcess, ADMIN_TOKEN};
 use serde_json::{json, Value};
@@ -191,7 +191,26 @@ async fn every_error_code_comes_from_a_real_request() {
         .0,
         201
     );
-    assert_eq!(create(&c, &base, json!({"sku": "over", "stock": 1, "starts_at_ms": now_ms - 7_200_000, "ends_at_ms": now_ms - 3_600_000})).await.0, 201);
+    // A sale cannot be created already over (422); "over" ends in 1.5 s,
+    // and the cases below run once the clock has passed its end.
+    let (s, b) = create(
+        &c,
+        &base,
+        json!({"sku": "past", "stock": 1, "ends_at_ms": now_ms - 3_600_000}),
+    )
+    .await;
+    assert_eq!((s, b["error"].as_str()), (422, Some("invalid")), "{b}");
+    let over_ends = now_ms + 1_500;
+    assert_eq!(
+        create(
+            &c,
+            &base,
+            json!({"sku": "over", "stock": 1, "ends_at_ms": over_ends})
+        )
+        .await
+        .0,
+        201
+    );
     assert_eq!(
         create(&c, &base, json!({"sku": "shut", "stock": 1}))
             .await
@@ -211,6 +230,14 @@ async fn every_error_code_comes_from_a_real_request() {
     let (s, b) = create(&c, &base, json!({"sku": "bad{sku}", "stock": 1})).await;
     assert_eq!((s, b["error"].as_str()), (422, Some("invalid")));
 
+    while (SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .expect("after the epoch")
+        .as_millis() as u64)
+        <= over_ends + 50
+    {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
     let cases: Vec<(&str, &str, i64, &str, u16, &str)> = vec![
         ("one", "a", 1, "a1", 200, ""),
         ("one", "b", 1, "b1", 409, "sold_out"),

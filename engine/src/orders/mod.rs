@@ -70,8 +70,8 @@ pub struct WriterConfig {
     /// How often abandoned fall-throughs are settled
     /// ([`Engine::settle_abandoned`]); zero turns the sweeper off.
     pub sweep_every: Duration,
-    /// Longest WAIT for a replica before a batch is written (it is held and
-    /// asked again next round, never written unreplicated).
+    /// Longest WAIT for a replica before a batch is written (it stays
+    /// pending and is asked again next round, never written unreplicated).
     pub replica_wait: Duration,
 }
 
@@ -220,8 +220,11 @@ struct StreamState {
     quiet_for: Duration,
     /// The stream's slot (its master is where WAIT goes).
     slot: u16,
-    /// Entries read but not yet on a replica: written once one has them.
-    held: Vec<RawEntry>,
+    /// Entries were read (and stay pending on this consumer) but were not on
+    /// a replica yet: read them again from the current master's pending list
+    /// before anything new. After a failover that lost them, they are not
+    /// there any more, and are never written.
+    reread_own: bool,
 }
 
 /// Longest pause between reads of a stream that had nothing.
@@ -237,6 +240,8 @@ pub struct OrderWriter {
     report: WriterReport,
     progress: Arc<std::sync::Mutex<WriterReport>>,
     stop: Arc<Stop>,
+    /// Per slot: whether its master has replicas, and when that was asked.
+    replica_cache: std::collections::HashMap<u16, (bool, Instant)>,
 }
 
 impl OrderWriter {
@@ -262,6 +267,7 @@ impl OrderWriter {
             report: WriterReport::default(),
             progress: Arc::default(),
             stop: Arc::new(Stop::default()),
+            replica_cache: Default::default(),
         })
     }
 
@@ -359,7 +365,7 @@ impl OrderWriter {
                             quiet_until: None,
                             quiet_for: Duration::ZERO,
                             slot: b.slot,
-                            held: Vec::new(),
+                            reread_own: false,
                         });
                 }
             }
@@ -417,25 +423,26 @@ impl OrderWriter {
         let Some(state) = self.streams.get_mut(key) else {
             return Ok(0);
         };
-        if !state.held.is_empty() {
-            let slot = state.slot;
-            if !self.replicated(slot).await? {
-                return Ok(0);
-            }
-            let held = self
-                .streams
-                .get_mut(key)
-                .map(|s| std::mem::take(&mut s.held))
-                .unwrap_or_default();
-            let n = held.len();
-            self.handle_batch(key, held).await?;
-            return Ok(n);
-        }
         if !state.group_ready {
             stream::ensure_group(&mut self.conn, key, &group).await?;
             state.group_ready = true;
         }
         let slot = state.slot;
+        if state.reread_own {
+            let own =
+                stream::read_own_pending(&mut self.conn, key, &group, &consumer, self.config.batch)
+                    .await?;
+            if own.is_empty() {
+                if let Some(s) = self.streams.get_mut(key) {
+                    s.reread_own = false;
+                }
+            } else {
+                return self.write_if_replicated(key, slot, own).await;
+            }
+        }
+        let Some(state) = self.streams.get_mut(key) else {
+            return Ok(0);
+        };
         let mut entries = Vec::new();
         let claim_due = state
             .last_claim
@@ -480,11 +487,21 @@ impl OrderWriter {
         if entries.is_empty() {
             return Ok(0);
         }
-        // Never write what a failover could take back: the read above is on
-        // this connection, so a WAIT after it covers every entry read.
-        if !self.replicated(slot).await? {
+        self.write_if_replicated(key, slot, entries).await
+    }
+
+    /// Writes `entries` once a replica has them; otherwise leaves them
+    /// pending on this consumer, to be read again next round.
+    async fn write_if_replicated(
+        &mut self,
+        key: &str,
+        slot: u16,
+        entries: Vec<RawEntry>,
+    ) -> Result<usize, redis::RedisError> {
+        // Never write what a failover could take back.
+        if !self.replicated(key, slot).await? {
             if let Some(s) = self.streams.get_mut(key) {
-                s.held = entries;
+                s.reread_own = true;
             }
             return Ok(0);
         }
@@ -493,16 +510,66 @@ impl OrderWriter {
         Ok(n)
     }
 
-    /// True when a replica of `slot`'s master has every write this
-    /// connection saw there (our reads of the stream included), or when that
+    /// True when the cluster knows a replica of `slot`'s master, connected or
+    /// not: a replica that is down now may come back stale and be promoted,
+    /// so only a master with no replica at all can skip the WAIT. Asked of
+    /// the master itself (`CLUSTER NODES`), at most once a second per slot.
+    async fn master_has_replicas(&mut self, slot: u16) -> Result<bool, redis::RedisError> {
+        if let Some((known, at)) = self.replica_cache.get(&slot) {
+            if at.elapsed() < Duration::from_secs(1) {
+                return Ok(*known);
+            }
+        }
+        let route = RoutingInfo::SingleNode(SingleNodeRoutingInfo::SpecificNode(Route::new(
+            slot,
+            SlotAddr::Master,
+        )));
+        let nodes = self
+            .conn
+            .route_command(redis::cmd("CLUSTER").arg("NODES").clone(), route)
+            .await?;
+        let text = match nodes {
+            redis::Value::BulkString(b) => String::from_utf8_lossy(&b).into_owned(),
+            redis::Value::VerbatimString { text, .. } => text,
+            redis::Value::SimpleString(s) => s,
+            _ => String::new(),
+        };
+        let me = text
+            .lines()
+            .find(|l| l.contains("myself"))
+            .and_then(|l| l.split(' ').next());
+        // Unknown shape: assume replicas, so nothing is written unwaited.
+        let known = me.is_none_or(|id| {
+            text.lines()
+                .any(|l| l.split(' ').nth(3) == Some(id) && l.contains("slave"))
+        });
+        self.replica_cache.insert(slot, (known, Instant::now()));
+        Ok(known)
+    }
+
+    /// True when a replica of `slot`'s master has every write that master
+    /// made up to now (so every entry just read from it), or when that
     /// master has no replica to fail over to.
-    async fn replicated(&mut self, slot: u16) -> Result<bool, redis::RedisError> {
+    ///
+    /// WAIT counts only the writes of its own connection, and a read of the
+    /// stream may not be one (re-reading pending entries is not), so a small
+    /// write in the stream's slot goes first: its offset is the master's
+    /// offset now, past every entry read.
+    async fn replicated(&mut self, key: &str, slot: u16) -> Result<bool, redis::RedisError> {
         let route = || {
             RoutingInfo::SingleNode(SingleNodeRoutingInfo::SpecificNode(Route::new(
                 slot,
                 SlotAddr::Master,
             )))
         };
+        let has_replicas = self.master_has_replicas(slot).await?;
+        if !has_replicas {
+            return Ok(true);
+        }
+        let _: i64 = redis::cmd("INCR")
+            .arg(format!("{key}:writer-fence"))
+            .query_async(&mut self.conn)
+            .await?;
         let acked = self
             .conn
             .route_command(
@@ -516,21 +583,9 @@ impl OrderWriter {
         if matches!(acked, redis::Value::Int(n) if n >= 1) {
             return Ok(true);
         }
-        let role = self
-            .conn
-            .route_command(redis::cmd("ROLE").clone(), route())
-            .await?;
-        let has_replicas = match &role {
-            redis::Value::Array(parts) => {
-                matches!(parts.get(2), Some(redis::Value::Array(r)) if !r.is_empty())
-            }
-            _ => true,
-        };
-        if has_replicas {
-            self.report.held_unreplicated += 1;
-            tracing::debug!(slot, "order batch held: no replica has it yet");
-        }
-        Ok(!has_replicas)
+        self.report.held_unreplicated += 1;
+        tracing::debug!(slot, "order batch held: no replica has it yet");
+        Ok(false)
     }
 
     /// Writes the good entries, dead-letters the bad, then acknowledges all

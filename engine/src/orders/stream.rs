@@ -56,6 +56,32 @@ pub async fn read_new(
     Ok(parse_xreadgroup(&v))
 }
 
+/// Entries pending on `consumer` itself (delivered, not acknowledged), as
+/// the current master holds them.
+pub async fn read_own_pending(
+    conn: &mut ClusterConnection,
+    key: &str,
+    group: &str,
+    consumer: &str,
+    count: usize,
+) -> Result<Vec<RawEntry>, RedisError> {
+    let v: Value = redis::cmd("XREADGROUP")
+        .arg("GROUP")
+        .arg(group)
+        .arg(consumer)
+        .arg("COUNT")
+        .arg(count)
+        .arg("STREAMS")
+        .arg(key)
+        .arg("0")
+        .query_async(conn)
+        .await?;
+    Ok(parse_xreadgroup(&v)
+        .into_iter()
+        .filter(|e| !e.fields.is_empty())
+        .collect())
+}
+
 /// Takes over entries pending on any consumer for longer than `idle`.
 pub async fn autoclaim(
     conn: &mut ClusterConnection,

@@ -71,6 +71,9 @@ impl From<AdminError> for ApiError {
             AdminError::AlreadyExists(_) => (StatusCode::CONFLICT, "already_exists"),
             AdminError::UnknownSale(_) => (StatusCode::NOT_FOUND, "unknown_sale"),
             AdminError::Closed(_) => (StatusCode::CONFLICT, "closed"),
+            AdminError::OperationMismatch(_) => {
+                (StatusCode::UNPROCESSABLE_ENTITY, "operation_mismatch")
+            }
             AdminError::Unavailable(_) | AdminError::Lock(_) => {
                 (StatusCode::SERVICE_UNAVAILABLE, "unavailable")
             }
@@ -133,8 +136,34 @@ fn one() -> u32 {
     1
 }
 
-fn at(ms: Option<u64>) -> Option<SystemTime> {
-    ms.map(|m| UNIX_EPOCH + Duration::from_millis(m))
+fn at(field: &str, ms: Option<u64>) -> Result<Option<SystemTime>, ApiError> {
+    ms.map(|m| {
+        UNIX_EPOCH
+            .checked_add(Duration::from_millis(m))
+            .ok_or_else(|| {
+                ApiError::new(
+                    StatusCode::UNPROCESSABLE_ENTITY,
+                    "invalid",
+                    format!("{field}: {m} is not a time"),
+                )
+            })
+    })
+    .transpose()
+}
+
+/// The admin operation's id: the `Idempotency-Key` header when the caller
+/// sends one (a retry with the same key is applied once), else a fresh id.
+fn operation_id(headers: &HeaderMap) -> Result<String, ApiError> {
+    match headers.get("idempotency-key") {
+        None => Ok(flashsale::admin::new_operation_id()),
+        Some(v) => v.to_str().map(str::to_owned).map_err(|_| {
+            ApiError::new(
+                StatusCode::UNPROCESSABLE_ENTITY,
+                "invalid",
+                "Idempotency-Key must be visible ASCII",
+            )
+        }),
+    }
 }
 
 pub async fn create_sale(
@@ -144,17 +173,16 @@ pub async fn create_sale(
 ) -> Result<Response, ApiError> {
     authorize(&state, &headers)?;
     let c = body(req)?;
-    let status = state
-        .engine
-        .create_sale(SaleSpec {
-            sku: c.sku,
-            stock: c.stock,
-            buckets: c.buckets,
-            per_user_limit: c.per_user_limit,
-            starts_at: at(c.starts_at_ms),
-            ends_at: at(c.ends_at_ms),
-        })
-        .await?;
+    let op = operation_id(&headers)?;
+    let spec = SaleSpec {
+        sku: c.sku,
+        stock: c.stock,
+        buckets: c.buckets,
+        per_user_limit: c.per_user_limit,
+        starts_at: at("starts_at_ms", c.starts_at_ms)?,
+        ends_at: at("ends_at_ms", c.ends_at_ms)?,
+    };
+    let status = state.engine.create_sale_op(spec, &op).await?;
     Ok((StatusCode::CREATED, Json(status)).into_response())
 }
 
@@ -180,7 +208,8 @@ pub async fn restock(
 ) -> Result<Response, ApiError> {
     authorize(&state, &headers)?;
     let r = body(req)?;
-    Ok(Json(state.engine.restock(&sku, r.qty).await?).into_response())
+    let op = operation_id(&headers)?;
+    Ok(Json(state.engine.restock_op(&sku, r.qty, &op).await?).into_response())
 }
 
 pub async fn close(
