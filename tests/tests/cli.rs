@@ -105,3 +105,112 @@ fn unknown_sale_and_bad_config_fail_with_a_clear_message() {
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("FLASHSALE_ACK"));
 }
+
+/// Starts `flashsale sale create` for `sku` with every master but the one
+/// holding the sale's metadata paused, waits until the plan is recorded,
+/// then kills the process with kill -9: a create cut off by a crash.
+fn crash_a_create(cluster: &RedisCluster, sku: &str) {
+    let meta = format!("{{fs:{sku}}}:meta");
+    let meta_port = cluster.master_of_slot(flashsale::placement::tag_slot(&format!("fs:{sku}")));
+    let others: Vec<u16> = cluster
+        .master_ports()
+        .into_iter()
+        .filter(|p| *p != meta_port)
+        .collect();
+    for p in &others {
+        let _: () = cluster.node(*p).cmd(&["CLIENT", "PAUSE", "30000", "WRITE"]);
+    }
+    let mut child = flashsale_cmd(Some(cluster), None, &[])
+        .args([
+            "sale",
+            "create",
+            "--sku",
+            sku,
+            "--stock",
+            "30",
+            "--buckets",
+            "3",
+        ])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("start sale create");
+    let node = cluster.node(meta_port);
+    flashsale_tests::wait_for(
+        std::time::Duration::from_secs(60),
+        || {
+            node.cmd::<Option<String>>(&["HGET", &meta, "created"])
+                .as_deref()
+                == Some("0")
+        },
+        || "the create recorded its plan".into(),
+    );
+    let _ = child.kill();
+    let _ = child.wait();
+    for p in &others {
+        let _: () = cluster.node(*p).cmd(&["CLIENT", "UNPAUSE"]);
+    }
+    assert_eq!(
+        node.cmd::<Option<String>>(&["HGET", &meta, "created"])
+            .as_deref(),
+        Some("0"),
+        "setup: the crash left the create half-done"
+    );
+}
+
+fn sale_is_whole(cluster: &RedisCluster, sku: &str) {
+    let status = json(
+        flashsale_cmd(Some(cluster), None, &[])
+            .args(["sale", "status", "--sku", sku, "--json"])
+            .output()
+            .expect("run sale status"),
+    );
+    assert_eq!(status["initial"], 30, "{status}");
+    assert_eq!(status["buckets"].as_array().map(Vec::len), Some(3));
+    let list = flashsale_cmd(Some(cluster), None, &[])
+        .args(["sale", "list"])
+        .output()
+        .expect("run sale list");
+    assert!(
+        String::from_utf8_lossy(&list.stdout)
+            .lines()
+            .any(|l| l == sku),
+        "{sku} is indexed, so the order writer drains it"
+    );
+}
+
+#[test]
+fn create_killed_half_way_is_finished_by_repair_or_the_next_create() {
+    let cluster = RedisCluster::start(3, 0);
+    crash_a_create(&cluster, "crashed-a");
+    let repair = flashsale_cmd(Some(&cluster), None, &[])
+        .args(["sale", "repair", "--sku", "crashed-a"])
+        .output()
+        .expect("run sale repair");
+    assert!(
+        repair.status.success(),
+        "{}",
+        String::from_utf8_lossy(&repair.stderr)
+    );
+    sale_is_whole(&cluster, "crashed-a");
+
+    crash_a_create(&cluster, "crashed-b");
+    let again = flashsale_cmd(Some(&cluster), None, &[])
+        .args([
+            "sale",
+            "create",
+            "--sku",
+            "crashed-b",
+            "--stock",
+            "30",
+            "--buckets",
+            "3",
+        ])
+        .output()
+        .expect("run sale create again");
+    assert!(
+        String::from_utf8_lossy(&again.stderr).contains("already exists"),
+        "a second create of the SKU finishes the first and says so"
+    );
+    sale_is_whole(&cluster, "crashed-b");
+}
