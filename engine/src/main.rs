@@ -197,7 +197,7 @@ async fn run(cli: Cli) -> Result<ExitCode> {
             }
             Ok(
                 if report.oversold == 0
-                    && report.duplicates == 0
+                    && report.unmatched_orders == 0
                     && report.orders_in_db == report.sold
                 {
                     ExitCode::SUCCESS
@@ -261,18 +261,19 @@ async fn run(cli: Cli) -> Result<ExitCode> {
                 println!("{}", serde_json::to_string_pretty(&reports)?);
             } else {
                 println!(
-                    "{:<24} {:>9} {:>9} {:>9} {:>9} {:>6} ok",
-                    "sku", "initial", "remaining", "pending", "written", "dead"
+                    "{:<24} {:>9} {:>9} {:>9} {:>9} {:>6} {:>6} ok",
+                    "sku", "initial", "remaining", "pending", "written", "dead", "lost"
                 );
                 for r in &reports {
                     println!(
-                        "{:<24} {:>9} {:>9} {:>9} {:>9} {:>6} {}",
+                        "{:<24} {:>9} {:>9} {:>9} {:>9} {:>6} {:>6} {}",
                         r.sku,
                         r.initial,
                         r.remaining,
                         r.pending,
                         r.written,
                         r.dead_lettered,
+                        r.lost_from_stream,
                         if r.conserved { "yes" } else { "NO" }
                     );
                 }

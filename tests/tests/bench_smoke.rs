@@ -89,9 +89,12 @@ fn every_strategy_runs_and_the_json_is_complete() {
             r["p99_ms"].as_f64().unwrap_or(-1.0) >= r["p50_ms"].as_f64().unwrap_or(0.0),
             "{sc}/{st} percentiles ordered"
         );
-        assert!(r["ratio_to_anchor"].as_f64().is_some(), "{sc}/{st} ratio");
-        if st != "naive" {
+        // The anchor's and the lock row's oversold are not measured yet
+        // (the anchor does not read its replies; see the batching issue's
+        // fair bench), so nothing is claimed about them here.
+        if st.starts_with("engine") {
             assert_eq!(r["oversold"], 0, "{sc}/{st} never oversells");
+            assert_eq!(r["errors"], 0, "{sc}/{st} had no errors: {r}");
         }
     }
     assert_eq!(
@@ -106,9 +109,15 @@ fn every_strategy_runs_and_the_json_is_complete() {
             "door/{st}: {r}"
         );
     }
+    // Naive GET-check-DECR on a stock of ops/2 sells the whole stock, and
+    // every unit past it is reported as oversold (the row is the median
+    // repetition; its oversold is the worst one, so at least this run's).
+    let naive = find("hot1", "naive");
+    let confirmed = naive["confirmed"].as_u64().expect("naive confirmed");
+    assert!(confirmed >= 200, "naive sold its whole stock: {naive}");
     assert!(
-        find("hot1", "naive")["oversold"].is_u64(),
-        "naive reports its oversell"
+        naive["oversold"].as_u64().unwrap_or(0) >= confirmed - 200,
+        "naive reports every unit past its stock: {naive}"
     );
     let locks = report["lock_results"].as_array().expect("lock_results");
     assert_eq!(

@@ -36,7 +36,10 @@ fn demo_json_reports_no_oversell_and_matches_redis() {
     assert_eq!(report["sold"], 300);
     assert_eq!(report["remaining"], 0);
     assert_eq!(report["oversold"], 0);
-    assert_eq!(report["duplicates"], 0);
+    assert_eq!(
+        report["unmatched_orders"], 0,
+        "the confirmed ids are exactly PostgreSQL's"
+    );
     assert_eq!(report["stream_entries"], 300);
     assert_eq!(
         report["orders_in_db"], 300,
@@ -46,7 +49,11 @@ fn demo_json_reports_no_oversell_and_matches_redis() {
         pg.query("SELECT count(DISTINCT order_id) FROM orders"),
         "300"
     );
-    assert!(report["purchases_per_second"].as_f64().unwrap_or(0.0) > 0.0);
+    assert!(report["confirmed_per_second"].as_f64().unwrap_or(0.0) > 0.0);
+    assert!(
+        report["answers_per_second"].as_f64().unwrap_or(0.0)
+            >= report["confirmed_per_second"].as_f64().unwrap_or(0.0)
+    );
     let sku = report["sku"].as_str().expect("sku in report").to_owned();
 
     let status = json(
@@ -80,11 +87,18 @@ fn demo_json_reports_no_oversell_and_matches_redis() {
     let key = buckets[0]["key"].as_str().unwrap_or_default();
     let _: i64 = cluster.node(port).cmd(&["INCRBY", key, "5"]);
     let out = flashsale_cmd(Some(&cluster), Some(&pg), &[])
-        .args(["reconcile"])
+        .args(["reconcile", "--json"])
         .output()
         .expect("run reconcile");
-    assert!(!out.status.success(), "an unbalanced ledger exits non-zero");
-    assert!(String::from_utf8_lossy(&out.stdout).contains("NO"));
+    assert_eq!(out.status.code(), Some(1), "an unbalanced ledger exits 1");
+    let ledger: serde_json::Value =
+        serde_json::from_slice(&out.stdout).expect("reconcile --json prints JSON");
+    assert_eq!(ledger[0]["conserved"], false, "{ledger}");
+    // Five phantom units: remaining + pending + written is initial + 5.
+    assert_eq!(ledger[0]["initial"], 300, "{ledger}");
+    assert_eq!(ledger[0]["remaining"], 5, "{ledger}");
+    assert_eq!(ledger[0]["pending"], 0, "{ledger}");
+    assert_eq!(ledger[0]["written"], 300, "{ledger}");
 }
 
 #[test]

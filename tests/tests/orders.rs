@@ -44,14 +44,46 @@ async fn buy(engine: &Engine, sku: &str, n: usize, tag: &str) -> Vec<String> {
     ids
 }
 
+/// The rows in PostgreSQL are exactly the confirmed orders: the same set,
+/// and as many rows as confirmations (each confirmation its own order).
 fn assert_exactly_once(confirmed: &[String], in_db: &[String]) {
-    let db: HashSet<_> = in_db.iter().collect();
-    assert_eq!(db.len(), in_db.len(), "no order twice in PostgreSQL");
     let ok: HashSet<_> = confirmed.iter().collect();
+    assert_eq!(
+        ok.len(),
+        confirmed.len(),
+        "each confirmation is its own order"
+    );
+    let db: HashSet<_> = in_db.iter().collect();
     assert_eq!(
         ok, db,
         "every confirmed order is in PostgreSQL, and nothing else"
     );
+    assert_eq!(in_db.len(), confirmed.len(), "one row per confirmed order");
+}
+
+/// Entries delivered to the writers' group and not yet acknowledged, over
+/// every bucket of `sku`.
+async fn pending_entries(cluster: &RedisCluster, engine: &Engine, sku: &str) -> i64 {
+    let status = engine.sale_status(sku).await.expect("status");
+    status
+        .buckets
+        .iter()
+        .map(|b| {
+            let node = cluster.node(cluster.master_of_slot(b.slot));
+            // Before a writer created the group there is nothing pending.
+            let summary: redis::RedisResult<redis::Value> = redis::cmd("XPENDING")
+                .arg(&b.stream)
+                .arg(flashsale::orders::GROUP)
+                .query(&mut node.conn());
+            match summary {
+                Ok(redis::Value::Array(p)) => match p.first() {
+                    Some(redis::Value::Int(n)) => *n,
+                    _ => 0,
+                },
+                _ => 0,
+            }
+        })
+        .sum()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -74,22 +106,27 @@ async fn ten_thousand_orders_reach_postgres_exactly_once() {
 
     // Reconcile keeps running while buyers and the writer move units around:
     // its snapshot must balance every time, not only at quiescence.
+    // It runs for the whole sale and drain (not a fixed number of times),
+    // so on a slow machine it still sees the middle of the flow.
+    let done = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let checker = {
-        let (engine, pool) = (engine.clone(), pool.clone());
+        let (engine, pool, done) = (engine.clone(), pool.clone(), done.clone());
         tokio::spawn(async move {
             let mut checks = Vec::new();
-            for _ in 0..40 {
+            while !done.load(std::sync::atomic::Ordering::Relaxed) {
                 let r = flashsale::ledger::reconcile(&engine, &pool, &["tenk".to_owned()])
                     .await
                     .expect("reconcile");
                 checks.push(r[0].clone());
-                tokio::time::sleep(Duration::from_millis(50)).await;
+                tokio::time::sleep(Duration::from_millis(20)).await;
             }
             checks
         })
     };
     let confirmed = buy(&engine, "tenk", 10_000, "b").await;
     assert_eq!(confirmed.len(), 10_000);
+    wait_for_db_orders(&pool, "tenk", 10_000, Duration::from_secs(60)).await;
+    done.store(true, std::sync::atomic::Ordering::Relaxed);
     let checks = checker.await.expect("checker");
     assert!(
         checks.iter().all(|c| c.conserved),
@@ -140,9 +177,21 @@ async fn writer_killed_mid_batch_loses_and_duplicates_nothing() {
         .expect("create");
     let confirmed = buy(&engine, "crash", 3000, "c").await;
 
+    // The first writer reaches PostgreSQL through a proxy the test cuts
+    // after its first rows: it then holds read-but-unacknowledged entries
+    // for certain when it is killed.
+    let proxy = TcpProxy::start("127.0.0.1:5432").await;
+    let via_proxy = flashsale::db::pool(
+        &format!(
+            "host=127.0.0.1 port={} user=postgres dbname={} connect_timeout=1",
+            proxy.port, pg.name
+        ),
+        2,
+    )
+    .expect("pool");
     let first = engine
         .spawn_order_writer(
-            pool.clone(),
+            via_proxy,
             flashsale::WriterConfig {
                 batch: 20,
                 ..fast_writer(Duration::from_millis(500))
@@ -150,27 +199,23 @@ async fn writer_killed_mid_batch_loses_and_duplicates_nothing() {
         )
         .await
         .expect("writer");
-    // Kill it as soon as it has written something: it holds read-but-unacked
-    // entries at that moment with overwhelming likelihood.
-    loop {
-        let n = db_order_ids(&pool, "crash").await.len();
-        if n > 0 {
-            assert!(
-                n < 3000,
-                "the first writer finished before it could be killed"
-            );
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
+    wait_for_db_orders(&pool, "crash", 1, Duration::from_secs(30)).await;
+    proxy.cut();
+    flashsale_tests::wait_until(
+        Duration::from_secs(30),
+        "the first writer holds entries it cannot write",
+        || {
+            let (cluster, engine) = (&cluster, &engine);
+            async move { pending_entries(cluster, engine, "crash").await > 0 }
+        },
+    )
+    .await;
     first.abort();
-    let cluster_pending: u64 = {
-        let status = engine.sale_status("crash").await.expect("status");
-        status.buckets.iter().map(|b| b.stream_len).sum()
-    };
+    let left = pending_entries(&cluster, &engine, "crash").await;
+    assert!(left > 0, "the killed writer left entries pending");
     assert!(
-        cluster_pending > 0,
-        "entries are left behind by the killed writer"
+        db_order_ids(&pool, "crash").await.len() < 3000,
+        "the first writer was killed before it finished"
     );
 
     let second = engine
@@ -179,7 +224,11 @@ async fn writer_killed_mid_batch_loses_and_duplicates_nothing() {
         .expect("writer");
     wait_for_db_orders(&pool, "crash", 3000, Duration::from_secs(60)).await;
     let report = second.shutdown().await.expect("stops");
-    assert!(report.claimed > 0 || report.written > 0);
+    assert!(
+        report.claimed > 0,
+        "the second writer took over the dead one's pending entries: {report:?}"
+    );
+    assert_eq!(pending_entries(&cluster, &engine, "crash").await, 0);
     assert_exactly_once(&confirmed, &db_order_ids(&pool, "crash").await);
 }
 
@@ -196,30 +245,55 @@ async fn two_writers_at_once_write_everything_once() {
         })
         .await
         .expect("create");
-    // A tiny claim threshold makes the writers steal each other's entries,
-    // so the same entry is written twice and ON CONFLICT must absorb it.
+    // Writer A reaches PostgreSQL through a proxy that is cut once A has
+    // started: it reads a batch and cannot write it. Writer B (1 ms claim
+    // threshold) steals A's entries and writes them. Then A's database comes
+    // back and A writes its batch too: ON CONFLICT must absorb every row.
+    let proxy = TcpProxy::start("127.0.0.1:5432").await;
+    let via_proxy = flashsale::db::pool(
+        &format!(
+            "host=127.0.0.1 port={} user=postgres dbname={} connect_timeout=1",
+            proxy.port, pg.name
+        ),
+        2,
+    )
+    .expect("pool");
     let cfg = || flashsale::WriterConfig {
         batch: 50,
         ..fast_writer(Duration::from_millis(1))
     };
     let a = engine
-        .spawn_order_writer(pool.clone(), cfg())
+        .spawn_order_writer(via_proxy, cfg())
         .await
         .expect("writer a");
+    proxy.cut();
+    let confirmed = buy(&engine, "twin", 4000, "t").await;
+    flashsale_tests::wait_until(Duration::from_secs(30), "A holds a batch", || {
+        let (cluster, engine) = (&cluster, &engine);
+        async move { pending_entries(cluster, engine, "twin").await > 0 }
+    })
+    .await;
     let b = engine
         .spawn_order_writer(pool.clone(), cfg())
         .await
         .expect("writer b");
-    let confirmed = buy(&engine, "twin", 4000, "t").await;
     wait_for_db_orders(&pool, "twin", 4000, Duration::from_secs(60)).await;
+    proxy.restore();
+    // A's batch, written by B already, goes through A's retry now.
+    flashsale_tests::wait_until(Duration::from_secs(30), "A acknowledges its batch", || {
+        let acked = a.progress().acked;
+        async move { acked > 0 }
+    })
+    .await;
     let (ra, rb) = (
         a.shutdown().await.expect("a"),
         b.shutdown().await.expect("b"),
     );
     assert_eq!(ra.written + rb.written, 4000, "rows inserted once in all");
+    assert!(rb.claimed > 0, "B stole A's entries: {rb:?}");
     assert!(
-        ra.written > 0 && rb.written > 0,
-        "both writers worked: {ra:?} {rb:?}"
+        ra.acked > ra.written,
+        "A's batch met rows B had written, and ON CONFLICT absorbed them: {ra:?}"
     );
     assert_exactly_once(&confirmed, &db_order_ids(&pool, "twin").await);
 }

@@ -25,12 +25,12 @@ mod options;
 mod waiters;
 
 pub use guard::LockGuard;
-pub use options::{LockConfig, LockError, LockOptions};
+pub use options::{LockConfig, LockError, LockOptions, TokenClock};
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
 use futures_util::future::join_all;
 use redis::Value;
@@ -415,13 +415,7 @@ impl LockClient {
         let (lkey, fkey) = (lock_key(name), fence_key(name));
         let ttl_s = ttl_ms.to_string();
         let single = self.inner.nodes.len() == 1;
-        let clock = fence::next_token(
-            0,
-            SystemTime::now()
-                .duration_since(UNIX_EPOCH)
-                .unwrap_or_default(),
-        )
-        .to_string();
+        let clock = fence::next_token(0, self.inner.config.token_clock.since_epoch()).to_string();
         let replies = self
             .on_all_nodes(
                 &self.inner.scripts.acquire,
@@ -490,10 +484,8 @@ impl LockClient {
         let fence = match fence {
             FenceSource::Settled(f) => f,
             FenceSource::Raise { highest_seen } => {
-                let fence = fence::next_token(
-                    highest_seen,
-                    SystemTime::now().duration_since(UNIX_EPOCH).ok()?,
-                );
+                let fence =
+                    fence::next_token(highest_seen, self.inner.config.token_clock.since_epoch());
                 let fkey = fence_key(name);
                 let fence_s = fence.to_string();
                 let raised = self

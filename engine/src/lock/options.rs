@@ -49,6 +49,33 @@ pub struct LockConfig {
     /// Largest random pause after a release was heard, before trying (only
     /// with several nodes, where simultaneous attempts split the vote).
     pub wake_spread: Duration,
+    /// Where the clock term of fencing tokens comes from (see `fence`).
+    pub token_clock: TokenClock,
+}
+
+/// The clock that fencing tokens never fall below.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum TokenClock {
+    /// The system clock (ms since the Unix epoch): tokens keep growing even
+    /// if every node lost its counters.
+    #[default]
+    System,
+    /// A fixed time since the epoch: tokens then come from the nodes'
+    /// counters alone. For tests and simulations that must see the counters
+    /// and the majority at work, not the clock.
+    Fixed(Duration),
+}
+
+impl TokenClock {
+    /// Time since the Unix epoch by this clock.
+    pub fn since_epoch(self) -> Duration {
+        match self {
+            TokenClock::System => std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .unwrap_or_default(),
+            TokenClock::Fixed(d) => d,
+        }
+    }
 }
 
 impl Default for LockConfig {
@@ -58,6 +85,7 @@ impl Default for LockConfig {
             watchdog_ttl: Duration::from_secs(30),
             retry_jitter: Duration::from_millis(50),
             wake_spread: Duration::from_millis(3),
+            token_clock: TokenClock::System,
         }
     }
 }
