@@ -19,6 +19,8 @@
 --   {1, op, "0"}        claimed now by this operation
 --   {2, op, created}    claimed before by this same operation (a retry)
 --   {3, op, created}    claimed before by another operation
+--   {4, op, created}    claimed before by this operation, with another plan
+--                       (the operation id was reused with other parameters)
 --
 -- Invariant: a SKU's plan is written once and never changed by a create.
 
@@ -26,6 +28,13 @@ local op = redis.call('HGET', KEYS[1], 'op')
 if op then
   local created = redis.call('HGET', KEYS[1], 'created') or '1'
   if op == ARGV[1] then
+    -- A retry must ask for the same sale; the tags are picked anew on each
+    -- call, so they are not compared.
+    for i = 2, #ARGV, 2 do
+      if ARGV[i] ~= 'tags' and redis.call('HGET', KEYS[1], ARGV[i]) ~= ARGV[i + 1] then
+        return {4, op, created}
+      end
+    end
     return {2, op, created}
   end
   return {3, op, created}

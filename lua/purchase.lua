@@ -75,6 +75,11 @@ if prior then
   end
   local stock = tonumber(redis.call('GET', KEYS[2]) or '0')
   if kind == 'P' then
+    if ARGV[5] == '1' then
+      -- The first attempt's reservation must be on a replica before this
+      -- attempt walks: propagate, so the engine's WAIT covers it.
+      redis.call('SET', KEYS[5], prior, 'KEEPTTL')
+    end
     return {4, '', stock}
   end
   return {tonumber(rest), '', stock}

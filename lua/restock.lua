@@ -5,6 +5,9 @@
 -- KEYS[2] {tag}:stock   integer, the units left in this bucket
 -- ARGV[1] units to add (integer 1..2^53-1)
 -- ARGV[2] operation id (the admin call's idempotency key)
+-- ARGV[3] "finish" to apply even to a closed bucket: the engine checked the
+--         sale was open when the operation was accepted, so a close landing
+--         half-way does not leave it half-applied
 --
 -- Returns {code, n}:
 --   { 1, stock}   applied now; n is the new stock
@@ -37,7 +40,7 @@ if done then
   end
   return {2, units}
 end
-if state ~= 'open' then
+if state ~= 'open' and ARGV[3] ~= 'finish' then
   return {-5, 0}
 end
 local initial = tonumber(redis.call('HGET', KEYS[1], 'initial') or '0')

@@ -20,8 +20,10 @@
 -- ARGV[2] order id to use if this request makes a new order
 -- ARGV[3] user id
 -- ARGV[4] seconds to keep the request record (1..2^31)
--- ARGV[5] "take", or "refuse" (the sweeper closing an abandoned request:
---         never takes, only makes the refusal final where nothing was decided)
+-- ARGV[5] "take"; "refuse" (the sweeper closing an abandoned request: never
+--         takes, only makes the refusal final where nothing was decided); or
+--         "confirm" (a replay checking the order it names is still here:
+--         never takes, never refuses)
 -- ARGV[6] "1" when the engine will WAIT for a replica (ack = replicated)
 --
 -- Returns {code, order_id, n}:
@@ -33,6 +35,7 @@
 --   {-6, "", 0}              no such sale in this bucket
 --   {-7, "", 0}              invalid argument
 --   {-8, "", 0}              this request was made before with another qty
+--   {-9, "", 0}              "confirm": this bucket holds no record of the request
 --
 -- Invariant: a request takes stock in a bucket at most once, and in at most
 -- one bucket of its sale.
@@ -46,7 +49,7 @@ local qty = tonumber(ARGV[1])
 local ttl = tonumber(ARGV[4])
 if not qty or qty < 1 or qty > MAX or qty ~= math.floor(qty)
    or not ttl or ttl < 1 or ttl > 2147483648 or ttl ~= math.floor(ttl)
-   or (ARGV[5] ~= 'take' and ARGV[5] ~= 'refuse') then
+   or (ARGV[5] ~= 'take' and ARGV[5] ~= 'refuse' and ARGV[5] ~= 'confirm') then
   return {-7, '', 0}
 end
 local prior = redis.call('GET', KEYS[4])
@@ -62,7 +65,13 @@ if prior then
     end
     return {2, order_id, tonumber(bucket)}
   end
+  if ARGV[6] == '1' then
+    redis.call('SET', KEYS[4], prior, 'KEEPTTL')
+  end
   return {tonumber(rest), '', tonumber(redis.call('GET', KEYS[2]) or '0')}
+end
+if ARGV[5] == 'confirm' then
+  return {-9, '', 0}
 end
 
 local stock = tonumber(redis.call('GET', KEYS[2]) or '0')

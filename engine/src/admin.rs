@@ -52,7 +52,9 @@ struct Plan {
     ends_ms: u64,
     created: bool,
     closed: bool,
-    /// `restock:<op>` fields: operation id -> units, and whether it finished.
+    /// `restock:<op>` fields: operation id -> units, and whether it finished
+    /// (`restock-done:<op>`; a separate prefix, so no operation id can pass
+    /// for another's completion mark).
     restocks: Vec<(String, u64, bool)>,
 }
 
@@ -65,10 +67,7 @@ impl Plan {
             let Some(op) = k.strip_prefix("restock:") else {
                 continue;
             };
-            if op.ends_with(":done") {
-                continue;
-            }
-            let done = fields.contains_key(&format!("restock:{op}:done"));
+            let done = fields.contains_key(&format!("restock-done:{op}"));
             restocks.push((op.to_owned(), v.parse().ok()?, done));
         }
         Some(Plan {
@@ -193,6 +192,7 @@ impl Engine {
                 tracing::info!(sku = %spec.sku, buckets = spec.buckets, stock = spec.stock, "sale created");
                 self.sale_status(&spec.sku).await
             }
+            CreateMetaReply::Mismatch => Err(AdminError::OperationMismatch(op.to_owned())),
             CreateMetaReply::Taken { created } => {
                 if !created {
                     // Someone's create was cut off half-way: finish it, so
@@ -281,13 +281,17 @@ impl Engine {
                 .await?
                 .ok_or_else(|| AdminError::UnknownSale(owned.clone()))?;
             engine.finish_create(&owned).await?;
+            // A close first: a bucket that should be closed stops selling
+            // before anything else is done.
+            if plan.closed {
+                engine.close_buckets(&owned).await?;
+            }
+            // A restock accepted before a close is finished even on closed
+            // buckets, so it is never left half-applied.
             for (op, units, done) in &plan.restocks {
                 if !done {
                     engine.apply_restock(&owned, *units, op).await?;
                 }
-            }
-            if plan.closed {
-                engine.close_buckets(&owned).await?;
             }
             engine.sale_status(&owned).await
         })
@@ -332,6 +336,16 @@ impl Engine {
         op: &str,
     ) -> Result<SaleStatus, AdminError> {
         let sale = self.admin_sale(sku).await?;
+        let plan = self
+            .plan(sku)
+            .await?
+            .ok_or_else(|| AdminError::UnknownSale(sku.to_owned()))?;
+        // Checked once, on the metadata, before any bucket changes: a close
+        // that lands half-way then cannot leave the restock half-applied.
+        let known = plan.restocks.iter().any(|(o, _, _)| o == op);
+        if plan.closed && !known {
+            return Err(AdminError::Closed(sku.to_owned()));
+        }
         // Refuse a restock that would take any bucket past MAX_UNITS before
         // any bucket changes (the script checks again, as the last guard).
         let n = sale.buckets.len();
@@ -378,7 +392,7 @@ impl Engine {
             }
             let script = &self.inner.scripts.restock;
             let mut cmd = Engine::evalsha(script, &[&b.keys.sale, &b.keys.stock]);
-            cmd.arg(units).arg(op);
+            cmd.arg(units).arg(op).arg("finish");
             let v = self
                 .run_script(script, b.slot, &cmd)
                 .await
@@ -404,7 +418,7 @@ impl Engine {
             .run_cmd(
                 redis::cmd("HSET")
                     .arg(keys::sale_meta(sku))
-                    .arg(format!("restock:{op}:done"))
+                    .arg(format!("restock-done:{op}"))
                     .arg(1),
             )
             .await
@@ -508,6 +522,27 @@ mod tests {
             assert_eq!(parts.iter().sum::<u64>(), total);
             assert!(parts.windows(2).all(|w| w[0] >= w[1]));
         }
+    }
+
+    #[test]
+    fn no_operation_id_passes_for_another_ones_completion() {
+        let fields: HashMap<String, String> = [
+            ("tags", "a,b"),
+            ("stock", "10"),
+            ("restock:z:done", "4"),
+            ("restock:x", "2"),
+            ("restock-done:x", "1"),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_owned(), v.to_owned()))
+        .collect();
+        let mut r = Plan::parse(fields).expect("plan").restocks;
+        r.sort();
+        assert_eq!(
+            r,
+            vec![("x".into(), 2, true), ("z:done".into(), 4, false)],
+            "the op called \"z:done\" is still to finish"
+        );
     }
 
     #[test]

@@ -62,15 +62,39 @@ impl Default for Config {
 }
 
 impl Config {
+    /// This config with every secret replaced, for printing: node passwords,
+    /// the PostgreSQL password, and the admin token (shown as `<set>`).
+    pub fn redacted(&self) -> Config {
+        let mut c = self.clone();
+        c.cluster_nodes = c.cluster_nodes.iter().map(|u| crate::redact::redis_url(u)).collect();
+        c.lock_nodes = c.lock_nodes.iter().map(|u| crate::redact::redis_url(u)).collect();
+        c.postgres_url = crate::redact::postgres_url(&c.postgres_url);
+        if c.server.admin_token.is_some() {
+            c.server.admin_token = Some("<set>".into());
+        }
+        c
+    }
+
     /// Checks the values that cannot be right; names the field that is not.
     pub fn validate(&self) -> Result<(), String> {
         if self.cluster_nodes.is_empty() {
             return Err("cluster_nodes: at least one seed node is needed".into());
         }
-        for n in self.cluster_nodes.iter().chain(&self.lock_nodes) {
-            if !n.starts_with("redis://") {
-                return Err(format!("node {n:?}: must start with redis://"));
-            }
+        for n in &self.cluster_nodes {
+            check_redis_url("cluster_nodes", n)?;
+        }
+        for n in &self.lock_nodes {
+            check_redis_url("lock_nodes", n)?;
+        }
+        if self.lock_nodes.len() == 2 {
+            return Err(
+                "lock_nodes: 2 nodes cannot form a majority that survives one failure; \
+                 use 1 (a single-node lock) or 3 or more (Redlock)"
+                    .into(),
+            );
+        }
+        if self.postgres_url.trim().is_empty() {
+            return Err("postgres_url: must not be empty".into());
         }
         if self.max_qty == 0 {
             return Err("max_qty: must be at least 1".into());
@@ -119,6 +143,29 @@ impl Config {
     }
 }
 
+/// Checks a `redis://` URL has a host (and a valid port when it gives one);
+/// the error names the field and shows the node without its password.
+fn check_redis_url(field: &str, url: &str) -> Result<(), String> {
+    let shown = crate::redact::redis_url(url);
+    if !url.starts_with("redis://") && !url.starts_with("rediss://") {
+        return Err(format!("{field}: {shown:?} must start with redis://"));
+    }
+    let hp = crate::redact::host_port(url);
+    let (host, port) = match hp.rsplit_once(':') {
+        Some((h, p)) if !h.ends_with(']') || h.starts_with('[') => (h, Some(p)),
+        _ => (hp.as_str(), None),
+    };
+    if host.is_empty() {
+        return Err(format!("{field}: {shown:?} has no host"));
+    }
+    if let Some(p) = port {
+        if !p.parse::<u16>().is_ok_and(|p| p > 0) {
+            return Err(format!("{field}: {shown:?} has no valid port"));
+        }
+    }
+    Ok(())
+}
+
 /// Longest `request_ttl`: 30 days. Request records live this long in Redis,
 /// and the scripts take it in whole seconds below 2^31.
 pub const MAX_REQUEST_TTL: Duration = Duration::from_secs(30 * 24 * 3600);
@@ -142,8 +189,8 @@ pub(crate) fn within(field: &str, d: Duration, min: Duration, max: Duration) -> 
 pub struct ServerConfig {
     /// Address to listen on.
     pub listen: String,
-    /// Bearer token for the admin routes (create, restock, close). Unset:
-    /// admin routes answer 401.
+    /// Bearer token for the admin routes (create, restock, close); at least
+    /// 16 characters. Unset, empty or blank: the admin routes are off (401).
     pub admin_token: Option<String>,
     /// Purchases per second one user may make (token bucket); 0 = no limit.
     pub per_user_rps: f64,
@@ -160,6 +207,24 @@ pub struct ServerConfig {
     /// How often the service reconciles the ledger (and exports the gauges).
     #[serde(with = "millis", rename = "reconcile_every_ms")]
     pub reconcile_every: Duration,
+    /// A client must send a request's headers within this.
+    #[serde(with = "millis", rename = "header_read_timeout_ms")]
+    pub header_read_timeout: Duration,
+    /// A client must send a request's body within this.
+    #[serde(with = "millis", rename = "body_read_timeout_ms")]
+    pub body_read_timeout: Duration,
+    /// A request is answered (503 `timeout`) within this, body read
+    /// included. Admin operations still run to the end.
+    #[serde(with = "millis", rename = "request_timeout_ms")]
+    pub request_timeout: Duration,
+    /// On SIGTERM, requests in flight get this long before their connections
+    /// are closed; then the order writer drains and the process exits 0.
+    #[serde(with = "millis", rename = "shutdown_grace_ms")]
+    pub shutdown_grace: Duration,
+    /// Largest request body, in bytes (413 above it).
+    pub max_body_bytes: usize,
+    /// Most client connections open at once; more wait to be accepted.
+    pub max_connections: usize,
 }
 
 impl Default for ServerConfig {
@@ -174,11 +239,26 @@ impl Default for ServerConfig {
             max_in_flight: 4096,
             order_writer: true,
             reconcile_every: Duration::from_secs(15),
+            header_read_timeout: Duration::from_secs(5),
+            body_read_timeout: Duration::from_secs(5),
+            request_timeout: Duration::from_secs(30),
+            shutdown_grace: Duration::from_secs(10),
+            max_body_bytes: 64 * 1024,
+            max_connections: 10_000,
         }
     }
 }
 
+/// Shortest admin token accepted.
+pub const MIN_ADMIN_TOKEN: usize = 16;
+
 impl ServerConfig {
+    /// The admin token, or `None` when the admin routes are off (unset,
+    /// empty or blank: one rule for `config check` and `serve`).
+    pub fn admin_token(&self) -> Option<&str> {
+        self.admin_token.as_deref().filter(|t| !t.trim().is_empty())
+    }
+
     fn validate(&self) -> Result<(), String> {
         if self.listen.parse::<std::net::SocketAddr>().is_err() {
             return Err(format!(
@@ -198,8 +278,23 @@ impl ServerConfig {
         if self.max_in_flight == 0 {
             return Err("server.max_in_flight: must be >= 1".into());
         }
-        if self.admin_token.as_deref().is_some_and(|t| t.len() < 8) {
-            return Err("server.admin_token: use at least 8 characters".into());
+        if self.admin_token().is_some_and(|t| t.chars().count() < MIN_ADMIN_TOKEN) {
+            return Err(format!(
+                "server.admin_token: use at least {MIN_ADMIN_TOKEN} characters \
+                 (or leave it unset to turn the admin routes off)"
+            ));
+        }
+        let second = Duration::from_secs(1);
+        let hour = Duration::from_secs(3600);
+        within("server.header_read_timeout_ms", self.header_read_timeout, Duration::from_millis(100), hour)?;
+        within("server.body_read_timeout_ms", self.body_read_timeout, Duration::from_millis(100), hour)?;
+        within("server.request_timeout_ms", self.request_timeout, second, hour)?;
+        within("server.shutdown_grace_ms", self.shutdown_grace, Duration::ZERO, hour)?;
+        if !(1024..=64 * 1024 * 1024).contains(&self.max_body_bytes) {
+            return Err("server.max_body_bytes: must be 1024..=67108864".into());
+        }
+        if !(1..=1_000_000).contains(&self.max_connections) {
+            return Err("server.max_connections: must be 1..=1000000".into());
         }
         within(
             "server.reconcile_every_ms",

@@ -25,6 +25,7 @@
 //! | [`db`] | PostgreSQL pool and versioned migrations |
 //! | [`ratelimit`] | in-process token buckets for the service's door |
 //! | [`validate`] | input checks before anything reaches Redis |
+//! | [`redact`] | secrets out of labels, errors and printed config |
 //! | [`error`] | typed errors and the one classification of Redis errors |
 //! | [`metrics`] | metric names (`flashsale_*`) |
 //!
@@ -54,6 +55,7 @@ pub mod orders;
 pub mod placement;
 pub mod purchase;
 pub mod ratelimit;
+pub mod redact;
 mod replication;
 pub mod replies;
 pub mod sale;

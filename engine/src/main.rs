@@ -182,7 +182,7 @@ async fn run(cli: Cli) -> Result<ExitCode> {
     let config = cli::settings::load(cli.config.as_deref())?;
     match cli.command {
         Command::Config(ConfigCommand::Check) => {
-            println!("{}", toml::to_string(&config)?);
+            println!("{}", toml::to_string(&config.redacted())?);
             Ok(ExitCode::SUCCESS)
         }
         Command::Demo(args) => {

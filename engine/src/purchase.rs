@@ -70,11 +70,12 @@ fn new_order_id() -> String {
 }
 
 /// How a walk step treats a bucket: a buyer's walk takes; the sweeper's
-/// only makes refusals final.
+/// only makes refusals final; a replay only confirms the order is there.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum TakeMode {
     Take,
     Refuse,
+    Confirm,
 }
 
 /// Who a request is, inside the engine.
@@ -183,7 +184,8 @@ impl Engine {
                 })
             }
             PurchaseReply::Replayed { order_id, bucket } => {
-                self.ack(home.slot).await?;
+                self.ack_replay(&sale, home, request, &order_id, bucket)
+                    .await?;
                 Ok(Confirmed {
                     order_id,
                     bucket,
@@ -192,6 +194,10 @@ impl Engine {
             }
             PurchaseReply::FallThrough { home_stock } | PurchaseReply::Pending { home_stock } => {
                 metrics::counter!(m::FALLTHROUGHS).increment(1);
+                // The home bucket's reservation and record are what stop a
+                // retry from buying again: on a replica before any bucket
+                // takes.
+                self.ack(home.slot).await?;
                 self.fall_through(&sale, home, request, &order_id, home_stock)
                     .await
             }
@@ -211,6 +217,50 @@ impl Engine {
             PurchaseReply::BadArgs => Err(PurchaseError::Unavailable(
                 "purchase.lua refused the engine's arguments".into(),
             )),
+        }
+    }
+
+    /// A replay under `ack = replicated` confirms only an order that is on a
+    /// replica: the home record was re-propagated by `purchase.lua`; when
+    /// another bucket served the order, that bucket is asked to confirm it
+    /// still holds it (and re-propagate), then both are waited for. An order
+    /// a failover took back (possible only if the first attempt was never
+    /// confirmed) is reported, never confirmed.
+    async fn ack_replay(
+        &self,
+        sale: &SaleHandle,
+        home: &BucketHandle,
+        request: RequestKey<'_>,
+        order_id: &str,
+        bucket: u32,
+    ) -> Result<(), PurchaseError> {
+        if self.inner.config.ack == Ack::Leader {
+            return Ok(());
+        }
+        let Some(taker) = sale.buckets.get(bucket as usize) else {
+            return Err(PurchaseError::Unavailable(format!(
+                "request record names bucket {bucket}, the sale has {}",
+                sale.buckets.len()
+            )));
+        };
+        if taker.index == home.index {
+            return self.ack(home.slot).await;
+        }
+        match self.take(taker, request, order_id, TakeMode::Confirm).await? {
+            TakeReply::Taken { .. } => {
+                tokio::try_join!(self.ack(home.slot), self.ack(taker.slot))?;
+                Ok(())
+            }
+            TakeReply::Lost => {
+                metrics::counter!(m::REDIS_RETRIES, "reason" => "replay_lost").increment(1);
+                Err(PurchaseError::Unavailable(format!(
+                    "the order this request made in bucket {bucket} was lost in a failover \
+                     before it was confirmed; send the purchase under a new request id"
+                )))
+            }
+            other => Err(PurchaseError::Unavailable(format!(
+                "bucket {bucket} answered a replay with {other:?}"
+            ))),
         }
     }
 
@@ -255,15 +305,11 @@ impl Engine {
                 })
             }
             RequestRecord::Refused { why, .. } => Err(PurchaseError::from(why)),
-            // The record expired under a very late retry: answer by the walk.
-            RequestRecord::Missing => match &walk.taken {
-                Some((_, order_id, bucket, replayed)) => Ok(Confirmed {
-                    order_id: order_id.clone(),
-                    bucket: *bucket,
-                    replayed: *replayed,
-                }),
-                None => Err(walk.refusal.into()),
-            },
+            // settle.lua writes a missing record from the outcome, so this
+            // is never answered; refuse rather than guess.
+            RequestRecord::Missing => Err(PurchaseError::Unavailable(
+                "settle.lua left no record".into(),
+            )),
             RequestRecord::Pending { .. } => Err(PurchaseError::Unavailable(
                 "settle.lua left the request pending".into(),
             )),
@@ -323,9 +369,20 @@ impl Engine {
                 TakeReply::Refused { why, stock } => {
                     out.refusal = out.refusal.max(why);
                     out.all_empty &= stock <= 0;
+                    if mode == TakeMode::Take {
+                        // A refusal is what lets the walk go on to the next
+                        // bucket; a failover that forgot it could let a retry
+                        // take here after this walk took further on.
+                        self.ack(b.slot).await?;
+                    }
                 }
                 TakeReply::UnknownSale => return Err(PurchaseError::UnknownSale(sale.sku.clone())),
                 TakeReply::Mismatch => return Err(PurchaseError::RequestMismatch),
+                TakeReply::Lost => {
+                    return Err(PurchaseError::Unavailable(
+                        "take.lua answered a walk as a replay check".into(),
+                    ))
+                }
                 TakeReply::BadArgs => {
                     return Err(PurchaseError::Unavailable(
                         "take.lua refused the engine's arguments".into(),
@@ -357,6 +414,7 @@ impl Engine {
             .arg(match mode {
                 TakeMode::Take => "take",
                 TakeMode::Refuse => "refuse",
+                TakeMode::Confirm => "confirm",
             })
             .arg(self.replicated_flag());
         let v = self
@@ -385,7 +443,8 @@ impl Engine {
             None => cmd.arg("S").arg(0).arg("").arg(walk.refusal.code()),
         };
         cmd.arg(self.request_ttl_secs())
-            .arg(keys::pending_member(request.user, request.request_id));
+            .arg(keys::pending_member(request.user, request.request_id))
+            .arg(request.qty);
         let v = self
             .run_script(script, home.slot, &cmd)
             .await

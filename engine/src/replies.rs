@@ -146,6 +146,9 @@ pub enum TakeReply {
     BadArgs,
     /// The request was made before with another qty.
     Mismatch,
+    /// Asked to confirm: this bucket holds no record of the request (the
+    /// order a replay names is gone, lost with a failover).
+    Lost,
 }
 
 /// `settle.lua`: the request's record after settling.
@@ -252,6 +255,8 @@ pub enum CreateMetaReply {
         /// Whether that create finished.
         created: bool,
     },
+    /// This operation claimed it before with another plan.
+    Mismatch,
 }
 
 fn array(script: &'static str, v: Value, len: usize) -> Result<Vec<Value>, BadReply> {
@@ -324,6 +329,7 @@ pub fn take(v: Value) -> Result<TakeReply, BadReply> {
         -6 => TakeReply::UnknownSale,
         -7 => TakeReply::BadArgs,
         -8 => TakeReply::Mismatch,
+        -9 => TakeReply::Lost,
         c => match Refusal::from_code(c) {
             Some(why) => TakeReply::Refused { why, stock: n },
             None => return Err(bad(S, format!("code {c}"))),
@@ -371,6 +377,7 @@ pub fn create_meta(v: Value) -> Result<CreateMetaReply, BadReply> {
         1 => CreateMetaReply::Claimed,
         2 => CreateMetaReply::Resumed { created },
         3 => CreateMetaReply::Taken { created },
+        4 => CreateMetaReply::Mismatch,
         c => return Err(bad(S, format!("code {c}"))),
     })
 }
@@ -465,6 +472,7 @@ mod tests {
         assert_eq!(take(reply(-6, "", 0)), Ok(TakeReply::UnknownSale));
         assert_eq!(take(reply(-7, "", 0)), Ok(TakeReply::BadArgs));
         assert_eq!(take(reply(-8, "", 0)), Ok(TakeReply::Mismatch));
+        assert_eq!(take(reply(-9, "", 0)), Ok(TakeReply::Lost));
         assert!(take(reply(-2, "", 0)).is_err(), "take has no limit code");
     }
 
@@ -533,6 +541,7 @@ mod tests {
             create_meta(c(3, "0")),
             Ok(CreateMetaReply::Taken { created: false })
         );
-        assert!(create_meta(c(4, "0")).is_err());
+        assert_eq!(create_meta(c(4, "1")), Ok(CreateMetaReply::Mismatch));
+        assert!(create_meta(c(5, "0")).is_err());
     }
 }

@@ -191,12 +191,19 @@ impl Engine {
                 redis::cmd("HMGET")
                     .arg(keys::sale_meta(sku))
                     .arg("tags")
-                    .arg("limit"),
+                    .arg("limit")
+                    .arg("created"),
             )
             .await?;
         let (Some(Some(tags)), Some(limit)) = (fields.first(), fields.get(1)) else {
             return Ok(None);
         };
+        // A sale whose create has not finished (some bucket may be missing)
+        // does not sell yet: a walk over a missing bucket could not make its
+        // refusal final. It is not cached, so it sells once finished.
+        if fields.get(2).cloned().flatten().as_deref() == Some("0") {
+            return Ok(None);
+        }
         let per_user_limit = limit.as_deref().and_then(|l| l.parse().ok()).unwrap_or(0);
         let buckets = tags
             .split(',')

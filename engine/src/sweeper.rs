@@ -30,6 +30,9 @@ pub struct SweepReport {
     pub found: u64,
     /// Requests this pass settled (confirmed elsewhere, or quota returned).
     pub settled: u64,
+    /// Requests or sales this pass could not handle (logged; tried again
+    /// next pass). One sale's trouble never stops the others.
+    pub errors: u64,
 }
 
 impl Engine {
@@ -47,13 +50,20 @@ impl Engine {
             let sale = match self.sale(&sku).await {
                 Ok(s) => s,
                 Err(PurchaseError::UnknownSale(_)) => continue,
-                Err(e) => return Err(e),
+                Err(e) => {
+                    tracing::warn!(sku, error = %e, "sweeper skips a sale this pass");
+                    report.errors += 1;
+                    continue;
+                }
             };
             if sale.buckets.len() < 2 {
                 continue;
             }
             for home in &sale.buckets {
-                self.sweep_bucket(&sale, home, age, &mut report).await?;
+                if let Err(e) = self.sweep_bucket(&sale, home, age, &mut report).await {
+                    tracing::warn!(sku, bucket = home.index, error = %e, "sweeper skips a bucket this pass");
+                    report.errors += 1;
+                }
             }
         }
         Ok(report)
@@ -107,15 +117,26 @@ impl Engine {
                 request_id,
                 qty,
             };
-            let walk = self
-                .walk(sale, home, request, "-", TakeMode::Refuse)
-                .await?;
-            let settled = self.settle(home, request, &walk).await?;
+            let settled = match self.walk(sale, home, request, "-", TakeMode::Refuse).await {
+                Ok(walk) => self
+                    .settle(home, request, &walk)
+                    .await
+                    .map(|s| (s, walk.taken.is_some())),
+                Err(e) => Err(e),
+            };
+            let (settled, took) = match settled {
+                Ok(s) => s,
+                Err(e) => {
+                    tracing::warn!(sku = %sale.sku, error = %e, "sweeper could not settle a request");
+                    report.errors += 1;
+                    continue;
+                }
+            };
             if settled.settled {
                 report.settled += 1;
                 tracing::info!(
                     sku = %sale.sku,
-                    confirmed = walk.taken.is_some(),
+                    confirmed = took,
                     "settled an abandoned fall-through"
                 );
             }

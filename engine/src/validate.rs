@@ -33,7 +33,39 @@ pub fn sku(s: &str) -> Result<(), InvalidInput> {
     Ok(())
 }
 
-/// A user id or request id: 1-128 bytes, no control characters or spaces.
+/// Unicode format characters (general category Cf): invisible, and some
+/// (U+202E) reverse how the text around them is shown, so an id holding one
+/// can pass for another in a log or a support tool.
+const FORMAT_CHARS: &[(char, char)] = &[
+    ('\u{00AD}', '\u{00AD}'),
+    ('\u{0600}', '\u{0605}'),
+    ('\u{061C}', '\u{061C}'),
+    ('\u{06DD}', '\u{06DD}'),
+    ('\u{070F}', '\u{070F}'),
+    ('\u{0890}', '\u{0891}'),
+    ('\u{08E2}', '\u{08E2}'),
+    ('\u{180E}', '\u{180E}'),
+    ('\u{200B}', '\u{200F}'),
+    ('\u{202A}', '\u{202E}'),
+    ('\u{2060}', '\u{2064}'),
+    ('\u{2066}', '\u{206F}'),
+    ('\u{FEFF}', '\u{FEFF}'),
+    ('\u{FFF9}', '\u{FFFB}'),
+    ('\u{110BD}', '\u{110BD}'),
+    ('\u{110CD}', '\u{110CD}'),
+    ('\u{13430}', '\u{1343F}'),
+    ('\u{1BCA0}', '\u{1BCA3}'),
+    ('\u{1D173}', '\u{1D17A}'),
+    ('\u{E0001}', '\u{E0001}'),
+    ('\u{E0020}', '\u{E007F}'),
+];
+
+fn is_format(c: char) -> bool {
+    FORMAT_CHARS.iter().any(|&(lo, hi)| (lo..=hi).contains(&c))
+}
+
+/// A user id or request id: 1-128 bytes; no spaces, no control characters
+/// (Unicode Cc) and no format characters (Cf: zero-width, bidi overrides).
 pub fn id(field: &'static str, s: &str) -> Result<(), InvalidInput> {
     if s.is_empty() {
         return Err(InvalidInput::Empty(field));
@@ -45,10 +77,13 @@ pub fn id(field: &'static str, s: &str) -> Result<(), InvalidInput> {
             max: MAX_ID_LEN,
         });
     }
-    if s.chars().any(|c| c.is_control() || c.is_whitespace()) {
+    if s
+        .chars()
+        .any(|c| c.is_control() || c.is_whitespace() || is_format(c))
+    {
         return Err(InvalidInput::BadChar {
             field,
-            reason: "no spaces or control characters",
+            reason: "no spaces, control or invisible format characters",
         });
     }
     Ok(())
@@ -91,6 +126,13 @@ mod tests {
             id("request_id", &"r".repeat(1024)),
             Err(InvalidInput::TooLong { .. })
         ));
+        for sneaky in ["a\u{200B}b", "evil\u{202E}gnp.exe", "\u{FEFF}u", "x\u{0007}"] {
+            assert!(
+                matches!(id("user", sneaky), Err(InvalidInput::BadChar { .. })),
+                "{sneaky:?}"
+            );
+        }
+        assert!(id("user", "José-東京-🙂").is_ok(), "visible unicode is fine");
         assert_eq!(qty(3, 5), Ok(3));
         assert_eq!(qty(0, 5), Err(InvalidInput::QtyNotPositive(0)));
         assert_eq!(qty(-2, 5), Err(InvalidInput::QtyNotPositive(-2)));

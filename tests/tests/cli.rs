@@ -228,3 +228,75 @@ fn create_killed_half_way_is_finished_by_repair_or_the_next_create() {
     );
     sale_is_whole(&cluster, "crashed-b");
 }
+
+#[test]
+fn repair_finishes_a_restock_cut_off_before_a_close() {
+    let cluster = RedisCluster::start(3, 0);
+    let run = |args: &[&str]| {
+        flashsale_cmd(Some(&cluster), None, &[])
+            .args(args)
+            .output()
+            .expect("run flashsale")
+    };
+    // A SKU whose metadata is not on bucket 1's master (that master is
+    // paused below, and the restock records its intent on the metadata).
+    let (sku, status) = (0..10)
+        .find_map(|i| {
+            let sku = format!("half-{i}");
+            assert!(run(&["sale", "create", "--sku", &sku, "--stock", "10", "--buckets", "2"])
+                .status
+                .success());
+            let status = json(run(&["sale", "status", "--sku", &sku, "--json"]));
+            let b1 = status["buckets"][1]["slot"].as_u64().unwrap_or(0) as u16;
+            let meta = flashsale::placement::tag_slot(&format!("fs:{sku}"));
+            (cluster.master_of_slot(meta) != cluster.master_of_slot(b1)).then_some((sku, status))
+        })
+        .expect("a SKU whose metadata sits apart from bucket 1");
+    let sku = sku.as_str();
+    let bucket = |i: usize, f: &str| status["buckets"][i][f].clone();
+    let slot = |i: usize| bucket(i, "slot").as_u64().unwrap_or(0) as u16;
+    let tag = |i: usize| bucket(i, "tag").as_str().unwrap_or_default().to_owned();
+    let first = cluster.node(cluster.master_of_slot(slot(0)));
+    let second = cluster.node(cluster.master_of_slot(slot(1)));
+    // The restock reaches bucket 0; bucket 1's master holds writes; the
+    // process dies there.
+    let _: () = second.cmd(&["CLIENT", "PAUSE", "30000", "WRITE"]);
+    let mut child = flashsale_cmd(Some(&cluster), None, &[])
+        .args(["sale", "restock", "--sku", sku, "--qty", "4", "--op-id", "rs1"])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("start restock");
+    let sale0 = format!("{{{}}}:sale", tag(0));
+    flashsale_tests::wait_for(
+        std::time::Duration::from_secs(60),
+        || first.cmd::<Option<String>>(&["HGET", &sale0, "op:rs1"]).is_some(),
+        || "bucket 0 got the restock".into(),
+    );
+    let _ = child.kill();
+    let _ = child.wait();
+    let _: () = second.cmd(&["CLIENT", "UNPAUSE"]);
+    let sale1 = format!("{{{}}}:sale", tag(1));
+    assert_eq!(
+        second.cmd::<Option<String>>(&["HGET", &sale1, "op:rs1"]),
+        None,
+        "setup: the restock is half-applied"
+    );
+    assert!(run(&["sale", "close", "--sku", sku]).status.success());
+    let repair = run(&["sale", "repair", "--sku", sku]);
+    assert!(
+        repair.status.success(),
+        "{}",
+        String::from_utf8_lossy(&repair.stderr)
+    );
+    let status = json(run(&["sale", "status", "--sku", sku, "--json"]));
+    assert_eq!(status["state"], "closed");
+    assert_eq!(status["initial"], 14, "the whole restock, once: {status}");
+    for b in status["buckets"].as_array().expect("buckets") {
+        assert_eq!(b["initial"], b["remaining"], "{b}");
+    }
+    // Repair again: nothing changes.
+    assert!(run(&["sale", "repair", "--sku", sku]).status.success());
+    let again = json(run(&["sale", "status", "--sku", sku, "--json"]));
+    assert_eq!(again["initial"], 14);
+}

@@ -774,3 +774,96 @@ async fn writer_never_commits_an_order_a_failover_can_take_back() {
     assert!(ledger[0].conserved, "{ledger:?}");
     assert_eq!(ledger[0].remaining, 8, "{ledger:?}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replicated_replay_never_confirms_an_order_its_bucket_has_not_replicated() {
+    let mut cluster = RedisCluster::start(3, 1);
+    let engine = flashsale_tests::engine_with(&cluster, |c| {
+        c.ack = flashsale::Ack::Replicated;
+        c.retry.deadline = Duration::from_secs(2);
+    })
+    .await;
+    // The only unit is in bucket 0; pia's home is bucket 1, so bucket 0
+    // serves her order and its master's replica is dead.
+    let status = engine
+        .create_sale(SaleSpec {
+            buckets: 2,
+            ..SaleSpec::new("replay-durable", 1)
+        })
+        .await
+        .expect("create");
+    let pia = flashsale_tests::user_with_home("pia", 2, 1);
+    let taker_master = cluster.master_of_slot(status.buckets[0].slot);
+    let taker_replica = cluster.replica_of(taker_master);
+    cluster.node_mut(taker_replica).kill();
+    let buy = || {
+        engine.purchase(PurchaseRequest {
+            sku: "replay-durable",
+            user: &pia,
+            qty: 1,
+            request_id: "pia-1",
+        })
+    };
+    let first = buy().await;
+    assert!(
+        matches!(first, Err(PurchaseError::Unavailable(_))),
+        "not confirmed: {first:?}"
+    );
+    let retry = buy().await;
+    assert!(
+        matches!(retry, Err(PurchaseError::Unavailable(_))),
+        "a replay is not confirmed either while its bucket's write is on no replica: {retry:?}"
+    );
+    cluster.node_mut(taker_replica).restart();
+    cluster.wait_healthy(Duration::from_secs(60));
+    let mut last = buy().await;
+    for _ in 0..20 {
+        if last.is_ok() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+        last = buy().await;
+    }
+    let c = last.expect("confirmed once the replica has it");
+    let status = engine.sale_status("replay-durable").await.expect("status");
+    let orders = flashsale_tests::stream_orders(&cluster, &status);
+    assert_eq!(orders.len(), 1);
+    assert_eq!(orders[0].0, c.order_id);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replicated_fall_through_takes_nothing_until_the_home_reservation_is_replicated() {
+    let mut cluster = RedisCluster::start(3, 1);
+    let engine = flashsale_tests::engine_with(&cluster, |c| {
+        c.ack = flashsale::Ack::Replicated;
+        c.retry.deadline = Duration::from_secs(2);
+    })
+    .await;
+    let status = engine
+        .create_sale(SaleSpec {
+            buckets: 2,
+            per_user_limit: 1,
+            ..SaleSpec::new("home-first", 1)
+        })
+        .await
+        .expect("create");
+    let quin = flashsale_tests::user_with_home("quin", 2, 1);
+    let home_master = cluster.master_of_slot(status.buckets[1].slot);
+    let home_replica = cluster.replica_of(home_master);
+    cluster.node_mut(home_replica).kill();
+    let r = engine
+        .purchase(PurchaseRequest {
+            sku: "home-first",
+            user: &quin,
+            qty: 1,
+            request_id: "quin-1",
+        })
+        .await;
+    assert!(matches!(r, Err(PurchaseError::Unavailable(_))), "{r:?}");
+    let taker = cluster.node(cluster.master_of_slot(status.buckets[0].slot));
+    let taken: i64 = taker.cmd(&["XLEN", &status.buckets[0].stream]);
+    assert_eq!(
+        taken, 0,
+        "no bucket takes while the home bucket's reservation could still be lost"
+    );
+}

@@ -628,3 +628,135 @@ async fn absurd_durations_are_refused_at_connect() {
         );
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn settle_rewrites_a_lost_home_record_so_a_retry_replays() {
+    let cluster = RedisCluster::start(3, 0);
+    let engine = engine_with(&cluster, |c| {
+        c.pending_timeout = Duration::from_millis(500);
+    })
+    .await;
+    let status = sale(
+        &engine,
+        SaleSpec {
+            buckets: 2,
+            per_user_limit: 5,
+            ..SaleSpec::new("lost-record", 1)
+        },
+    )
+    .await;
+    let rita = user_with_home("rita", 2, 1);
+    abandon_fall_through(&cluster, &status, &rita, "rita-1", 1, 1, 0, Abandon::AfterTake).await;
+    // What a failover of the home master under ack = leader can do: the
+    // pending record is gone, while bucket 0 holds rita's order.
+    let home = cluster.node(cluster.master_of_slot(status.buckets[1].slot));
+    for k in home.keys(&format!("{{{}}}:r:*", status.buckets[1].tag)) {
+        let _: i64 = home.cmd(&["DEL", &k]);
+    }
+    wait_until(Duration::from_secs(20), "the sweeper settles it", || {
+        let e = engine.clone();
+        async move { e.settle_abandoned().await.expect("sweep").settled > 0 }
+    })
+    .await;
+    // Rita's home bucket gets a unit; her retry must replay, not buy there.
+    engine.restock("lost-record", 2).await.expect("restock");
+    let retry = engine
+        .purchase(req("lost-record", &rita, 1, "rita-1"))
+        .await
+        .expect("the retry answers");
+    let status = engine.sale_status("lost-record").await.expect("status");
+    let orders = stream_orders(&cluster, &status);
+    assert_eq!(orders.len(), 1, "one request, one order: {orders:?}");
+    assert_eq!(retry.order_id, orders[0].0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sweeper_settles_other_sales_when_one_is_broken() {
+    let cluster = RedisCluster::start(3, 0);
+    let engine = engine_with(&cluster, |c| {
+        c.pending_timeout = Duration::from_millis(500);
+    })
+    .await;
+    let broken = sale(
+        &engine,
+        SaleSpec {
+            buckets: 2,
+            per_user_limit: 1,
+            ..SaleSpec::new("aa-broken", 1)
+        },
+    )
+    .await;
+    let fine = sale(
+        &engine,
+        SaleSpec {
+            buckets: 2,
+            per_user_limit: 1,
+            ..SaleSpec::new("zz-fine", 1)
+        },
+    )
+    .await;
+    let sam = user_with_home("sam", 2, 1);
+    abandon_fall_through(&cluster, &broken, &sam, "sam-1", 1, 1, 0, Abandon::BeforeTake).await;
+    abandon_fall_through(&cluster, &fine, &sam, "sam-2", 1, 1, 0, Abandon::BeforeTake).await;
+    // Bucket 0 of the first sale vanishes: its walk cannot finish.
+    let b0 = &broken.buckets[0];
+    let _: i64 = cluster
+        .node(cluster.master_of_slot(b0.slot))
+        .cmd(&["DEL", &format!("{{{}}}:sale", b0.tag)]);
+    // Once both requests are older than pending_timeout, one pass meets the
+    // broken sale first (sorted order) and must still settle the other.
+    let mut report = flashsale::SweepReport::default();
+    for _ in 0..200 {
+        report = engine.settle_abandoned().await.expect("sweep");
+        if report.found >= 2 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(report.errors >= 1, "the broken sale is reported: {report:?}");
+    assert_eq!(report.settled, 1, "the other sale is still swept: {report:?}");
+    engine
+        .purchase(req("zz-fine", &sam, 1, "sam-3"))
+        .await
+        .expect("sam's quota in the fine sale came back");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn operation_id_reused_with_other_parameters_is_refused() {
+    let cluster = RedisCluster::start(3, 0);
+    let engine = engine_on(&cluster).await;
+    engine
+        .create_sale_op(SaleSpec::new("ops", 5), "k1")
+        .await
+        .expect("create");
+    let again = engine
+        .create_sale_op(SaleSpec::new("ops", 5), "k1")
+        .await
+        .expect("the same create, retried, answers the same");
+    assert_eq!(again.initial, 5);
+    let other = engine
+        .create_sale_op(
+            SaleSpec {
+                buckets: 3,
+                per_user_limit: 2,
+                ..SaleSpec::new("ops", 500)
+            },
+            "k1",
+        )
+        .await;
+    assert!(
+        matches!(other, Err(flashsale::AdminError::OperationMismatch(_))),
+        "{other:?}"
+    );
+    engine.restock_op("ops", 5, "r1").await.expect("restock");
+    let other = engine.restock_op("ops", 6, "r1").await;
+    assert!(
+        matches!(other, Err(flashsale::AdminError::OperationMismatch(_))),
+        "{other:?}"
+    );
+    let status = engine
+        .restock_op("ops", 5, "r1")
+        .await
+        .expect("the same restock, retried");
+    assert_eq!((status.initial, status.remaining), (10, 10), "applied once");
+}

@@ -44,13 +44,26 @@ pub fn parse_duration(s: &str) -> Result<Duration, String> {
     let n: u64 = num
         .parse()
         .map_err(|_| format!("{s:?}: expected e.g. 500ms, 10s, 2m"))?;
-    match unit {
-        "ms" => Ok(Duration::from_millis(n)),
-        "s" => Ok(Duration::from_secs(n)),
-        "m" => Ok(Duration::from_secs(n * 60)),
-        _ => Err(format!("{s:?}: unit must be ms, s or m")),
+    let d = match unit {
+        "ms" => Some(Duration::from_millis(n)),
+        "s" => Some(Duration::from_secs(n)),
+        "m" => n.checked_mul(60).map(Duration::from_secs),
+        _ => return Err(format!("{s:?}: unit must be ms, s or m")),
+    };
+    match d {
+        Some(d) if d <= MAX_DURATION => Ok(d),
+        _ => Err(format!("{s:?}: at most 24h (1440m)")),
     }
 }
+
+/// Longest `--ttl` or `--wait`: a day. Longer leases are a mistake, and
+/// Redis takes them in milliseconds that must not overflow.
+const MAX_DURATION: Duration = Duration::from_secs(24 * 3600);
+
+/// Exit code of a command that could not be run, as a shell reports it.
+pub const EXIT_NOT_FOUND: u8 = 127;
+/// Exit code of a command that was found but could not be executed.
+pub const EXIT_NOT_EXECUTABLE: u8 = 126;
 
 /// Runs the command under the lock.
 pub async fn run(lock_nodes: &[String], args: LockExecArgs) -> Result<ExitCode> {
@@ -79,31 +92,53 @@ pub async fn run(lock_nodes: &[String], args: LockExecArgs) -> Result<ExitCode> 
         }
         Err(e) => return Err(e.into()),
     };
-    let (program, rest) = args
-        .command
-        .split_first()
-        .ok_or_else(|| anyhow!("no command given"))?;
-    let mut child = tokio::process::Command::new(program)
+    let Some((program, rest)) = args.command.split_first() else {
+        guard.unlock().await;
+        return Err(anyhow!("no command given"));
+    };
+    let spawned = tokio::process::Command::new(program)
         .args(rest)
         .env("FLASHSALE_FENCING_TOKEN", guard.fencing_token().to_string())
         .env("FLASHSALE_LOCK_NAME", &args.name)
-        .spawn()
-        .map_err(|e| anyhow!("cannot run {program:?}: {e}"))?;
+        .spawn();
+    let mut child = match spawned {
+        Ok(c) => c,
+        Err(e) => {
+            // The lock is released now, not left to its TTL, and the exit
+            // code is the shell's: 127 not found, 126 not executable.
+            guard.unlock().await;
+            eprintln!("flashsale lock exec: cannot run {program:?}: {e}");
+            return Ok(ExitCode::from(match e.kind() {
+                std::io::ErrorKind::NotFound => EXIT_NOT_FOUND,
+                _ => EXIT_NOT_EXECUTABLE,
+            }));
+        }
+    };
     let pid = child.id();
 
-    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+    let mut term = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+    {
+        Ok(t) => t,
+        Err(e) => {
+            signal(pid, libc::SIGTERM);
+            let _ = child.wait().await;
+            guard.unlock().await;
+            return Err(e.into());
+        }
+    };
     let outcome = tokio::select! {
-        status = child.wait() => Some(status?),
+        status = child.wait() => Some(status),
         _ = guard.lost() => None,
         _ = term.recv() => {
             signal(pid, libc::SIGTERM);
-            Some(child.wait().await?)
+            Some(child.wait().await)
         }
     };
     match outcome {
         Some(status) => {
+            // Released on every path, a failed wait included.
             guard.unlock().await;
-            Ok(ExitCode::from(exit_code(status)))
+            Ok(ExitCode::from(exit_code(status?)))
         }
         None => {
             eprintln!(
@@ -152,6 +187,9 @@ mod tests {
         assert_eq!(parse_duration("3"), Ok(Duration::from_secs(3)));
         assert_eq!(parse_duration("2m"), Ok(Duration::from_secs(120)));
         assert!(parse_duration("2h").is_err());
+        assert!(parse_duration("307445734561825861m").is_err(), "no wrap-around");
+        assert!(parse_duration("18446744073709551615ms").is_err());
+        assert_eq!(parse_duration("1440m"), Ok(Duration::from_secs(86_400)));
         assert!(parse_duration("fast").is_err());
     }
 }

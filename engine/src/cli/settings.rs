@@ -14,13 +14,25 @@ pub fn load(path: Option<&Path>) -> Result<Config> {
         Some(p) => {
             let text =
                 std::fs::read_to_string(p).with_context(|| format!("reading {}", p.display()))?;
-            toml::from_str::<Config>(&text).map_err(|e| anyhow!("{}: {}", p.display(), e))?
+            toml::from_str::<Config>(&text).map_err(|e| parse_error(p, &text, &e))?
         }
         None => Config::default(),
     };
     apply_env(&mut config, |k| std::env::var(k).ok())?;
     config.validate().map_err(|e| anyhow!("config: {e}"))?;
     Ok(config)
+}
+
+/// A TOML error without the offending line (it may hold a secret): the
+/// message and the line number only.
+fn parse_error(path: &Path, text: &str, e: &toml::de::Error) -> anyhow::Error {
+    let line = e
+        .span()
+        .map(|s| text[..s.start.min(text.len())].matches('\n').count() + 1);
+    match line {
+        Some(l) => anyhow!("{}: line {l}: {}", path.display(), e.message().trim()),
+        None => anyhow!("{}: {}", path.display(), e.message().trim()),
+    }
 }
 
 fn apply_env(config: &mut Config, get: impl Fn(&str) -> Option<String>) -> Result<()> {

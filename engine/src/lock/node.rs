@@ -40,11 +40,8 @@ impl std::fmt::Display for NodeError {
 impl LockNode {
     /// A node at `url` (`redis://host:port`); connects on first use.
     pub fn new(url: &str) -> Result<LockNode, String> {
-        let client = redis::Client::open(url).map_err(|e| format!("{url}: {e}"))?;
-        let addr = url
-            .trim_start_matches("redis://")
-            .trim_end_matches('/')
-            .to_owned();
+        let addr = crate::redact::host_port(url);
+        let client = redis::Client::open(url).map_err(|e| format!("{addr}: {e}"))?;
         Ok(LockNode {
             addr,
             client,

@@ -428,7 +428,11 @@ impl OrderWriter {
             state.group_ready = true;
         }
         let slot = state.slot;
-        if state.reread_own {
+        // Which node the batch is read from: the WAIT must be answered by
+        // the same one, or a failover in between could pass off the new
+        // master's replication for entries only the old one had.
+        let read_from = self.master_id(slot).await?;
+        if self.streams.get(key).is_some_and(|s| s.reread_own) {
             let own =
                 stream::read_own_pending(&mut self.conn, key, &group, &consumer, self.config.batch)
                     .await?;
@@ -437,7 +441,7 @@ impl OrderWriter {
                     s.reread_own = false;
                 }
             } else {
-                return self.write_if_replicated(key, slot, own).await;
+                return self.write_if_replicated(key, slot, &read_from, own).await;
             }
         }
         let Some(state) = self.streams.get_mut(key) else {
@@ -487,7 +491,26 @@ impl OrderWriter {
         if entries.is_empty() {
             return Ok(0);
         }
-        self.write_if_replicated(key, slot, entries).await
+        self.write_if_replicated(key, slot, &read_from, entries).await
+    }
+
+    /// The cluster id of the master serving `slot` now.
+    async fn master_id(&mut self, slot: u16) -> Result<String, redis::RedisError> {
+        let v = self
+            .conn
+            .route_command(
+                redis::cmd("CLUSTER").arg("MYID").clone(),
+                RoutingInfo::SingleNode(SingleNodeRoutingInfo::SpecificNode(Route::new(
+                    slot,
+                    SlotAddr::Master,
+                ))),
+            )
+            .await?;
+        Ok(match v {
+            redis::Value::BulkString(b) => String::from_utf8_lossy(&b).into_owned(),
+            redis::Value::SimpleString(s) => s,
+            other => format!("{other:?}"),
+        })
     }
 
     /// Writes `entries` once a replica has them; otherwise leaves them
@@ -496,10 +519,11 @@ impl OrderWriter {
         &mut self,
         key: &str,
         slot: u16,
+        read_from: &str,
         entries: Vec<RawEntry>,
     ) -> Result<usize, redis::RedisError> {
         // Never write what a failover could take back.
-        if !self.replicated(key, slot).await? {
+        if !self.replicated(key, slot).await? || self.master_id(slot).await? != read_from {
             if let Some(s) = self.streams.get_mut(key) {
                 s.reread_own = true;
             }
