@@ -66,8 +66,16 @@ impl Config {
     /// the PostgreSQL password, and the admin token (shown as `<set>`).
     pub fn redacted(&self) -> Config {
         let mut c = self.clone();
-        c.cluster_nodes = c.cluster_nodes.iter().map(|u| crate::redact::redis_url(u)).collect();
-        c.lock_nodes = c.lock_nodes.iter().map(|u| crate::redact::redis_url(u)).collect();
+        c.cluster_nodes = c
+            .cluster_nodes
+            .iter()
+            .map(|u| crate::redact::redis_url(u))
+            .collect();
+        c.lock_nodes = c
+            .lock_nodes
+            .iter()
+            .map(|u| crate::redact::redis_url(u))
+            .collect();
         c.postgres_url = crate::redact::postgres_url(&c.postgres_url);
         if c.server.admin_token.is_some() {
             c.server.admin_token = Some("<set>".into());
@@ -278,7 +286,10 @@ impl ServerConfig {
         if self.max_in_flight == 0 {
             return Err("server.max_in_flight: must be >= 1".into());
         }
-        if self.admin_token().is_some_and(|t| t.chars().count() < MIN_ADMIN_TOKEN) {
+        if self
+            .admin_token()
+            .is_some_and(|t| t.chars().count() < MIN_ADMIN_TOKEN)
+        {
             return Err(format!(
                 "server.admin_token: use at least {MIN_ADMIN_TOKEN} characters \
                  (or leave it unset to turn the admin routes off)"
@@ -286,10 +297,30 @@ impl ServerConfig {
         }
         let second = Duration::from_secs(1);
         let hour = Duration::from_secs(3600);
-        within("server.header_read_timeout_ms", self.header_read_timeout, Duration::from_millis(100), hour)?;
-        within("server.body_read_timeout_ms", self.body_read_timeout, Duration::from_millis(100), hour)?;
-        within("server.request_timeout_ms", self.request_timeout, second, hour)?;
-        within("server.shutdown_grace_ms", self.shutdown_grace, Duration::ZERO, hour)?;
+        within(
+            "server.header_read_timeout_ms",
+            self.header_read_timeout,
+            Duration::from_millis(100),
+            hour,
+        )?;
+        within(
+            "server.body_read_timeout_ms",
+            self.body_read_timeout,
+            Duration::from_millis(100),
+            hour,
+        )?;
+        within(
+            "server.request_timeout_ms",
+            self.request_timeout,
+            second,
+            hour,
+        )?;
+        within(
+            "server.shutdown_grace_ms",
+            self.shutdown_grace,
+            Duration::ZERO,
+            hour,
+        )?;
         if !(1024..=64 * 1024 * 1024).contains(&self.max_body_bytes) {
             return Err("server.max_body_bytes: must be 1024..=67108864".into());
         }

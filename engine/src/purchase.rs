@@ -246,7 +246,10 @@ impl Engine {
         if taker.index == home.index {
             return self.ack(home.slot).await;
         }
-        match self.take(taker, request, order_id, TakeMode::Confirm).await? {
+        match self
+            .take(taker, request, order_id, TakeMode::Confirm)
+            .await?
+        {
             TakeReply::Taken { .. } => {
                 tokio::try_join!(self.ack(home.slot), self.ack(taker.slot))?;
                 Ok(())

@@ -40,8 +40,10 @@ impl Bucket {
 }
 
 const SHARDS: usize = 32;
-/// Per-user entries kept before idle ones are swept from a shard.
-const SWEEP_AT: usize = 4096;
+/// Most per-user entries in one shard. With callers that validate user ids
+/// first (at most 128 bytes), the limiter holds at most SHARDS x this many
+/// entries, a few tens of MB, whatever the input.
+const SHARD_CAP: usize = 2048;
 
 /// Per-user and global limits; 0 rps disables a limit.
 pub struct RateLimiter {
@@ -75,12 +77,20 @@ impl RateLimiter {
         if self.user_rate > 0.0 {
             let shard = &self.users[(self.hasher.hash_one(user) as usize) % SHARDS];
             let mut map = shard.lock().unwrap_or_else(|p| p.into_inner());
-            if map.len() >= SWEEP_AT {
+            if map.len() >= SHARD_CAP && !map.contains_key(user) {
                 // Entries full again are indistinguishable from new ones.
                 let (rate, burst) = (self.user_rate, self.user_burst);
                 map.retain(|_, b| {
                     now.saturating_duration_since(b.last).as_secs_f64() * rate < burst
                 });
+                // Still full (a flood of distinct users): forget one, which
+                // at worst gives that user a fresh burst. The bound on
+                // memory wins over exactness.
+                if map.len() >= SHARD_CAP {
+                    if let Some(k) = map.keys().next().cloned() {
+                        map.remove(&k);
+                    }
+                }
             }
             let (rate, burst) = (self.user_rate, self.user_burst);
             let bucket = map
@@ -110,6 +120,20 @@ mod tests {
         assert!((0..3).all(|_| l.allow("alice")));
         assert!(!l.allow("alice"));
         assert!(l.allow("bob"));
+    }
+
+    #[test]
+    fn memory_stays_bounded_under_a_flood_of_distinct_users() {
+        let l = RateLimiter::new(0.001, 1, 0.0, 0);
+        for i in 0..80_000 {
+            l.allow(&format!("user-{i}"));
+        }
+        let held: usize = l
+            .users
+            .iter()
+            .map(|s| s.lock().unwrap_or_else(|p| p.into_inner()).len())
+            .sum();
+        assert!(held <= SHARDS * SHARD_CAP, "{held} entries");
     }
 
     #[test]

@@ -96,7 +96,10 @@ mod tests {
         }
         assert_eq!(host_port("redis://:pw@127.0.0.1:7101"), "127.0.0.1:7101");
         assert_eq!(host_port("redis://127.0.0.1:7101"), "127.0.0.1:7101");
-        assert_eq!(redis_url("redis://127.0.0.1:7101"), "redis://127.0.0.1:7101");
+        assert_eq!(
+            redis_url("redis://127.0.0.1:7101"),
+            "redis://127.0.0.1:7101"
+        );
         for pg in [
             "host=127.0.0.1 user=postgres password=PgPw-S3cret dbname=x",
             "postgres://postgres:PgPw-S3cret@127.0.0.1:5432/x",

@@ -77,8 +77,7 @@ pub fn id(field: &'static str, s: &str) -> Result<(), InvalidInput> {
             max: MAX_ID_LEN,
         });
     }
-    if s
-        .chars()
+    if s.chars()
         .any(|c| c.is_control() || c.is_whitespace() || is_format(c))
     {
         return Err(InvalidInput::BadChar {
@@ -126,13 +125,21 @@ mod tests {
             id("request_id", &"r".repeat(1024)),
             Err(InvalidInput::TooLong { .. })
         ));
-        for sneaky in ["a\u{200B}b", "evil\u{202E}gnp.exe", "\u{FEFF}u", "x\u{0007}"] {
+        for sneaky in [
+            "a\u{200B}b",
+            "evil\u{202E}gnp.exe",
+            "\u{FEFF}u",
+            "x\u{0007}",
+        ] {
             assert!(
                 matches!(id("user", sneaky), Err(InvalidInput::BadChar { .. })),
                 "{sneaky:?}"
             );
         }
-        assert!(id("user", "José-東京-🙂").is_ok(), "visible unicode is fine");
+        assert!(
+            id("user", "José-東京-🙂").is_ok(),
+            "visible unicode is fine"
+        );
         assert_eq!(qty(3, 5), Ok(3));
         assert_eq!(qty(0, 5), Err(InvalidInput::QtyNotPositive(0)));
         assert_eq!(qty(-2, 5), Err(InvalidInput::QtyNotPositive(-2)));

@@ -32,8 +32,14 @@ impl ServeProcess {
         let port = free_port();
         let seeds: Vec<String> = cluster.seeds().iter().map(|s| format!("{s:?}")).collect();
         let config = dir.path().join("flashsale.toml");
+        // `top` may set lock_nodes itself; otherwise there are none.
+        let locks = if top.contains("lock_nodes") {
+            ""
+        } else {
+            "lock_nodes = []\n"
+        };
         let text = format!(
-            "cluster_nodes = [{seeds}]\nlock_nodes = []\npostgres_url = {pg:?}\n{top}\n\n\
+            "cluster_nodes = [{seeds}]\n{locks}postgres_url = {pg:?}\n{top}\n\n\
              [server]\nlisten = \"127.0.0.1:{port}\"\nadmin_token = {token:?}\nreconcile_every_ms = 500\n{server}\n\n\
              [retry]\ndeadline_ms = 1500\n",
             seeds = seeds.join(", "),

@@ -243,9 +243,18 @@ fn repair_finishes_a_restock_cut_off_before_a_close() {
     let (sku, status) = (0..10)
         .find_map(|i| {
             let sku = format!("half-{i}");
-            assert!(run(&["sale", "create", "--sku", &sku, "--stock", "10", "--buckets", "2"])
-                .status
-                .success());
+            assert!(run(&[
+                "sale",
+                "create",
+                "--sku",
+                &sku,
+                "--stock",
+                "10",
+                "--buckets",
+                "2"
+            ])
+            .status
+            .success());
             let status = json(run(&["sale", "status", "--sku", &sku, "--json"]));
             let b1 = status["buckets"][1]["slot"].as_u64().unwrap_or(0) as u16;
             let meta = flashsale::placement::tag_slot(&format!("fs:{sku}"));
@@ -262,7 +271,9 @@ fn repair_finishes_a_restock_cut_off_before_a_close() {
     // process dies there.
     let _: () = second.cmd(&["CLIENT", "PAUSE", "30000", "WRITE"]);
     let mut child = flashsale_cmd(Some(&cluster), None, &[])
-        .args(["sale", "restock", "--sku", sku, "--qty", "4", "--op-id", "rs1"])
+        .args([
+            "sale", "restock", "--sku", sku, "--qty", "4", "--op-id", "rs1",
+        ])
         .stdout(std::process::Stdio::null())
         .stderr(std::process::Stdio::null())
         .spawn()
@@ -270,7 +281,11 @@ fn repair_finishes_a_restock_cut_off_before_a_close() {
     let sale0 = format!("{{{}}}:sale", tag(0));
     flashsale_tests::wait_for(
         std::time::Duration::from_secs(60),
-        || first.cmd::<Option<String>>(&["HGET", &sale0, "op:rs1"]).is_some(),
+        || {
+            first
+                .cmd::<Option<String>>(&["HGET", &sale0, "op:rs1"])
+                .is_some()
+        },
         || "bucket 0 got the restock".into(),
     );
     let _ = child.kill();

@@ -646,7 +646,17 @@ async fn settle_rewrites_a_lost_home_record_so_a_retry_replays() {
     )
     .await;
     let rita = user_with_home("rita", 2, 1);
-    abandon_fall_through(&cluster, &status, &rita, "rita-1", 1, 1, 0, Abandon::AfterTake).await;
+    abandon_fall_through(
+        &cluster,
+        &status,
+        &rita,
+        "rita-1",
+        1,
+        1,
+        0,
+        Abandon::AfterTake,
+    )
+    .await;
     // What a failover of the home master under ack = leader can do: the
     // pending record is gone, while bucket 0 holds rita's order.
     let home = cluster.node(cluster.master_of_slot(status.buckets[1].slot));
@@ -696,7 +706,17 @@ async fn sweeper_settles_other_sales_when_one_is_broken() {
     )
     .await;
     let sam = user_with_home("sam", 2, 1);
-    abandon_fall_through(&cluster, &broken, &sam, "sam-1", 1, 1, 0, Abandon::BeforeTake).await;
+    abandon_fall_through(
+        &cluster,
+        &broken,
+        &sam,
+        "sam-1",
+        1,
+        1,
+        0,
+        Abandon::BeforeTake,
+    )
+    .await;
     abandon_fall_through(&cluster, &fine, &sam, "sam-2", 1, 1, 0, Abandon::BeforeTake).await;
     // Bucket 0 of the first sale vanishes: its walk cannot finish.
     let b0 = &broken.buckets[0];
@@ -713,8 +733,14 @@ async fn sweeper_settles_other_sales_when_one_is_broken() {
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    assert!(report.errors >= 1, "the broken sale is reported: {report:?}");
-    assert_eq!(report.settled, 1, "the other sale is still swept: {report:?}");
+    assert!(
+        report.errors >= 1,
+        "the broken sale is reported: {report:?}"
+    );
+    assert_eq!(
+        report.settled, 1,
+        "the other sale is still swept: {report:?}"
+    );
     engine
         .purchase(req("zz-fine", &sam, 1, "sam-3"))
         .await

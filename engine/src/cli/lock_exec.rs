@@ -116,8 +116,7 @@ pub async fn run(lock_nodes: &[String], args: LockExecArgs) -> Result<ExitCode> 
     };
     let pid = child.id();
 
-    let mut term = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
-    {
+    let mut term = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
         Ok(t) => t,
         Err(e) => {
             signal(pid, libc::SIGTERM);
@@ -187,7 +186,10 @@ mod tests {
         assert_eq!(parse_duration("3"), Ok(Duration::from_secs(3)));
         assert_eq!(parse_duration("2m"), Ok(Duration::from_secs(120)));
         assert!(parse_duration("2h").is_err());
-        assert!(parse_duration("307445734561825861m").is_err(), "no wrap-around");
+        assert!(
+            parse_duration("307445734561825861m").is_err(),
+            "no wrap-around"
+        );
         assert!(parse_duration("18446744073709551615ms").is_err());
         assert_eq!(parse_duration("1440m"), Ok(Duration::from_secs(86_400)));
         assert!(parse_duration("fast").is_err());

@@ -491,7 +491,8 @@ impl OrderWriter {
         if entries.is_empty() {
             return Ok(0);
         }
-        self.write_if_replicated(key, slot, &read_from, entries).await
+        self.write_if_replicated(key, slot, &read_from, entries)
+            .await
     }
 
     /// The cluster id of the master serving `slot` now.

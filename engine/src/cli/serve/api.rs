@@ -32,6 +32,28 @@ impl ApiError {
     }
 }
 
+impl ApiError {
+    /// The JSON error for a status produced outside the handlers (the
+    /// router's 404/405, a path that does not decode, a body too large or
+    /// too slow, a request past its deadline).
+    pub fn for_status(status: StatusCode) -> Self {
+        let code = match status {
+            StatusCode::BAD_REQUEST => "bad_request",
+            StatusCode::NOT_FOUND => "not_found",
+            StatusCode::METHOD_NOT_ALLOWED => "method_not_allowed",
+            StatusCode::REQUEST_TIMEOUT => "request_timeout",
+            StatusCode::PAYLOAD_TOO_LARGE => "payload_too_large",
+            StatusCode::UNSUPPORTED_MEDIA_TYPE => "unsupported_media_type",
+            StatusCode::UNPROCESSABLE_ENTITY => "invalid",
+            StatusCode::SERVICE_UNAVAILABLE => "unavailable",
+            s if s.is_client_error() => "bad_request",
+            _ => "internal",
+        };
+        let message = status.canonical_reason().unwrap_or("error");
+        ApiError::new(status, code, message)
+    }
+}
+
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         (
@@ -83,9 +105,20 @@ impl From<AdminError> for ApiError {
     }
 }
 
+/// The JSON body, or the extractor's rejection as a JSON error: a body past
+/// the size limit is 413, a wrong content type 415, anything else about the
+/// JSON 422.
 fn body<T>(r: Result<Json<T>, JsonRejection>) -> Result<T, ApiError> {
-    r.map(|Json(v)| v)
-        .map_err(|e| ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, "invalid", e.body_text()))
+    r.map(|Json(v)| v).map_err(|e| {
+        let (status, code) = match e.status() {
+            StatusCode::PAYLOAD_TOO_LARGE => (StatusCode::PAYLOAD_TOO_LARGE, "payload_too_large"),
+            StatusCode::UNSUPPORTED_MEDIA_TYPE => {
+                (StatusCode::UNSUPPORTED_MEDIA_TYPE, "unsupported_media_type")
+            }
+            _ => (StatusCode::UNPROCESSABLE_ENTITY, "invalid"),
+        };
+        ApiError::new(status, code, e.body_text())
+    })
 }
 
 /// Admin routes need `Authorization: Bearer <server.admin_token>`.
@@ -112,8 +145,18 @@ fn authorize(state: &AppState, headers: &HeaderMap) -> Result<(), ApiError> {
     }
 }
 
+/// Compares the SHA-1 digests of both, byte by byte without stopping early:
+/// the time taken depends on neither the token's length nor where a guess
+/// first differs.
 fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
-    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+    let (da, db) = (
+        sha1_smol::Sha1::from(a).digest().bytes(),
+        sha1_smol::Sha1::from(b).digest().bytes(),
+    );
+    da.iter()
+        .zip(db.iter())
+        .fold(0u8, |acc, (x, y)| acc | (x ^ y))
+        == 0
 }
 
 /// `POST /v1/sales` body.
@@ -236,6 +279,14 @@ pub async fn purchase(
     req: Result<Json<Purchase>, JsonRejection>,
 ) -> Result<Response, ApiError> {
     let p = body(req)?;
+    // Validated before the rate limiter: a request that changes nothing
+    // spends nobody's allowance, and the limiter only ever holds user ids
+    // of a bounded, valid shape.
+    flashsale::validate::sku(&sku).map_err(PurchaseError::Invalid)?;
+    flashsale::validate::id("user", &p.user).map_err(PurchaseError::Invalid)?;
+    flashsale::validate::id("request_id", &p.request_id).map_err(PurchaseError::Invalid)?;
+    flashsale::validate::qty(p.qty, state.engine.config().max_qty)
+        .map_err(PurchaseError::Invalid)?;
     if !state.limiter.allow(&p.user) {
         return Err(ApiError::new(
             StatusCode::TOO_MANY_REQUESTS,

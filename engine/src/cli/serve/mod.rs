@@ -1,8 +1,11 @@
 //! `flashsale serve`: the HTTP service in front of a shop. Owns the lifecycle:
 //! the caller binds, [`run`] serves until the shutdown future resolves (stop
-//! accepting, finish in-flight requests); then the command drains the order
-//! writer, so every purchase answered 200 is in PostgreSQL, and exits 0.
-//! Concurrency is capped with a semaphore; `/metrics` is served here.
+//! accepting, give requests in flight a bounded grace); then the command
+//! drains the order writer, so every purchase answered 200 is in
+//! PostgreSQL, and exits 0. It must never let a client hold it: headers and
+//! bodies are read under deadlines, bodies are capped, every request has a
+//! deadline, connections are capped, and the health, readiness and metrics
+//! routes never wait behind purchases. Every error answer is JSON.
 
 mod api;
 
@@ -11,13 +14,16 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
+use axum::body::Body;
 use axum::extract::{MatchedPath, Request, State};
+use axum::http::{header, StatusCode};
 use axum::middleware::{self, Next};
-use axum::response::Response;
+use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::Router;
 use deadpool_postgres::Pool;
 use flashsale::{Config, Engine};
+use http_body_util::BodyExt;
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 use tokio::net::TcpListener;
 use tokio::sync::Semaphore;
@@ -38,6 +44,31 @@ pub struct AppState {
     limiter: Arc<RateLimiter>,
     prometheus: PrometheusHandle,
     in_flight: Arc<Semaphore>,
+    limits: Limits,
+}
+
+/// The deadlines and caps of the HTTP layer (from `ServerConfig`).
+#[derive(Debug, Clone, Copy)]
+pub struct Limits {
+    header_read_timeout: Duration,
+    body_read_timeout: Duration,
+    request_timeout: Duration,
+    shutdown_grace: Duration,
+    max_body_bytes: usize,
+    max_connections: usize,
+}
+
+impl Limits {
+    fn from_config(s: &flashsale::ServerConfig) -> Self {
+        Limits {
+            header_read_timeout: s.header_read_timeout,
+            body_read_timeout: s.body_read_timeout,
+            request_timeout: s.request_timeout,
+            shutdown_grace: s.shutdown_grace,
+            max_body_bytes: s.max_body_bytes,
+            max_connections: s.max_connections,
+        }
+    }
 }
 
 /// Flags of `serve` (override the config).
@@ -77,11 +108,25 @@ fn router(state: AppState) -> Router {
         .route("/readyz", get(api::readyz))
         .route("/metrics", get(api::metrics))
         .fallback(api::not_found)
+        .method_not_allowed_fallback(method_not_allowed)
         .layer(middleware::from_fn_with_state(state.clone(), guard))
         .with_state(state)
 }
 
-/// Caps requests in flight and records per-route metrics.
+async fn method_not_allowed() -> api::ApiError {
+    api::ApiError::for_status(StatusCode::METHOD_NOT_ALLOWED)
+}
+
+/// Routes that answer without waiting for a slot: probes and scrapes must
+/// work while purchases queue.
+fn is_probe(route: &str) -> bool {
+    matches!(route, "/healthz" | "/readyz" | "/metrics")
+}
+
+/// Every request: the body read under its deadline and cap *before* a slot
+/// is taken (a slow body never holds one), then a slot (not for probes),
+/// then the handler under the request deadline; any error answer not yet
+/// JSON is made JSON; per-route metrics.
 async fn guard(State(state): State<AppState>, req: Request, next: Next) -> Response {
     let route = req
         .extensions()
@@ -89,25 +134,121 @@ async fn guard(State(state): State<AppState>, req: Request, next: Next) -> Respo
         .map(|p| p.as_str().to_owned())
         .unwrap_or_else(|| "unmatched".into());
     let started = Instant::now();
-    // A closed semaphore never happens (we never close it); serve anyway.
-    let _permit = state.in_flight.acquire().await.ok();
-    let resp = next.run(req).await;
+    let resp = match read_body(req, &state.limits).await {
+        Err(status) => api::ApiError::for_status(status).into_response(),
+        Ok(req) => {
+            // A closed semaphore never happens (we never close it).
+            let _permit = if is_probe(&route) {
+                None
+            } else {
+                state.in_flight.acquire().await.ok()
+            };
+            match tokio::time::timeout(state.limits.request_timeout, next.run(req)).await {
+                Ok(resp) => resp,
+                Err(_) => {
+                    api::ApiError::for_status(StatusCode::SERVICE_UNAVAILABLE).into_response()
+                }
+            }
+        }
+    };
+    let resp = json_errors(resp);
     let status = resp.status().as_u16().to_string();
     metrics::counter!(HTTP_REQUESTS, "route" => route.clone(), "status" => status).increment(1);
     metrics::histogram!(HTTP_SECONDS, "route" => route).record(started.elapsed().as_secs_f64());
     resp
 }
 
-/// Serves on `listener` until `shutdown` resolves, then finishes the requests
-/// in flight and returns.
+/// Reads the whole body within `body_read_timeout` and `max_body_bytes`:
+/// 408 when the client is too slow, 413 when it sends too much.
+async fn read_body(req: Request, limits: &Limits) -> Result<Request, StatusCode> {
+    let declared = req
+        .headers()
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok());
+    if declared.is_some_and(|n| n > limits.max_body_bytes as u64) {
+        return Err(StatusCode::PAYLOAD_TOO_LARGE);
+    }
+    let (parts, body) = req.into_parts();
+    let limited = http_body_util::Limited::new(body, limits.max_body_bytes);
+    let bytes = match tokio::time::timeout(limits.body_read_timeout, limited.collect()).await {
+        Err(_) => return Err(StatusCode::REQUEST_TIMEOUT),
+        Ok(Err(e)) if e.is::<http_body_util::LengthLimitError>() => {
+            return Err(StatusCode::PAYLOAD_TOO_LARGE)
+        }
+        Ok(Err(_)) => return Err(StatusCode::BAD_REQUEST),
+        Ok(Ok(collected)) => collected.to_bytes(),
+    };
+    Ok(Request::from_parts(parts, Body::from(bytes)))
+}
+
+/// An error answer whose body is not JSON (the router's own, or an
+/// extractor's plain-text rejection) becomes `{"error","message"}`.
+fn json_errors(resp: Response) -> Response {
+    let status = resp.status();
+    let is_json = resp
+        .headers()
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.starts_with("application/json"));
+    if (status.is_client_error() || status.is_server_error()) && !is_json {
+        return api::ApiError::for_status(status).into_response();
+    }
+    resp
+}
+
+/// Serves on `listener` until `shutdown` resolves; then stops accepting,
+/// gives the requests in flight `shutdown_grace`, and returns (connections
+/// still open after that are dropped).
+///
+/// Not `axum::serve`: it has no header-read deadline, so a client sending
+/// headers a byte at a time could hold a connection for ever. hyper's own
+/// connection builder has one.
 pub async fn run(
     listener: TcpListener,
     state: AppState,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<()> {
-    axum::serve(listener, router(state))
-        .with_graceful_shutdown(shutdown)
-        .await?;
+    let limits = state.limits;
+    let app = router(state);
+    let graceful = hyper_util::server::graceful::GracefulShutdown::new();
+    let slots = Arc::new(Semaphore::new(limits.max_connections));
+    tokio::pin!(shutdown);
+    loop {
+        let slot = tokio::select! {
+            s = slots.clone().acquire_owned() => s?,
+            _ = &mut shutdown => break,
+        };
+        let stream = tokio::select! {
+            r = listener.accept() => match r {
+                Ok((stream, _)) => stream,
+                Err(e) => {
+                    // Out of file descriptors and the like: pause, go on.
+                    tracing::warn!(error = %e, "accept failed");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    continue;
+                }
+            },
+            _ = &mut shutdown => break,
+        };
+        let service = hyper_util::service::TowerToHyperService::new(app.clone());
+        let conn = hyper::server::conn::http1::Builder::new()
+            .timer(hyper_util::rt::TokioTimer::new())
+            .header_read_timeout(limits.header_read_timeout)
+            .serve_connection(hyper_util::rt::TokioIo::new(stream), service);
+        let conn = graceful.watch(conn);
+        tokio::spawn(async move {
+            let _ = conn.await;
+            drop(slot);
+        });
+    }
+    drop(listener);
+    tokio::select! {
+        _ = graceful.shutdown() => {}
+        _ = tokio::time::sleep(limits.shutdown_grace) => {
+            tracing::warn!(grace = ?limits.shutdown_grace, "requests still in flight after the shutdown grace; closing");
+        }
+    }
     Ok(())
 }
 
@@ -123,6 +264,8 @@ pub async fn command(
     if let Some(t) = args.admin_token {
         config.server.admin_token = Some(t);
     }
+    // One rule with `config check`: unset, empty or blank turns admin off.
+    config.server.admin_token = config.server.admin_token().map(str::to_owned);
     if args.no_order_writer {
         config.server.order_writer = false;
     }
@@ -165,6 +308,7 @@ pub async fn command(
         )),
         prometheus,
         in_flight: Arc::new(Semaphore::new(server.max_in_flight)),
+        limits: Limits::from_config(&server),
     };
     let listener = TcpListener::bind(&server.listen)
         .await
