@@ -99,10 +99,33 @@ async fn rejected_requests_cannot_grow_the_servers_memory() {
         assert_eq!(t.await.expect("task"), 422, "a 1 KiB user id is refused");
     }
     let after = rss_kib(server.child.id());
+    eprintln!("5,000 distinct 1 KiB users: RSS {before} -> {after} KiB");
     assert!(
         after.saturating_sub(before) < 50 * 1024,
         "5,000 distinct 1 KiB users grew RSS by {} KiB",
         after.saturating_sub(before)
+    );
+    // The probe that found the leak: 150 users of 1.9 MB each.
+    let huge = "h".repeat(1_900_000);
+    for i in 0..150 {
+        let r = c
+            .post(format!("{base}/v1/sales/mem/purchase"))
+            .json(&json!({"user": format!("{i:03}{huge}"), "qty": 1, "request_id": "r"}))
+            .send()
+            .await;
+        // Refused from its declared length: a 413, or the connection closed
+        // before the client finished sending (it never reached a handler).
+        if let Ok(r) = r {
+            let s = r.status().as_u16();
+            assert!(s == 413 || s == 422, "refused: {s}");
+        }
+    }
+    let last = rss_kib(server.child.id());
+    eprintln!("150 users of 1.9 MB: RSS {after} -> {last} KiB");
+    assert!(
+        last.saturating_sub(after) < 50 * 1024,
+        "150 users of 1.9 MB grew RSS by {} KiB",
+        last.saturating_sub(after)
     );
 }
 
