@@ -644,19 +644,20 @@ async fn replicated_ack_waits_for_the_home_bucket_writes_of_a_fall_through() {
                 .await
         })
     };
-    // Every write is made (the unit taken in bucket 0, the request settled
-    // at home), yet no answer while the home bucket's replica lacks them.
+    // The home bucket reserves the quota and records the request, and then
+    // nothing more happens and nothing is answered while its replica lacks
+    // those writes: no bucket takes before the reservation is replicated.
     let home_node = cluster.node(home_master);
     let record = format!("{{{}}}:r:*", status.buckets[1].tag);
     flashsale_tests::wait_until(
         Duration::from_secs(30),
-        "the purchase settled at home",
+        "the request is pending at home",
         || {
-            let settled = home_node
+            let pending = home_node
                 .keys(&record)
                 .iter()
-                .any(|k| home_node.cmd::<String>(&["GET", k]).starts_with("C:"));
-            async move { settled }
+                .any(|k| home_node.cmd::<String>(&["GET", k]).starts_with("P:"));
+            async move { pending }
         },
     )
     .await;
@@ -665,6 +666,12 @@ async fn replicated_ack_waits_for_the_home_bucket_writes_of_a_fall_through() {
     assert!(
         !pending.is_finished(),
         "not confirmed while the home bucket's replica lacks its writes"
+    );
+    let taker = cluster.node(cluster.master_of_slot(status.buckets[0].slot));
+    let taken: i64 = taker.cmd(&["XLEN", &status.buckets[0].stream]);
+    assert_eq!(
+        taken, 0,
+        "no bucket took before the home reservation was replicated"
     );
     cluster.node(home_replica).signal("CONT");
     let c = pending
