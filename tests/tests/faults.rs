@@ -348,19 +348,7 @@ async fn replicated_ack_confirms_only_what_a_replica_holds() {
 
     // The replica of the bucket's master holds the order already.
     let master = cluster.master_of_slot(status.buckets[0].slot);
-    let nodes: String = cluster.node(master).cmd(&["CLUSTER", "NODES"]);
-    let master_id = nodes
-        .lines()
-        .find(|l| l.contains("myself"))
-        .and_then(|l| l.split(' ').next())
-        .expect("id")
-        .to_owned();
-    let replica_port: u16 = nodes
-        .lines()
-        .find(|l| l.contains(&format!("slave {master_id}")))
-        .and_then(|l| l.split(' ').nth(1))
-        .and_then(|a| a.split('@').next()?.rsplit(':').next()?.parse().ok())
-        .expect("replica of the master");
+    let replica_port = cluster.replica_of(master);
     let mut replica = cluster.node(replica_port).conn();
     let _: () = redis::cmd("READONLY")
         .query(&mut replica)

@@ -108,6 +108,23 @@ async fn abandon_fall_through(
     }
 }
 
+/// An engine whose sweeper settles a fall-through pending for 500 ms.
+async fn sweeping_engine(cluster: &RedisCluster) -> Engine {
+    engine_with(cluster, |c| {
+        c.pending_timeout = Duration::from_millis(500);
+    })
+    .await
+}
+
+/// Runs the sweeper until a pass settles something.
+async fn sweep_until_settled(engine: &Engine) {
+    wait_until(Duration::from_secs(20), "the sweeper settles it", || {
+        let e = engine.clone();
+        async move { e.settle_abandoned().await.expect("sweep").settled > 0 }
+    })
+    .await;
+}
+
 async fn sale(engine: &Engine, spec: SaleSpec) -> SaleStatus {
     engine.create_sale(spec).await.expect("create sale")
 }
@@ -262,10 +279,7 @@ async fn retry_of_a_confirmed_request_is_not_answered_by_the_sold_out_flag() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn abandoned_fall_through_is_settled_without_the_buyer() {
     let cluster = RedisCluster::start(3, 0);
-    let engine = engine_with(&cluster, |c| {
-        c.pending_timeout = Duration::from_millis(500);
-    })
-    .await;
+    let engine = sweeping_engine(&cluster).await;
     let status = sale(
         &engine,
         SaleSpec {
@@ -290,11 +304,7 @@ async fn abandoned_fall_through_is_settled_without_the_buyer() {
     // Nobody retries. The sweeper settles the request: no bucket took
     // stock, so frank's reserved quota comes back, exactly once.
     let mut settled = 0;
-    wait_until(Duration::from_secs(20), "the sweeper settles it", || {
-        let e = engine.clone();
-        async move { e.settle_abandoned().await.expect("sweep").settled > 0 }
-    })
-    .await;
+    sweep_until_settled(&engine).await;
     settled += 1;
     let again = engine.settle_abandoned().await.expect("sweep again");
     assert_eq!(again.settled, 0, "settled once ({settled} then none)");
@@ -310,10 +320,7 @@ async fn abandoned_fall_through_is_settled_without_the_buyer() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn abandoned_fall_through_that_took_stock_is_settled_as_confirmed() {
     let cluster = RedisCluster::start(3, 0);
-    let engine = engine_with(&cluster, |c| {
-        c.pending_timeout = Duration::from_millis(500);
-    })
-    .await;
+    let engine = sweeping_engine(&cluster).await;
     let status = sale(
         &engine,
         SaleSpec {
@@ -346,11 +353,7 @@ async fn abandoned_fall_through_that_took_stock_is_settled_as_confirmed() {
         Abandon::AfterTake,
     )
     .await;
-    wait_until(Duration::from_secs(20), "the sweeper settles it", || {
-        let e = engine.clone();
-        async move { e.settle_abandoned().await.expect("sweep").settled > 0 }
-    })
-    .await;
+    sweep_until_settled(&engine).await;
     // The unit is hers: the limit of 1 holds, and her retry gets the order.
     let over = engine
         .purchase(req("abandoned-took", &gina, 1, "gina-2"))
@@ -632,10 +635,7 @@ async fn absurd_durations_are_refused_at_connect() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn settle_rewrites_a_lost_home_record_so_a_retry_replays() {
     let cluster = RedisCluster::start(3, 0);
-    let engine = engine_with(&cluster, |c| {
-        c.pending_timeout = Duration::from_millis(500);
-    })
-    .await;
+    let engine = sweeping_engine(&cluster).await;
     let status = sale(
         &engine,
         SaleSpec {
@@ -663,11 +663,7 @@ async fn settle_rewrites_a_lost_home_record_so_a_retry_replays() {
     for k in home.keys(&format!("{{{}}}:r:*", status.buckets[1].tag)) {
         let _: i64 = home.cmd(&["DEL", &k]);
     }
-    wait_until(Duration::from_secs(20), "the sweeper settles it", || {
-        let e = engine.clone();
-        async move { e.settle_abandoned().await.expect("sweep").settled > 0 }
-    })
-    .await;
+    sweep_until_settled(&engine).await;
     // Rita's home bucket gets a unit; her retry must replay, not buy there.
     engine.restock("lost-record", 2).await.expect("restock");
     let retry = engine
@@ -683,10 +679,7 @@ async fn settle_rewrites_a_lost_home_record_so_a_retry_replays() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sweeper_settles_other_sales_when_one_is_broken() {
     let cluster = RedisCluster::start(3, 0);
-    let engine = engine_with(&cluster, |c| {
-        c.pending_timeout = Duration::from_millis(500);
-    })
-    .await;
+    let engine = sweeping_engine(&cluster).await;
     let broken = sale(
         &engine,
         SaleSpec {

@@ -61,6 +61,17 @@ fn assert_exactly_once(confirmed: &[String], in_db: &[String]) {
     assert_eq!(in_db.len(), confirmed.len(), "one row per confirmed order");
 }
 
+/// A pool reaching `pg` through a proxy the test can cut and restore.
+async fn pool_through_proxy(pg: &PgDb, size: usize) -> (TcpProxy, deadpool_postgres::Pool) {
+    let proxy = TcpProxy::start("127.0.0.1:5432").await;
+    let url = format!(
+        "host=127.0.0.1 port={} user=postgres dbname={} connect_timeout=1",
+        proxy.port, pg.name
+    );
+    let pool = flashsale::db::pool(&url, size).expect("pool");
+    (proxy, pool)
+}
+
 /// Entries delivered to the writers' group and not yet acknowledged, over
 /// every bucket of `sku`.
 async fn pending_entries(cluster: &RedisCluster, engine: &Engine, sku: &str) -> i64 {
@@ -180,15 +191,7 @@ async fn writer_killed_mid_batch_loses_and_duplicates_nothing() {
     // The first writer reaches PostgreSQL through a proxy the test cuts
     // after its first rows: it then holds read-but-unacknowledged entries
     // for certain when it is killed.
-    let proxy = TcpProxy::start("127.0.0.1:5432").await;
-    let via_proxy = flashsale::db::pool(
-        &format!(
-            "host=127.0.0.1 port={} user=postgres dbname={} connect_timeout=1",
-            proxy.port, pg.name
-        ),
-        2,
-    )
-    .expect("pool");
+    let (proxy, via_proxy) = pool_through_proxy(&pg, 2).await;
     let first = engine
         .spawn_order_writer(
             via_proxy,
@@ -249,15 +252,7 @@ async fn two_writers_at_once_write_everything_once() {
     // started: it reads a batch and cannot write it. Writer B (1 ms claim
     // threshold) steals A's entries and writes them. Then A's database comes
     // back and A writes its batch too: ON CONFLICT must absorb every row.
-    let proxy = TcpProxy::start("127.0.0.1:5432").await;
-    let via_proxy = flashsale::db::pool(
-        &format!(
-            "host=127.0.0.1 port={} user=postgres dbname={} connect_timeout=1",
-            proxy.port, pg.name
-        ),
-        2,
-    )
-    .expect("pool");
+    let (proxy, via_proxy) = pool_through_proxy(&pg, 2).await;
     let cfg = || flashsale::WriterConfig {
         batch: 50,
         ..fast_writer(Duration::from_millis(1))
@@ -302,12 +297,7 @@ async fn two_writers_at_once_write_everything_once() {
 async fn postgres_outage_backs_up_the_streams_then_drains() {
     let cluster = RedisCluster::start(3, 0);
     let pg = PgDb::create();
-    let proxy = TcpProxy::start("127.0.0.1:5432").await;
-    let url = format!(
-        "host=127.0.0.1 port={} user=postgres dbname={} connect_timeout=1",
-        proxy.port, pg.name
-    );
-    let pool = flashsale::db::pool(&url, 4).expect("pool");
+    let (proxy, pool) = pool_through_proxy(&pg, 4).await;
     let direct = flashsale::db::pool(&pg.url(), 2).expect("pool");
     let engine = engine_on(&cluster).await;
     engine

@@ -42,18 +42,7 @@ pub async fn read_new(
     consumer: &str,
     count: usize,
 ) -> Result<Vec<RawEntry>, RedisError> {
-    let v: Value = redis::cmd("XREADGROUP")
-        .arg("GROUP")
-        .arg(group)
-        .arg(consumer)
-        .arg("COUNT")
-        .arg(count)
-        .arg("STREAMS")
-        .arg(key)
-        .arg(">")
-        .query_async(conn)
-        .await?;
-    Ok(parse_xreadgroup(&v))
+    read_group(conn, key, group, consumer, count, ">").await
 }
 
 /// Entries pending on `consumer` itself (delivered, not acknowledged), as
@@ -65,6 +54,23 @@ pub async fn read_own_pending(
     consumer: &str,
     count: usize,
 ) -> Result<Vec<RawEntry>, RedisError> {
+    Ok(read_group(conn, key, group, consumer, count, "0")
+        .await?
+        .into_iter()
+        .filter(|e| !e.fields.is_empty())
+        .collect())
+}
+
+/// `XREADGROUP ... STREAMS key <from>`: `>` for new entries, `0` for this
+/// consumer's own pending ones.
+async fn read_group(
+    conn: &mut ClusterConnection,
+    key: &str,
+    group: &str,
+    consumer: &str,
+    count: usize,
+    from: &str,
+) -> Result<Vec<RawEntry>, RedisError> {
     let v: Value = redis::cmd("XREADGROUP")
         .arg("GROUP")
         .arg(group)
@@ -73,13 +79,10 @@ pub async fn read_own_pending(
         .arg(count)
         .arg("STREAMS")
         .arg(key)
-        .arg("0")
+        .arg(from)
         .query_async(conn)
         .await?;
-    Ok(parse_xreadgroup(&v)
-        .into_iter()
-        .filter(|e| !e.fields.is_empty())
-        .collect())
+    Ok(parse_xreadgroup(&v))
 }
 
 /// Takes over entries pending on any consumer for longer than `idle`.
