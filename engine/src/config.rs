@@ -77,9 +77,7 @@ impl Config {
             .map(|u| crate::redact::redis_url(u))
             .collect();
         c.postgres_url = crate::redact::postgres_url(&c.postgres_url);
-        if c.server.admin_token.is_some() {
-            c.server.admin_token = Some("<set>".into());
-        }
+        c.server.admin_token = c.server.admin_token().map(|_| "<set>".into());
         c
     }
 
@@ -221,10 +219,18 @@ pub struct ServerConfig {
     /// A client must send a request's body within this.
     #[serde(with = "millis", rename = "body_read_timeout_ms")]
     pub body_read_timeout: Duration,
-    /// A request is answered (503 `timeout`) within this, body read
-    /// included. Admin operations still run to the end.
+    /// A request is answered (503 `unavailable`) within this, counted from
+    /// when its body was read: the wait for a slot and the handler. Admin
+    /// operations still run to the end.
     #[serde(with = "millis", rename = "request_timeout_ms")]
     pub request_timeout: Duration,
+    /// A client must take each part of an answer within this, or its
+    /// connection is closed (a client that never reads cannot hold one).
+    #[serde(with = "millis", rename = "write_timeout_ms")]
+    pub write_timeout: Duration,
+    /// Largest request head (request line and headers) a connection buffers,
+    /// in bytes; larger heads are refused. Bounds memory per connection.
+    pub max_header_bytes: usize,
     /// On SIGTERM, requests in flight get this long before their connections
     /// are closed; then the order writer drains and the process exits 0.
     #[serde(with = "millis", rename = "shutdown_grace_ms")]
@@ -250,6 +256,8 @@ impl Default for ServerConfig {
             header_read_timeout: Duration::from_secs(5),
             body_read_timeout: Duration::from_secs(5),
             request_timeout: Duration::from_secs(30),
+            write_timeout: Duration::from_secs(10),
+            max_header_bytes: 16 * 1024,
             shutdown_grace: Duration::from_secs(10),
             max_body_bytes: 64 * 1024,
             max_connections: 10_000,
@@ -283,15 +291,17 @@ impl ServerConfig {
         if self.global_rps > 0.0 && self.global_burst == 0 {
             return Err("server.global_burst: must be >= 1 when global_rps is set".into());
         }
-        if self.max_in_flight == 0 {
-            return Err("server.max_in_flight: must be >= 1".into());
+        if !(1..=1_000_000).contains(&self.max_in_flight) {
+            return Err("server.max_in_flight: must be 1..=1000000".into());
         }
+        // Counted without blanks: fifteen spaces and a letter are a
+        // one-letter secret.
         if self
             .admin_token()
-            .is_some_and(|t| t.chars().count() < MIN_ADMIN_TOKEN)
+            .is_some_and(|t| t.chars().filter(|c| !c.is_whitespace()).count() < MIN_ADMIN_TOKEN)
         {
             return Err(format!(
-                "server.admin_token: use at least {MIN_ADMIN_TOKEN} characters \
+                "server.admin_token: use at least {MIN_ADMIN_TOKEN} non-blank characters \
                  (or leave it unset to turn the admin routes off)"
             ));
         }
@@ -321,6 +331,16 @@ impl ServerConfig {
             Duration::ZERO,
             hour,
         )?;
+        within(
+            "server.write_timeout_ms",
+            self.write_timeout,
+            Duration::from_millis(100),
+            hour,
+        )?;
+        // hyper's own floor is 8 KiB.
+        if !(8192..=1024 * 1024).contains(&self.max_header_bytes) {
+            return Err("server.max_header_bytes: must be 8192..=1048576".into());
+        }
         if !(1024..=64 * 1024 * 1024).contains(&self.max_body_bytes) {
             return Err("server.max_body_bytes: must be 1024..=67108864".into());
         }

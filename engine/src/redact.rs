@@ -7,54 +7,86 @@
 /// The `host:port` of a `redis://` or `rediss://` URL, without user, password,
 /// path or query: the form used in metric labels and error messages.
 pub fn host_port(url: &str) -> String {
-    let rest = url
-        .strip_prefix("redis://")
-        .or_else(|| url.strip_prefix("rediss://"))
-        .unwrap_or(url);
+    let rest = url.split_once("://").map_or(url, |(_, r)| r);
+    // The password may hold '/', '?' or '#': the host starts after the last
+    // '@', whatever comes before it.
     let rest = rest.rsplit_once('@').map_or(rest, |(_, h)| h);
     let end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
     rest[..end].to_owned()
 }
 
-/// A `redis://` URL with its password (and user) replaced, for printing.
+/// A Redis URL with everything before its host (user and password)
+/// replaced, for printing. Works on URLs that are not valid too (a mistyped
+/// scheme must not put the password in the error that says so).
 pub fn redis_url(url: &str) -> String {
-    let scheme = if url.starts_with("rediss://") {
-        "rediss://"
-    } else {
-        "redis://"
-    };
-    let has_user_info = url
-        .strip_prefix(scheme)
-        .is_some_and(|r| r.split(['/', '?', '#']).next().unwrap_or("").contains('@'));
-    if has_user_info {
-        format!("{scheme}<redacted>@{}", host_port(url))
-    } else {
-        url.to_owned()
+    match url.rsplit_once('@') {
+        None => url.to_owned(),
+        Some((before, after)) => {
+            let scheme = before.split_once("://").map_or("", |(s, _)| s);
+            let scheme = if scheme
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || c == '+')
+            {
+                scheme
+            } else {
+                ""
+            };
+            if scheme.is_empty() {
+                format!("<redacted>@{after}")
+            } else {
+                format!("{scheme}://<redacted>@{after}")
+            }
+        }
     }
 }
 
-/// A PostgreSQL connection string (key=value or URL form) with its password
-/// replaced, for printing.
+/// A PostgreSQL connection string (libpq key=value or URL form) with its
+/// password replaced, for printing. A string that does not parse is hidden
+/// whole: better nothing than a password.
 pub fn postgres_url(url: &str) -> String {
-    if let Some(rest) = url
-        .strip_prefix("postgres://")
-        .or_else(|| url.strip_prefix("postgresql://"))
-    {
-        let scheme = &url[..url.len() - rest.len()];
-        let (auth, host) = match rest.split_once('@') {
-            Some((a, h)) => (Some(a), h),
-            None => (None, rest),
-        };
-        let auth = auth.map(|a| match a.split_once(':') {
+    let trimmed = url.trim();
+    if trimmed.starts_with("postgres://") || trimmed.starts_with("postgresql://") {
+        return postgres_uri(trimmed);
+    }
+    match key_values(trimmed) {
+        Some(pairs) => pairs
+            .into_iter()
+            .map(|(k, v)| {
+                if k.eq_ignore_ascii_case("password") {
+                    format!("{k}=<redacted>")
+                } else {
+                    format!("{k}={v}")
+                }
+            })
+            .collect::<Vec<_>>()
+            .join(" "),
+        None => "<connection string hidden: it does not parse>".into(),
+    }
+}
+
+/// `postgres://user:password@host/db?password=...`: the user info ends at
+/// the last '@' (a password may hold one).
+fn postgres_uri(url: &str) -> String {
+    let (scheme, rest) = url.split_once("://").unwrap_or(("postgres", url));
+    let (auth, host) = match rest.rsplit_once('@') {
+        Some((a, h)) => (Some(a), h),
+        None => (None, rest),
+    };
+    let auth = auth
+        .map(|a| match a.split_once(':') {
             Some((user, _)) => format!("{user}:<redacted>@"),
             None => format!("{a}@"),
-        });
-        let (host, query) = match host.split_once('?') {
-            Some((h, q)) => (h, Some(q)),
-            None => (host, None),
-        };
-        let query = query.map(|q| {
-            q.split('&')
+        })
+        .unwrap_or_default();
+    let (host, query) = match host.split_once('?') {
+        Some((h, q)) => (h, Some(q)),
+        None => (host, None),
+    };
+    let mut out = format!("{scheme}://{auth}{host}");
+    if let Some(q) = query {
+        out.push('?');
+        out.push_str(
+            &q.split('&')
                 .map(|kv| match kv.split_once('=') {
                     Some((k, _)) if k.eq_ignore_ascii_case("password") => {
                         format!("{k}=<redacted>")
@@ -62,22 +94,63 @@ pub fn postgres_url(url: &str) -> String {
                     _ => kv.to_owned(),
                 })
                 .collect::<Vec<_>>()
-                .join("&")
-        });
-        let mut out = format!("{scheme}{}{host}", auth.unwrap_or_default());
-        if let Some(q) = query {
-            out.push('?');
-            out.push_str(&q);
-        }
-        return out;
+                .join("&"),
+        );
     }
-    url.split_whitespace()
-        .map(|kv| match kv.split_once('=') {
-            Some((k, _)) if k.eq_ignore_ascii_case("password") => format!("{k}=<redacted>"),
-            _ => kv.to_owned(),
-        })
-        .collect::<Vec<_>>()
-        .join(" ")
+    out
+}
+
+/// libpq's `key = value` list: spaces around '=' allowed, values bare or in
+/// single quotes with backslash escapes. `None` when it does not parse.
+fn key_values(s: &str) -> Option<Vec<(String, String)>> {
+    let mut out = Vec::new();
+    let mut chars = s.chars().peekable();
+    loop {
+        while chars.peek().is_some_and(|c| c.is_whitespace()) {
+            chars.next();
+        }
+        if chars.peek().is_none() {
+            return Some(out);
+        }
+        let mut key = String::new();
+        while let Some(&c) = chars.peek() {
+            if c == '=' || c.is_whitespace() {
+                break;
+            }
+            key.push(c);
+            chars.next();
+        }
+        while chars.peek().is_some_and(|c| c.is_whitespace()) {
+            chars.next();
+        }
+        if key.is_empty() || chars.next() != Some('=') {
+            return None;
+        }
+        while chars.peek().is_some_and(|c| c.is_whitespace()) {
+            chars.next();
+        }
+        let mut value = String::new();
+        if chars.peek() == Some(&'\'') {
+            chars.next();
+            loop {
+                match chars.next()? {
+                    '\\' => value.push(chars.next()?),
+                    '\'' => break,
+                    c => value.push(c),
+                }
+            }
+            value = format!("'{}'", value.replace('\\', "\\\\").replace('\'', "\\'"));
+        } else {
+            while let Some(&c) = chars.peek() {
+                if c.is_whitespace() {
+                    break;
+                }
+                value.push(c);
+                chars.next();
+            }
+        }
+        out.push((key, value));
+    }
 }
 
 #[cfg(test)]
@@ -100,14 +173,32 @@ mod tests {
             redis_url("redis://127.0.0.1:7101"),
             "redis://127.0.0.1:7101"
         );
+        for url in [
+            "redis://:pa#S3cret@127.0.0.1:7001",
+            "redis://:pa/S3cret?x@127.0.0.1:7001",
+            "REDIS://:S3cret@127.0.0.1:7001",
+            " redis://:S3cret@127.0.0.1:7001",
+            "redis:/:S3cret@127.0.0.1:7001",
+        ] {
+            assert!(
+                !redis_url(url).contains("S3cret"),
+                "{url}: {}",
+                redis_url(url)
+            );
+            assert_eq!(host_port(url), "127.0.0.1:7001", "{url}");
+        }
         for pg in [
             "host=127.0.0.1 user=postgres password=PgPw-S3cret dbname=x",
+            "host=127.0.0.1 password = PgPw-S3cret dbname=x",
+            "host=127.0.0.1 password='my PgPw-S3cret' dbname=x",
+            "host=127.0.0.1 password='it\\'s PgPw-S3cret' dbname=x",
+            "host=127.0.0.1 password='unterminated PgPw-S3cret",
             "postgres://postgres:PgPw-S3cret@127.0.0.1:5432/x",
+            "postgres://u:p@PgPw-S3cret@127.0.0.1/x",
             "postgresql://postgres@127.0.0.1/x?password=PgPw-S3cret&sslmode=disable",
         ] {
             let shown = postgres_url(pg);
-            assert!(!shown.contains("S3cret"), "{shown}");
-            assert!(shown.contains("127.0.0.1"), "{shown}");
+            assert!(!shown.contains("S3cret"), "{pg}: {shown}");
         }
     }
 }

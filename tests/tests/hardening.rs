@@ -619,3 +619,240 @@ fn lock_exec_durations_cannot_wrap_and_a_missing_command_exits_127_released() {
     );
     assert!(started.elapsed() < Duration::from_secs(30));
 }
+
+/// A 4 KiB receive buffer, so the server's answers back up quickly into its
+/// own send buffer (the kernel would otherwise grow ours to megabytes).
+fn shrink_receive_buffer(s: &TcpStream) {
+    use std::os::fd::AsRawFd;
+    let size: libc::c_int = 4096;
+    // SAFETY: setsockopt on a socket we own, with a pointer to a live c_int
+    // and its exact size.
+    let rc = unsafe {
+        libc::setsockopt(
+            s.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_RCVBUF,
+            (&size as *const libc::c_int).cast(),
+            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+        )
+    };
+    assert_eq!(rc, 0, "setsockopt SO_RCVBUF");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_never_reads_cannot_hold_connections() {
+    let cluster = RedisCluster::start(3, 0);
+    let pg = PgDb::create();
+    let server = ServeProcess::start(
+        &cluster,
+        &pg,
+        "",
+        "max_connections = 4\nwrite_timeout_ms = 1000",
+    );
+    // Four connections pipeline thousands of requests and never read a
+    // byte of the answers: the server's sends fill up and stall.
+    let hogs: Vec<_> = (0..4)
+        .map(|_| {
+            let port = server.port;
+            std::thread::spawn(move || {
+                let mut s = TcpStream::connect(("127.0.0.1", port)).expect("connect");
+                shrink_receive_buffer(&s);
+                // Our own sends stall too once the server stops reading.
+                s.set_write_timeout(Some(Duration::from_secs(3)))
+                    .expect("timeout");
+                let req = b"GET /metrics HTTP/1.1\r\nhost: x\r\n\r\n".repeat(500);
+                for _ in 0..100 {
+                    if s.write_all(&req).is_err() {
+                        break;
+                    }
+                }
+                s
+            })
+        })
+        .collect();
+    // Every connection slot is taken and stalled (each hog gave up sending
+    // after its own sends stalled); once the server's stalled writes pass
+    // their deadline it drops them, and a probe gets through again.
+    let hogs: Vec<TcpStream> = hogs.into_iter().map(|h| h.join().expect("hog")).collect();
+    let c = reqwest::Client::builder()
+        .timeout(Duration::from_secs(2))
+        .build()
+        .expect("client");
+    let started = Instant::now();
+    loop {
+        if let Ok(r) = c.get(format!("{}/healthz", server.base())).send().await {
+            if r.status() == 200 {
+                break;
+            }
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(60),
+            "connections held by clients that never read"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    drop(hogs);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_request_is_answered_within_its_deadline_slot_wait_included() {
+    let cluster = RedisCluster::start(3, 0);
+    let pg = PgDb::create();
+    let server = ServeProcess::start(
+        &cluster,
+        &pg,
+        "",
+        "max_in_flight = 1\nrequest_timeout_ms = 1000",
+    );
+    let base = server.base();
+    let c = client();
+    assert_eq!(
+        post(
+            &c,
+            format!("{base}/v1/sales"),
+            json!({"sku": "slow", "stock": 100})
+        )
+        .await
+        .0,
+        201
+    );
+    for p in cluster.master_ports() {
+        let _: () = cluster.node(p).cmd(&["CLIENT", "PAUSE", "15000", "ALL"]);
+    }
+    let tasks: Vec<_> = (0..10)
+        .map(|i| {
+            let (c, base) = (c.clone(), base.clone());
+            tokio::spawn(async move {
+                let started = Instant::now();
+                let (s, b) = buy(&c, &base, "slow", &format!("u{i}"), 1, "r").await;
+                (s, b, started.elapsed())
+            })
+        })
+        .collect();
+    for t in tasks {
+        let (s, b, took) = t.await.expect("task");
+        assert_eq!((s, b["error"].as_str()), (503, Some("unavailable")), "{b}");
+        // One second of deadline, with room for a busy machine; queued
+        // behind nine others (one slot) it would take ten.
+        assert!(took < Duration::from_secs(5), "answered after {took:?}");
+    }
+    for p in cluster.master_ports() {
+        let _: () = cluster.node(p).cmd(&["CLIENT", "UNPAUSE"]);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn oversized_request_heads_are_refused() {
+    let cluster = RedisCluster::start(3, 0);
+    let pg = PgDb::create();
+    let server = ServeProcess::start(&cluster, &pg, "", "");
+    let mut s = TcpStream::connect(("127.0.0.1", server.port)).expect("connect");
+    let head = format!(
+        "GET /healthz HTTP/1.1\r\nhost: x\r\nx-big: {}\r\n\r\n",
+        "a".repeat(64 * 1024)
+    );
+    let _ = s.write_all(head.as_bytes());
+    let said = read_until_closed(s, Duration::from_secs(30));
+    assert!(
+        said.is_empty() || said.starts_with("HTTP/1.1 431"),
+        "a 64 KiB head is refused (default max_header_bytes 16 KiB): {said}"
+    );
+}
+
+#[test]
+fn lock_exec_releases_and_stops_its_command_on_sigint_and_sighup() {
+    let node = RedisServer::start();
+    for sig in ["INT", "HUP"] {
+        let name = format!("sig-{sig}");
+        let marker = format!("31.{}", if sig == "INT" { 25 } else { 75 });
+        let mut exec = flashsale_cmd(None, None, &[node.url()])
+            .args([
+                "lock", "exec", "--name", &name, "--ttl", "10s", "--", "sleep", &marker,
+            ])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("lock exec");
+        let key = format!("flashsale:lock:{name}");
+        wait_for(
+            Duration::from_secs(30),
+            || node.node.cmd::<i64>(&["EXISTS", &key]) == 1,
+            || "the lock is held".into(),
+        );
+        let running = || {
+            Command::new("pgrep")
+                .args(["-f", &format!("sleep {marker}")])
+                .output()
+                .map(|o| o.status.success())
+                .unwrap_or(false)
+        };
+        wait_for(Duration::from_secs(30), running, || {
+            "the command runs".into()
+        });
+        let _ = Command::new("kill")
+            .args([&format!("-{sig}"), &exec.id().to_string()])
+            .status();
+        let status = exec.wait().expect("exits");
+        assert!(!status.success(), "SIG{sig}: the command was stopped");
+        assert_eq!(
+            node.node.cmd::<i64>(&["EXISTS", &key]),
+            0,
+            "SIG{sig}: released at once"
+        );
+        assert!(
+            !running(),
+            "SIG{sig}: the command does not run on without the lock"
+        );
+    }
+}
+
+#[test]
+fn secrets_stay_hidden_in_every_form_of_url_and_error() {
+    let out = config_check(
+        "cluster_nodes = [\"redis://:pa#S3cret@127.0.0.1:7001\"]\n\
+         postgres_url = \"host=127.0.0.1 password = 'my PgPw S3cret' dbname=x\"\n\
+         [server]\nadmin_token = \"      \"\n",
+        &[],
+    );
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(!text.contains("S3cret"), "{text}");
+    assert!(
+        !text.contains("<set>"),
+        "a blank token is off, and shown as off: {text}"
+    );
+    for (toml, what) in [
+        (
+            "cluster_nodes = [\"REDIS://:S3cret@127.0.0.1:7001\"]",
+            "mistyped scheme",
+        ),
+        (
+            "cluster_nodes = \"redis://:S3cret@127.0.0.1:7001\"",
+            "type error",
+        ),
+        ("[server]\nadmin_token = 12345678901234567890", "type error"),
+        (
+            "postgres_url = \"postgres://u:p@S3cret@127.0.0.1/x\"\nmax_qty = 0",
+            "other error",
+        ),
+    ] {
+        let out = config_check(toml, &[]);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{what}");
+        assert!(
+            !err.contains("S3cret") && !err.contains("1234567890"),
+            "{what}: {err}"
+        );
+    }
+    let out = config_check("[server]\nmax_in_flight = 9223372036854775807", &[]);
+    assert!(String::from_utf8_lossy(&out.stderr).contains("server.max_in_flight"));
+    let out = config_check("", &[("FLASHSALE_ADMIN_TOKEN", "               x")]);
+    assert!(
+        !out.status.success(),
+        "fifteen blanks and a letter are not a 16-character token"
+    );
+}

@@ -116,19 +116,42 @@ pub async fn run(lock_nodes: &[String], args: LockExecArgs) -> Result<ExitCode> 
     };
     let pid = child.id();
 
-    let mut term = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-        Ok(t) => t,
-        Err(e) => {
-            signal(pid, libc::SIGTERM);
-            let _ = child.wait().await;
-            guard.unlock().await;
-            return Err(e.into());
+    // SIGTERM, SIGINT and SIGHUP all end the command the same way: it gets
+    // SIGTERM, we wait for it, and the lock is released. A lock exec that
+    // died on Ctrl-C or a closed terminal would leave the command running
+    // without the lock, and the lock held until its TTL.
+    let mut signals = Vec::new();
+    for kind in [
+        tokio::signal::unix::SignalKind::terminate(),
+        tokio::signal::unix::SignalKind::interrupt(),
+        tokio::signal::unix::SignalKind::hangup(),
+    ] {
+        match tokio::signal::unix::signal(kind) {
+            Ok(s) => signals.push(s),
+            Err(e) => {
+                signal(pid, libc::SIGTERM);
+                let _ = child.wait().await;
+                guard.unlock().await;
+                return Err(e.into());
+            }
         }
+    }
+    let [term, int, hup] = &mut signals[..] else {
+        guard.unlock().await;
+        return Err(anyhow!("signal handlers"));
     };
     let outcome = tokio::select! {
         status = child.wait() => Some(status),
         _ = guard.lost() => None,
         _ = term.recv() => {
+            signal(pid, libc::SIGTERM);
+            Some(child.wait().await)
+        }
+        _ = int.recv() => {
+            signal(pid, libc::SIGTERM);
+            Some(child.wait().await)
+        }
+        _ = hup.recv() => {
             signal(pid, libc::SIGTERM);
             Some(child.wait().await)
         }

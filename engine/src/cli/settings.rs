@@ -23,16 +23,52 @@ pub fn load(path: Option<&Path>) -> Result<Config> {
     Ok(config)
 }
 
-/// A TOML error without the offending line (it may hold a secret): the
-/// message and the line number only.
+/// A TOML error without the offending value (it may be a secret): the line
+/// number, the key on that line, and the parser's message with every quoted
+/// value in it replaced.
 fn parse_error(path: &Path, text: &str, e: &toml::de::Error) -> anyhow::Error {
-    let line = e
-        .span()
-        .map(|s| text[..s.start.min(text.len())].matches('\n').count() + 1);
-    match line {
-        Some(l) => anyhow!("{}: line {l}: {}", path.display(), e.message().trim()),
-        None => anyhow!("{}: {}", path.display(), e.message().trim()),
+    let message = without_values(e.message().trim());
+    let Some(start) = e.span().map(|s| s.start.min(text.len())) else {
+        return anyhow!("{}: {message}", path.display());
+    };
+    let line = text[..start].matches('\n').count() + 1;
+    let key = text
+        .lines()
+        .nth(line - 1)
+        .and_then(|l| l.split_once('='))
+        .map(|(k, _)| k.trim())
+        .filter(|k| {
+            !k.is_empty()
+                && k.chars()
+                    .all(|c| c.is_ascii_alphanumeric() || "_.-\"".contains(c))
+        });
+    match key {
+        Some(k) => anyhow!("{}: line {line} ({k}): {message}", path.display()),
+        None => anyhow!("{}: line {line}: {message}", path.display()),
     }
+}
+
+/// `invalid type: string "redis://:pw@h", expected ...` with the quoted (or
+/// backticked) parts replaced by `<value>`.
+fn without_values(message: &str) -> String {
+    let mut out = String::with_capacity(message.len());
+    let mut quote: Option<char> = None;
+    for c in message.chars() {
+        match quote {
+            Some(q) if c == q => {
+                out.push_str("<value>");
+                out.push(c);
+                quote = None;
+            }
+            Some(_) => {}
+            None if c == '"' || c == '`' => {
+                out.push(c);
+                quote = Some(c);
+            }
+            None => out.push(c),
+        }
+    }
+    out
 }
 
 fn apply_env(config: &mut Config, get: impl Fn(&str) -> Option<String>) -> Result<()> {
@@ -88,5 +124,9 @@ mod tests {
         let err = toml::from_str::<Config>("max_qty = 0").map(|c| c.validate());
         assert!(matches!(err, Ok(Err(e)) if e.contains("max_qty")));
         assert!(toml::from_str::<Config>("no_such_field = 1").is_err());
+        assert_eq!(
+            without_values("invalid type: string \"redis://:S3cret@h:1\", expected a sequence"),
+            "invalid type: string \"<value>\", expected a sequence"
+        );
     }
 }

@@ -10,7 +10,10 @@
 mod api;
 
 use std::future::Future;
+use std::io;
+use std::pin::Pin;
 use std::sync::Arc;
+use std::task::{Context as TaskContext, Poll};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
@@ -54,7 +57,9 @@ pub struct Limits {
     body_read_timeout: Duration,
     request_timeout: Duration,
     shutdown_grace: Duration,
+    write_timeout: Duration,
     max_body_bytes: usize,
+    max_header_bytes: usize,
     max_connections: usize,
 }
 
@@ -65,7 +70,9 @@ impl Limits {
             body_read_timeout: s.body_read_timeout,
             request_timeout: s.request_timeout,
             shutdown_grace: s.shutdown_grace,
+            write_timeout: s.write_timeout,
             max_body_bytes: s.max_body_bytes,
+            max_header_bytes: s.max_header_bytes,
             max_connections: s.max_connections,
         }
     }
@@ -137,13 +144,18 @@ async fn guard(State(state): State<AppState>, req: Request, next: Next) -> Respo
     let resp = match read_body(req, &state.limits).await {
         Err(status) => api::ApiError::for_status(status).into_response(),
         Ok(req) => {
-            // A closed semaphore never happens (we never close it).
-            let _permit = if is_probe(&route) {
-                None
-            } else {
-                state.in_flight.acquire().await.ok()
+            // The deadline covers the wait for a slot as well as the handler.
+            let probe = is_probe(&route);
+            let served = async {
+                // A closed semaphore never happens (we never close it).
+                let _permit = if probe {
+                    None
+                } else {
+                    state.in_flight.acquire().await.ok()
+                };
+                next.run(req).await
             };
-            match tokio::time::timeout(state.limits.request_timeout, next.run(req)).await {
+            match tokio::time::timeout(state.limits.request_timeout, served).await {
                 Ok(resp) => resp,
                 Err(_) => {
                     api::ApiError::for_status(StatusCode::SERVICE_UNAVAILABLE).into_response()
@@ -232,10 +244,12 @@ pub async fn run(
             _ = &mut shutdown => break,
         };
         let service = hyper_util::service::TowerToHyperService::new(app.clone());
+        let io = WriteDeadline::new(stream, limits.write_timeout);
         let conn = hyper::server::conn::http1::Builder::new()
             .timer(hyper_util::rt::TokioTimer::new())
             .header_read_timeout(limits.header_read_timeout)
-            .serve_connection(hyper_util::rt::TokioIo::new(stream), service);
+            .max_buf_size(limits.max_header_bytes)
+            .serve_connection(hyper_util::rt::TokioIo::new(io), service);
         let conn = graceful.watch(conn);
         tokio::spawn(async move {
             let _ = conn.await;
@@ -250,6 +264,136 @@ pub async fn run(
         }
     }
     Ok(())
+}
+
+/// A connection whose writes fail once one has made no progress for
+/// `timeout`: hyper has a deadline for reading a request's head but none for
+/// a client that stops reading answers (pipelining requests and never
+/// reading fills the socket, and the connection would be held for ever).
+struct WriteDeadline {
+    inner: tokio::net::TcpStream,
+    timeout: Duration,
+    stalled: Option<Pin<Box<tokio::time::Sleep>>>,
+}
+
+impl WriteDeadline {
+    fn new(inner: tokio::net::TcpStream, timeout: Duration) -> Self {
+        WriteDeadline {
+            inner,
+            timeout,
+            stalled: None,
+        }
+    }
+
+    /// A write that could not progress arms the deadline (once per stall);
+    /// one that did disarms it. Past the deadline the write fails.
+    fn check<T>(
+        &mut self,
+        cx: &mut TaskContext<'_>,
+        r: Poll<io::Result<T>>,
+    ) -> Poll<io::Result<T>> {
+        match r {
+            Poll::Pending => {
+                let timeout = self.timeout;
+                let sleep = self
+                    .stalled
+                    .get_or_insert_with(|| Box::pin(tokio::time::sleep(timeout)));
+                if sleep.as_mut().poll(cx).is_ready() {
+                    return Poll::Ready(Err(io::Error::new(
+                        io::ErrorKind::TimedOut,
+                        "client stopped reading",
+                    )));
+                }
+                Poll::Pending
+            }
+            done => {
+                self.stalled = None;
+                done
+            }
+        }
+    }
+}
+
+impl tokio::io::AsyncRead for WriteDeadline {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut TaskContext<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.inner).poll_read(cx, buf)
+    }
+}
+
+impl tokio::io::AsyncWrite for WriteDeadline {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut TaskContext<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        let r = Pin::new(&mut self.inner).poll_write(cx, buf);
+        self.check(cx, r)
+    }
+
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut TaskContext<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        let r = Pin::new(&mut self.inner).poll_write_vectored(cx, bufs);
+        self.check(cx, r)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.inner.is_write_vectored()
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut TaskContext<'_>) -> Poll<io::Result<()>> {
+        let r = Pin::new(&mut self.inner).poll_flush(cx);
+        self.check(cx, r)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut TaskContext<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.inner).poll_shutdown(cx)
+    }
+}
+
+/// `max_connections`, lowered (with a warning) to what the process's open
+/// file limit leaves after a reserve for Redis, PostgreSQL and the rest:
+/// past that limit `accept` fails, and so does every reconnect.
+fn connections_within_file_limit(wanted: usize) -> usize {
+    const RESERVE: u64 = 256;
+    let mut lim = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit with a valid resource and a pointer to a live struct.
+    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) } != 0 {
+        return wanted;
+    }
+    let need = wanted as u64 + RESERVE;
+    if lim.rlim_cur < need && lim.rlim_max > lim.rlim_cur {
+        let raised = libc::rlimit {
+            rlim_cur: need.min(lim.rlim_max),
+            rlim_max: lim.rlim_max,
+        };
+        // SAFETY: setrlimit with a valid resource and a pointer to a live struct.
+        if unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &raised) } == 0 {
+            lim.rlim_cur = raised.rlim_cur;
+        }
+    }
+    let fit = usize::try_from(lim.rlim_cur.saturating_sub(RESERVE).max(1)).unwrap_or(wanted);
+    if fit < wanted {
+        tracing::warn!(
+            wanted,
+            fit,
+            "server.max_connections lowered to fit the open file limit"
+        );
+        eprintln!(
+            "flashsale serve: max_connections lowered from {wanted} to {fit} to fit the open file limit (ulimit -n)"
+        );
+        return fit;
+    }
+    wanted
 }
 
 /// The `serve` command.
@@ -308,7 +452,10 @@ pub async fn command(
         )),
         prometheus,
         in_flight: Arc::new(Semaphore::new(server.max_in_flight)),
-        limits: Limits::from_config(&server),
+        limits: Limits {
+            max_connections: connections_within_file_limit(server.max_connections),
+            ..Limits::from_config(&server)
+        },
     };
     let listener = TcpListener::bind(&server.listen)
         .await
