@@ -24,6 +24,10 @@ use crate::placement::SlotMap;
 use crate::sale::SaleHandle;
 use crate::scripts::{LuaScript, Scripts};
 
+/// Failed attempts to reach a node after which a call renews the shared
+/// connection (see [`Engine::renew_connection`]).
+const RENEW_AFTER: u32 = 3;
+
 /// Most script reloads one call makes after NOSCRIPT before it gives up.
 pub const MAX_RELOADS: u32 = 3;
 
@@ -35,7 +39,16 @@ pub struct Engine {
 
 pub(crate) struct Inner {
     pub(crate) client: ClusterClient,
-    pub(crate) conn: ClusterConnection,
+    /// The shared cluster connection; replaced by a fresh one (topology
+    /// discovered anew from the seed nodes) when calls keep failing to reach
+    /// a slot, which a connection stuck on a dead master's address would.
+    conn: RwLock<ClusterConnection>,
+    /// When the connection was last replaced.
+    renewed_at: std::sync::Mutex<Option<Instant>>,
+    /// Bumped each time the connection is replaced: WAIT covers only writes
+    /// made on its own connection, so a purchase whose writes may have gone
+    /// out on a replaced one is not confirmed by a WAIT on the new one.
+    conn_generation: AtomicU64,
     pub(crate) scripts: Scripts,
     pub(crate) config: Config,
     /// Sale metadata by SKU. A std lock: it is never held across an await.
@@ -90,7 +103,9 @@ impl Engine {
         let engine = Engine {
             inner: Arc::new(Inner {
                 client,
-                conn,
+                conn: RwLock::new(conn),
+                renewed_at: std::sync::Mutex::new(None),
+                conn_generation: AtomicU64::new(0),
                 scripts: Scripts::new(),
                 config,
                 sales: RwLock::new(HashMap::new()),
@@ -132,7 +147,43 @@ impl Engine {
     /// A clone of the cluster connection, for callers in this crate that send
     /// plain commands (admin, status, order writer).
     pub(crate) fn conn(&self) -> ClusterConnection {
-        self.inner.conn.clone()
+        self.inner
+            .conn
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
+    /// Which shared connection is in use (see `conn_generation`).
+    pub(crate) fn conn_generation(&self) -> u64 {
+        self.inner.conn_generation.load(Ordering::SeqCst)
+    }
+
+    /// Replaces the shared connection with a fresh one, at most once every
+    /// two seconds however many calls ask. The fresh connection learns the
+    /// slot map from the seed nodes, so a failover the old one missed (its
+    /// requests kept going to a dead master's address) is found.
+    async fn renew_connection(&self) {
+        {
+            let mut at = self
+                .inner
+                .renewed_at
+                .lock()
+                .unwrap_or_else(|p| p.into_inner());
+            if at.is_some_and(|t| t.elapsed() < std::time::Duration::from_secs(2)) {
+                return;
+            }
+            *at = Some(Instant::now());
+        }
+        match self.inner.client.get_async_connection().await {
+            Ok(fresh) => {
+                *self.inner.conn.write().unwrap_or_else(|p| p.into_inner()) = fresh;
+                self.inner.conn_generation.fetch_add(1, Ordering::SeqCst);
+                metrics::counter!(m::REDIS_RETRIES, "reason" => "renew_connection").increment(1);
+                tracing::info!("cluster connection renewed from the seed nodes");
+            }
+            Err(e) => tracing::warn!(error = %e, "cluster connection could not be renewed"),
+        }
     }
 
     /// A new cluster connection of its own, for long-running readers (the
@@ -267,7 +318,10 @@ impl Engine {
                 }
                 (Recovery::Reconnect, _) => {
                     self.pause_or_give_up(&mut attempt, started, backoff, err, "reconnect")
-                        .await?
+                        .await?;
+                    if attempt >= RENEW_AFTER {
+                        self.renew_connection().await;
+                    }
                 }
             }
         }

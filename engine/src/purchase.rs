@@ -84,6 +84,9 @@ pub(crate) struct RequestKey<'a> {
     pub(crate) user: &'a str,
     pub(crate) request_id: &'a str,
     pub(crate) qty: u64,
+    /// The shared connection in use when the request started: a WAIT
+    /// counts for it only on that connection.
+    pub(crate) conn_gen: u64,
 }
 
 /// Where a walk over the other buckets ended.
@@ -144,6 +147,12 @@ impl Engine {
             return Err(PurchaseError::SoldOut);
         }
 
+        let request = RequestKey {
+            user: req.user,
+            request_id: req.request_id,
+            qty: u64::from(qty),
+            conn_gen: self.conn_generation(),
+        };
         let order_id = new_order_id();
         let script = &self.inner.scripts.purchase;
         let quota_key = home.keys.quota(req.user);
@@ -169,14 +178,9 @@ impl Engine {
             .run_script(script, home.slot, &cmd)
             .await
             .map_err(unavailable)?;
-        let request = RequestKey {
-            user: req.user,
-            request_id: req.request_id,
-            qty: u64::from(qty),
-        };
         match replies::purchase(v).map_err(bad_reply)? {
             PurchaseReply::Confirmed { order_id, bucket } => {
-                self.ack(home.slot).await?;
+                self.ack(home.slot, request.conn_gen).await?;
                 Ok(Confirmed {
                     order_id,
                     bucket,
@@ -197,7 +201,7 @@ impl Engine {
                 // The home bucket's reservation and record are what stop a
                 // retry from buying again: on a replica before any bucket
                 // takes.
-                self.ack(home.slot).await?;
+                self.ack(home.slot, request.conn_gen).await?;
                 self.fall_through(&sale, home, request, &order_id, home_stock)
                     .await
             }
@@ -244,14 +248,17 @@ impl Engine {
             )));
         };
         if taker.index == home.index {
-            return self.ack(home.slot).await;
+            return self.ack(home.slot, request.conn_gen).await;
         }
         match self
             .take(taker, request, order_id, TakeMode::Confirm)
             .await?
         {
             TakeReply::Taken { .. } => {
-                tokio::try_join!(self.ack(home.slot), self.ack(taker.slot))?;
+                tokio::try_join!(
+                    self.ack(home.slot, request.conn_gen),
+                    self.ack(taker.slot, request.conn_gen)
+                )?;
                 Ok(())
             }
             TakeReply::Lost => {
@@ -328,9 +335,12 @@ impl Engine {
                     .map(|b| b.slot)
                     .unwrap_or(home.slot);
                 if taker == home.slot {
-                    self.ack(home.slot).await?;
+                    self.ack(home.slot, request.conn_gen).await?;
                 } else {
-                    tokio::try_join!(self.ack(home.slot), self.ack(taker))?;
+                    tokio::try_join!(
+                        self.ack(home.slot, request.conn_gen),
+                        self.ack(taker, request.conn_gen)
+                    )?;
                 }
             }
             Err(PurchaseError::SoldOut) if walk.all_empty && home_stock == 0 => {
@@ -376,7 +386,7 @@ impl Engine {
                         // A refusal is what lets the walk go on to the next
                         // bucket; a failover that forgot it could let a retry
                         // take here after this walk took further on.
-                        self.ack(b.slot).await?;
+                        self.ack(b.slot, request.conn_gen).await?;
                     }
                 }
                 TakeReply::UnknownSale => return Err(PurchaseError::UnknownSale(sale.sku.clone())),
@@ -472,15 +482,28 @@ impl Engine {
     /// the answer instead of failing it. Past the deadline the answer is
     /// `Unavailable`: the buyer retries with the same request_id and gets the
     /// same order once it is replicated.
-    async fn ack(&self, slot: u16) -> Result<(), PurchaseError> {
+    async fn ack(&self, slot: u16, conn_gen: u64) -> Result<(), PurchaseError> {
         if self.inner.config.ack == Ack::Leader {
             return Ok(());
         }
+        let same_connection = || {
+            if self.conn_generation() == conn_gen {
+                Ok(())
+            } else {
+                // The purchase's writes may have gone out on a connection
+                // since replaced: a WAIT on the new one would not cover them.
+                // The retry replays and waits on its own connection.
+                Err(PurchaseError::Unavailable(
+                    "the cluster connection was renewed mid-purchase; retry".into(),
+                ))
+            }
+        };
+        same_connection()?;
         let started = Instant::now();
         let deadline = self.inner.config.retry.deadline;
         loop {
             let why = match self.replicated(slot).await {
-                Ok(true) => return Ok(()),
+                Ok(true) => return same_connection(),
                 Ok(false) => "no replica acknowledged the order".to_owned(),
                 Err(e) => {
                     // The WAIT itself failed (a broken link): not a spin.

@@ -116,6 +116,7 @@ impl Engine {
                 user,
                 request_id,
                 qty,
+                conn_gen: self.conn_generation(),
             };
             let settled = match self.walk(sale, home, request, "-", TakeMode::Refuse).await {
                 Ok(walk) => self

@@ -150,8 +150,9 @@ async fn kill_a_master_mid_sale(ack: flashsale::Ack) -> FailoverRun {
     // Heal: the old master comes back, as a replica of the promoted one
     // (with ack = replicated, bucket 0 needs a replica to confirm again).
     cluster.node_mut(victim).restart();
+    tokio::task::block_in_place(|| cluster.wait_healthy(Duration::from_secs(120)));
     // Bucket 0 sells again after the failover: 20 confirmations there.
-    let deadline = Instant::now() + Duration::from_secs(120);
+    let deadline = Instant::now() + Duration::from_secs(180);
     let resumed =
         |answers: &Vec<(String, Instant, Result<flashsale::Confirmed, PurchaseError>)>| {
             answers

@@ -59,7 +59,9 @@ async fn abandon_fall_through(
         other_node.connected_clients(),
     );
     let other_len: usize = other_node.cmd(&["XLEN", &other_b.stream]);
-    let doomed = engine_on(cluster).await;
+    // It keeps retrying (it must still be waiting on the paused node when
+    // the test lets the next step through, however slow the machine).
+    let doomed = engine_with(cluster, |c| c.retry.deadline = Duration::from_secs(120)).await;
     let _: () = other_node.cmd(&["CLIENT", "PAUSE", "30000", "WRITE"]);
     let buyer = {
         let (e, sku, user, rid) = (
@@ -70,10 +72,11 @@ async fn abandon_fall_through(
         );
         tokio::spawn(async move { e.purchase(req(&sku, &user, qty, &rid)).await })
     };
-    let pending = format!("{{{}}}:r:*", home_b.tag);
-    wait_until(Duration::from_secs(20), "the request is pending", || {
-        let n = home_node.keys(&pending).len();
-        async move { n > 0 }
+    // This request's own record (other users may have records there).
+    let record = format!("{{{}}}:r:{}:{user}:{rid}", home_b.tag, user.len());
+    wait_until(Duration::from_secs(60), "the request is pending", || {
+        let n: i64 = home_node.cmd(&["EXISTS", &record]);
+        async move { n == 1 }
     })
     .await;
     let (paused, clients) = match how {
@@ -81,7 +84,7 @@ async fn abandon_fall_through(
         Abandon::AfterTake => {
             let _: () = home_node.cmd(&["CLIENT", "PAUSE", "30000", "WRITE"]);
             let _: () = other_node.cmd(&["CLIENT", "UNPAUSE"]);
-            wait_until(Duration::from_secs(20), "the other bucket took", || {
+            wait_until(Duration::from_secs(60), "the other bucket took", || {
                 let n: usize = other_node.cmd(&["XLEN", &other_b.stream]);
                 async move { n > other_len }
             })
