@@ -52,18 +52,23 @@ pub fn command_line(t: &Target, sha: &str, clients: usize, requests: u64) -> Res
         "-r".into(),
         "1000000000".into(),
         "--csv".into(),
+        // purchase.lua's KEYS and ARGV, as the engine builds them for the
+        // user "bench-user" (10 bytes) and a random request id.
         "EVALSHA".into(),
         sha.into(),
-        "5".into(),
+        "6".into(),
         k("sale"),
         k("stock"),
         k("orders"),
-        k("q:__rand_int__"),
-        k("r:__rand_int__"),
+        k("q:bench-user"),
+        k("r:10:bench-user:__rand_int__"),
+        k("pending"),
         "1".into(),
         "__rand_int__".into(),
         "bench-user".into(),
         "86400".into(),
+        "0".into(),
+        "10:bench-user:__rand_int__".into(),
     ])
 }
 
