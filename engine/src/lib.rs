@@ -31,15 +31,20 @@
 //!
 //! # Path of a purchase
 //!
-//! [`Engine::purchase`] validates the request, answers "sold out" from a
-//! process-local flag when every bucket was seen empty recently, then runs
-//! `purchase.lua` with EVALSHA in the buyer's *home bucket* (picked from the
-//! user id). That script checks the window, the request record (a retry gets
-//! the first answer), the user's quota and the stock, and in one atomic step
-//! decrements the stock and XADDs the order to the bucket's stream. When the
-//! home bucket is short, the script reserves the quota and marks the request
-//! pending; the engine then tries the other buckets with `take.lua` and closes
-//! the pending record with `settle.lua`.
+//! [`Engine::purchase`] validates the request; while every bucket was seen
+//! empty recently it reads only the request's own record (a request Redis
+//! never saw is answered "sold out" from that process-local flag); otherwise
+//! it runs `purchase.lua` with EVALSHA in the buyer's *home bucket* (picked
+//! from the user id). That script checks the request record (a retry gets
+//! the first answer; the same request with another qty is refused), the
+//! window, the user's quota and the stock, and in one atomic step decrements
+//! the stock and XADDs the order to the bucket's stream. When the home bucket
+//! is short, the script reserves the quota and marks the request pending; the
+//! engine then walks the other buckets in one fixed order with `take.lua`
+//! (each bucket's answer is final for the request) and closes the pending
+//! record with `settle.lua`. Every reply is decoded once, in [`replies`].
+//! Fall-throughs whose process died half-way are settled by the sweeper
+//! ([`Engine::settle_abandoned`]).
 #![warn(missing_docs)]
 
 pub mod admin;
