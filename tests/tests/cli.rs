@@ -124,6 +124,9 @@ fn unknown_sale_and_bad_config_fail_with_a_clear_message() {
 /// holding the sale's metadata paused, waits until the plan is recorded,
 /// then kills the process with kill -9: a create cut off by a crash.
 fn crash_a_create(cluster: &RedisCluster, sku: &str) {
+    // Built before anything is paused: on a fresh checkout the first build
+    // of the binary takes longer than the pause lasts.
+    let _ = flashsale_tests::flashsale_bin();
     let meta = format!("{{fs:{sku}}}:meta");
     let meta_port = cluster.master_of_slot(flashsale::placement::tag_slot(&format!("fs:{sku}")));
     let others: Vec<u16> = cluster
