@@ -19,13 +19,15 @@
 --                              "C:<qty>:<bucket>:<order_id>"  confirmed
 --                              "P:<qty>"                      pending (home was short)
 --                              "S:<qty>:<code>"               every bucket refused (code -1/-4/-5)
--- KEYS[6] {tag}:pending      sorted set of pending requests (member ARGV[6], score ms)
+-- KEYS[6] {tag}:pending      sorted set of pending requests (score: ms). The member
+--                            is KEYS[5] without its "{tag}:r:" prefix,
+--                            "<n>:<user>:<request_id>" (not sent: the hot path
+--                            builds no string it rarely needs)
 -- ARGV[1] qty (integer 1..2^53-1)
 -- ARGV[2] order id to use if this request makes a new order
 -- ARGV[3] user id
 -- ARGV[4] seconds to keep request records (1..2^31)
 -- ARGV[5] "1" when the engine will WAIT for a replica (ack = replicated)
--- ARGV[6] the request's member in KEYS[6] ("<n>:<user>:<request_id>")
 --
 -- Returns {code, order_id, n}:
 --   { 1, order_id, bucket}   confirmed, new order queued on KEYS[3]
@@ -134,5 +136,7 @@ end
 -- this slot while the engine looks elsewhere, so the limit holds across
 -- buckets. This bucket never takes for this request from now on.
 redis.call('SET', KEYS[5], 'P:' .. qty, 'EX', ttl)
-redis.call('ZADD', KEYS[6], now_ms, ARGV[6])
+-- "{tag}:pending" and "{tag}:r:<member>" share the "{tag}:" prefix.
+local prefix = #KEYS[6] - #'pending'
+redis.call('ZADD', KEYS[6], now_ms, string.sub(KEYS[5], prefix + #'r:' + 1))
 return {3, '', stock}

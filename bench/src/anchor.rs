@@ -68,7 +68,6 @@ pub fn command_line(t: &Target, sha: &str, clients: usize, requests: u64) -> Res
         "bench-user".into(),
         "86400".into(),
         "0".into(),
-        "10:bench-user:__rand_int__".into(),
     ])
 }
 

@@ -24,6 +24,9 @@ pub struct BucketKeys {
     pub stock: String,
     /// `{tag}:orders`, the order stream.
     pub orders: String,
+    /// `{tag}:pending`, the sorted set of this bucket's pending fall-throughs
+    /// (member [`pending_member`], score: ms when it became pending).
+    pub pending: String,
     /// `{tag}:` prefix of per-request and per-user keys.
     prefix: String,
 }
@@ -35,6 +38,7 @@ impl BucketKeys {
             sale: format!("{{{tag}}}:sale"),
             stock: format!("{{{tag}}}:stock"),
             orders: format!("{{{tag}}}:orders"),
+            pending: format!("{{{tag}}}:pending"),
             prefix: format!("{{{tag}}}:"),
         }
     }
@@ -48,15 +52,6 @@ impl BucketKeys {
         k.push_str(&self.prefix);
         k.push_str("r:");
         push_member(&mut k, user, request_id);
-        k
-    }
-
-    /// `{tag}:pending`, the sorted set of this bucket's pending fall-throughs
-    /// (member [`pending_member`], score: ms when it became pending).
-    pub fn pending(&self) -> String {
-        let mut k = String::with_capacity(self.prefix.len() + 7);
-        k.push_str(&self.prefix);
-        k.push_str("pending");
         k
     }
 

@@ -156,7 +156,6 @@ impl Engine {
         let order_id = new_order_id();
         let script = &self.inner.scripts.purchase;
         let quota_key = home.keys.quota(req.user);
-        let pending_key = home.keys.pending();
         let mut cmd = Engine::evalsha(
             script,
             &[
@@ -165,15 +164,14 @@ impl Engine {
                 &home.keys.orders,
                 &quota_key,
                 &record_key,
-                &pending_key,
+                &home.keys.pending,
             ],
         );
         cmd.arg(qty)
             .arg(&order_id)
             .arg(req.user)
             .arg(self.request_ttl_secs())
-            .arg(self.replicated_flag())
-            .arg(keys::pending_member(req.user, req.request_id));
+            .arg(self.replicated_flag());
         let v = self
             .run_script(script, home.slot, &cmd)
             .await
@@ -445,12 +443,11 @@ impl Engine {
         walk: &WalkOutcome,
     ) -> Result<replies::SettleReply, PurchaseError> {
         let script = &self.inner.scripts.settle;
-        let keys = [
+        let (quota, record) = (
             home.keys.quota(request.user),
             home.keys.request(request.user, request.request_id),
-            home.keys.pending(),
-        ];
-        let mut cmd = Engine::evalsha(script, &[&keys[0], &keys[1], &keys[2]]);
+        );
+        let mut cmd = Engine::evalsha(script, &[&quota, &record, &home.keys.pending]);
         match &walk.taken {
             Some((_, order_id, bucket, _)) => cmd.arg("C").arg(*bucket).arg(order_id).arg(0),
             None => cmd.arg("S").arg(0).arg("").arg(walk.refusal.code()),

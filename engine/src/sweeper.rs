@@ -84,7 +84,7 @@ impl Engine {
         let members: Vec<String> = self
             .run_cmd(
                 redis::cmd("ZRANGEBYSCORE")
-                    .arg(home.keys.pending())
+                    .arg(&home.keys.pending)
                     .arg("-inf")
                     .arg(cutoff)
                     .arg("LIMIT")
@@ -98,7 +98,7 @@ impl Engine {
             let Some((user, request_id)) = keys::parse_pending_member(&member) else {
                 tracing::warn!(member, "pending index entry of an unknown shape; removed");
                 let _: Result<i64, _> = self
-                    .run_cmd(redis::cmd("ZREM").arg(home.keys.pending()).arg(&member))
+                    .run_cmd(redis::cmd("ZREM").arg(&home.keys.pending).arg(&member))
                     .await;
                 continue;
             };
