@@ -54,7 +54,7 @@ pub struct Machine {
     pub replicas: usize,
 }
 
-/// One pass/miss line against the targets.
+/// One pass/miss line against the harness's targets.
 #[derive(Debug, Clone, Serialize)]
 pub struct Target {
     /// What is compared.

@@ -262,7 +262,7 @@ impl Engine {
     /// may pass it backs off and retries until the retry deadline. Retrying is
     /// safe because every script is idempotent per request record.
     ///
-    /// DESIGN.md says "reload and retry once"; we allow [`MAX_RELOADS`]
+    /// The design said "reload and retry once"; we allow [`MAX_RELOADS`]
     /// because the script cache can be flushed again between our reload and
     /// our retry (an operator's second `SCRIPT FLUSH`, or a failover right
     /// after a flush), and a buyer should not see that as an error.

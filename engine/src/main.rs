@@ -1,5 +1,5 @@
-//! The `flashsale` binary: sale admin, the demo, and (as they land) the order
-//! writer, reconcile, locks and the HTTP service. Parses the command line,
+//! The `flashsale` binary: sale admin and repair, the demo, the order
+//! writer, reconcile, `lock exec` and the HTTP service. Parses the command line,
 //! loads the config and calls the library; holds no business logic.
 
 mod cli;

@@ -6,7 +6,9 @@
 //! Entries left pending by a dead consumer are taken over with XAUTOCLAIM.
 //! It never writes stock and never answers buyers.
 
+mod durable;
 pub mod entry;
+mod sql;
 mod stream;
 
 use std::collections::BTreeMap;
@@ -20,13 +22,13 @@ use redis::cluster_async::ClusterConnection;
 use tokio::sync::Notify;
 use tokio::task::JoinHandle;
 
-use redis::cluster_routing::{Route, RoutingInfo, SingleNodeRoutingInfo, SlotAddr};
-
 use crate::config::Backoff;
 use crate::db::{self, DbError};
 use crate::engine::Engine;
 use entry::{OrderRow, RawEntry};
+use sql::{db_message, is_permanent, WriteFailure};
 
+pub use sql::write_batch;
 pub use stream::cmp_ids as stream_cmp_ids;
 pub use stream::GROUP;
 
@@ -495,124 +497,6 @@ impl OrderWriter {
             .await
     }
 
-    /// The cluster id of the master serving `slot` now.
-    async fn master_id(&mut self, slot: u16) -> Result<String, redis::RedisError> {
-        let v = self
-            .conn
-            .route_command(
-                redis::cmd("CLUSTER").arg("MYID").clone(),
-                RoutingInfo::SingleNode(SingleNodeRoutingInfo::SpecificNode(Route::new(
-                    slot,
-                    SlotAddr::Master,
-                ))),
-            )
-            .await?;
-        Ok(match v {
-            redis::Value::BulkString(b) => String::from_utf8_lossy(&b).into_owned(),
-            redis::Value::SimpleString(s) => s,
-            other => format!("{other:?}"),
-        })
-    }
-
-    /// Writes `entries` once a replica has them; otherwise leaves them
-    /// pending on this consumer, to be read again next round.
-    async fn write_if_replicated(
-        &mut self,
-        key: &str,
-        slot: u16,
-        read_from: &str,
-        entries: Vec<RawEntry>,
-    ) -> Result<usize, redis::RedisError> {
-        // Never write what a failover could take back.
-        if !self.replicated(key, slot).await? || self.master_id(slot).await? != read_from {
-            if let Some(s) = self.streams.get_mut(key) {
-                s.reread_own = true;
-            }
-            return Ok(0);
-        }
-        let n = entries.len();
-        self.handle_batch(key, entries).await?;
-        Ok(n)
-    }
-
-    /// True when the cluster knows a replica of `slot`'s master, connected or
-    /// not: a replica that is down now may come back stale and be promoted,
-    /// so only a master with no replica at all can skip the WAIT. Asked of
-    /// the master itself (`CLUSTER NODES`), at most once a second per slot.
-    async fn master_has_replicas(&mut self, slot: u16) -> Result<bool, redis::RedisError> {
-        if let Some((known, at)) = self.replica_cache.get(&slot) {
-            if at.elapsed() < Duration::from_secs(1) {
-                return Ok(*known);
-            }
-        }
-        let route = RoutingInfo::SingleNode(SingleNodeRoutingInfo::SpecificNode(Route::new(
-            slot,
-            SlotAddr::Master,
-        )));
-        let nodes = self
-            .conn
-            .route_command(redis::cmd("CLUSTER").arg("NODES").clone(), route)
-            .await?;
-        let text = match nodes {
-            redis::Value::BulkString(b) => String::from_utf8_lossy(&b).into_owned(),
-            redis::Value::VerbatimString { text, .. } => text,
-            redis::Value::SimpleString(s) => s,
-            _ => String::new(),
-        };
-        let me = text
-            .lines()
-            .find(|l| l.contains("myself"))
-            .and_then(|l| l.split(' ').next());
-        // Unknown shape: assume replicas, so nothing is written unwaited.
-        let known = me.is_none_or(|id| {
-            text.lines()
-                .any(|l| l.split(' ').nth(3) == Some(id) && l.contains("slave"))
-        });
-        self.replica_cache.insert(slot, (known, Instant::now()));
-        Ok(known)
-    }
-
-    /// True when a replica of `slot`'s master has every write that master
-    /// made up to now (so every entry just read from it), or when that
-    /// master has no replica to fail over to.
-    ///
-    /// WAIT counts only the writes of its own connection, and a read of the
-    /// stream may not be one (re-reading pending entries is not), so a small
-    /// write in the stream's slot goes first: its offset is the master's
-    /// offset now, past every entry read.
-    async fn replicated(&mut self, key: &str, slot: u16) -> Result<bool, redis::RedisError> {
-        let route = || {
-            RoutingInfo::SingleNode(SingleNodeRoutingInfo::SpecificNode(Route::new(
-                slot,
-                SlotAddr::Master,
-            )))
-        };
-        let has_replicas = self.master_has_replicas(slot).await?;
-        if !has_replicas {
-            return Ok(true);
-        }
-        let _: i64 = redis::cmd("INCR")
-            .arg(format!("{key}:writer-fence"))
-            .query_async(&mut self.conn)
-            .await?;
-        let acked = self
-            .conn
-            .route_command(
-                redis::cmd("WAIT")
-                    .arg(1)
-                    .arg(self.config.replica_wait.as_millis() as u64)
-                    .clone(),
-                route(),
-            )
-            .await?;
-        if matches!(acked, redis::Value::Int(n) if n >= 1) {
-            return Ok(true);
-        }
-        self.report.held_unreplicated += 1;
-        tracing::debug!(slot, "order batch held: no replica has it yet");
-        Ok(false)
-    }
-
     /// Writes the good entries, dead-letters the bad, then acknowledges all
     /// and trims what is acknowledged. Gives up (leaving everything pending
     /// for a later claim) only when shutdown was asked and the grace ran out.
@@ -717,64 +601,6 @@ impl OrderWriter {
             attempt = attempt.saturating_add(1);
         }
     }
-}
-
-/// Why a batch was not written.
-enum WriteFailure {
-    /// PostgreSQL refused the data itself; retrying cannot help.
-    Permanent(String),
-    /// Shutdown's grace ran out while PostgreSQL kept failing.
-    Stopped,
-}
-
-/// SQLSTATE class 22 (data exception) or 23 (integrity constraint): the
-/// rows themselves are refused, so the same statement will fail forever.
-fn is_permanent(e: &DbError) -> bool {
-    match e {
-        DbError::Query(q) => q
-            .code()
-            .is_some_and(|c| c.code().starts_with("22") || c.code().starts_with("23")),
-        _ => false,
-    }
-}
-
-/// The database's own message of a refusal (no connection details).
-fn db_message(e: &DbError) -> String {
-    match e {
-        DbError::Query(q) => q
-            .as_db_error()
-            .map(|d| format!("{}: {}", d.code().code(), d.message()))
-            .unwrap_or_else(|| q.to_string()),
-        other => other.to_string(),
-    }
-}
-
-/// One batch, one transaction: `INSERT ... ON CONFLICT (order_id) DO NOTHING`
-/// from arrays, so the statement is the same whatever the batch size.
-pub async fn write_batch(pool: &Pool, rows: &[OrderRow]) -> Result<u64, DbError> {
-    let mut c = db::client(pool).await?;
-    let tx = c.transaction().await?;
-    let col = |f: fn(&OrderRow) -> String| rows.iter().map(f).collect::<Vec<String>>();
-    let ids = col(|r| r.order_id.clone());
-    let skus = col(|r| r.sku.clone());
-    let users = col(|r| r.user_id.clone());
-    let tags = col(|r| r.shard_tag.clone());
-    let stream_ids = col(|r| r.stream_id.clone());
-    let qtys: Vec<i32> = rows.iter().map(|r| r.qty).collect();
-    let buckets: Vec<i32> = rows.iter().map(|r| r.bucket).collect();
-    let created: Vec<i64> = rows.iter().map(|r| r.created_ms).collect();
-    let n = tx
-        .execute(
-            "INSERT INTO orders (order_id, sku, user_id, qty, bucket, shard_tag, stream_id, created_at)
-             SELECT o, s, u, q, b, t, i, to_timestamp(ms::double precision / 1000)
-             FROM UNNEST($1::text[], $2::text[], $3::text[], $4::int4[], $5::int4[], $6::text[], $7::text[], $8::int8[])
-                  AS x(o, s, u, q, b, t, i, ms)
-             ON CONFLICT (order_id) DO NOTHING",
-            &[&ids, &skus, &users, &qtys, &buckets, &tags, &stream_ids, &created],
-        )
-        .await?;
-    tx.commit().await?;
-    Ok(n)
 }
 
 impl Engine {
