@@ -177,22 +177,8 @@ pub async fn trim_acknowledged(
     let Some(mut min_id) = next_id(last_acked) else {
         return Ok(());
     };
-    let groups: Value = redis::cmd("XINFO")
-        .arg("GROUPS")
-        .arg(key)
-        .query_async(conn)
-        .await?;
-    let Value::Array(groups) = groups else {
-        return Ok(());
-    };
-    for g in groups {
-        let fields = group_fields(g);
-        let get = |name: &str| {
-            fields
-                .iter()
-                .find(|(k, _)| k == name)
-                .map(|(_, v)| v.clone())
-        };
+    for info in groups(conn, key).await? {
+        let get = |name: &str| info.get(name);
         let Some(name) = get("name").and_then(|v| text(&v)) else {
             return Ok(());
         };
@@ -242,6 +228,35 @@ fn text(v: &Value) -> Option<String> {
     }
 }
 
+/// One consumer group as `XINFO GROUPS` describes it.
+struct GroupInfo(Vec<(String, Value)>);
+
+impl GroupInfo {
+    /// The value of field `name` (`name`, `pending`, `lag`, ...).
+    fn get(&self, name: &str) -> Option<Value> {
+        self.0
+            .iter()
+            .find(|(k, _)| k == name)
+            .map(|(_, v)| v.clone())
+    }
+}
+
+/// Every consumer group of `key` (none when the stream has none).
+async fn groups(conn: &mut ClusterConnection, key: &str) -> Result<Vec<GroupInfo>, RedisError> {
+    let groups: Value = redis::cmd("XINFO")
+        .arg("GROUPS")
+        .arg(key)
+        .query_async(conn)
+        .await?;
+    let Value::Array(groups) = groups else {
+        return Ok(Vec::new());
+    };
+    Ok(groups
+        .into_iter()
+        .map(|g| GroupInfo(group_fields(g)))
+        .collect())
+}
+
 /// The fields of one `XINFO GROUPS` entry, whatever the protocol's shape.
 fn group_fields(g: Value) -> Vec<(String, Value)> {
     match g {
@@ -273,22 +288,8 @@ pub async fn backlog(
     key: &str,
     group: &str,
 ) -> Result<u64, RedisError> {
-    let groups: Value = redis::cmd("XINFO")
-        .arg("GROUPS")
-        .arg(key)
-        .query_async(conn)
-        .await?;
-    let Value::Array(groups) = groups else {
-        return Ok(0);
-    };
-    for g in groups {
-        let fields = group_fields(g);
-        let get = |name: &str| {
-            fields
-                .iter()
-                .find(|(k, _)| k == name)
-                .map(|(_, v)| v.clone())
-        };
+    for info in groups(conn, key).await? {
+        let get = |name: &str| info.get(name);
         let is_ours =
             matches!(get("name"), Some(Value::BulkString(ref n)) if n == group.as_bytes());
         if !is_ours {
