@@ -58,6 +58,8 @@ pub mod lock;
 pub mod metrics;
 pub mod orders;
 pub mod placement;
+#[cfg(feature = "planted-bugs")]
+pub mod planted;
 pub mod purchase;
 pub mod ratelimit;
 pub mod redact;

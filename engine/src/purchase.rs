@@ -123,6 +123,18 @@ impl Engine {
         validate::id("user", req.user).map_err(PurchaseError::Invalid)?;
         validate::id("request_id", req.request_id).map_err(PurchaseError::Invalid)?;
         let qty = validate::qty(req.qty, cfg.max_qty).map_err(PurchaseError::Invalid)?;
+        #[cfg(feature = "planted-bugs")]
+        let planted_id;
+        #[cfg(feature = "planted-bugs")]
+        let req = if crate::planted::active(crate::planted::Plant::SkipRequestCheck) {
+            planted_id = format!("{}~{}", req.request_id, new_order_id());
+            PurchaseRequest {
+                request_id: &planted_id,
+                ..req
+            }
+        } else {
+            req
+        };
 
         let sale = self.sale(req.sku).await?;
         if sale.per_user_limit > 0 && qty > sale.per_user_limit {
@@ -481,6 +493,10 @@ impl Engine {
     /// same order once it is replicated.
     async fn ack(&self, slot: u16, conn_gen: u64) -> Result<(), PurchaseError> {
         if self.inner.config.ack == Ack::Leader {
+            return Ok(());
+        }
+        #[cfg(feature = "planted-bugs")]
+        if crate::planted::active(crate::planted::Plant::SkipWait) {
             return Ok(());
         }
         let same_connection = || {

@@ -46,7 +46,7 @@ impl Scripts {
     /// The scripts of this build.
     pub fn new() -> Self {
         Scripts {
-            purchase: LuaScript::new("purchase", include_str!("../../lua/purchase.lua")),
+            purchase: LuaScript::new("purchase", purchase_code()),
             take: LuaScript::new("take", include_str!("../../lua/take.lua")),
             settle: LuaScript::new("settle", include_str!("../../lua/settle.lua")),
             create_bucket: LuaScript::new(
@@ -74,6 +74,18 @@ impl Scripts {
             &self.ledger_snapshot,
         ]
     }
+}
+
+/// The text of `lua/purchase.lua` (in a `planted-bugs` build, possibly
+/// broken on purpose; see `crate::planted`).
+fn purchase_code() -> &'static str {
+    let code = include_str!("../../lua/purchase.lua");
+    #[cfg(feature = "planted-bugs")]
+    if crate::planted::active(crate::planted::Plant::NoStockCheck) {
+        // Leaked once per engine: only planted test builds ever get here.
+        return Box::leak(crate::planted::purchase_without_stock_check(code).into_boxed_str());
+    }
+    code
 }
 
 impl Default for Scripts {

@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 
 use tempfile::TempDir;
 
+pub mod chaos;
 pub mod pg;
 pub mod proxy;
 pub mod serve;
@@ -42,6 +43,9 @@ pub struct RedisNode {
     pub port: u16,
     /// Its working directory (nodes.conf, AOF, log).
     pub dir: PathBuf,
+    /// The port it tells the cluster (and so clients) to use, when that is
+    /// a proxy in front of it rather than `port` itself.
+    pub announced: Option<u16>,
     child: Option<Child>,
     extra: Vec<String>,
 }
@@ -53,6 +57,7 @@ impl RedisNode {
         let mut node = RedisNode {
             port,
             dir,
+            announced: None,
             child: None,
             extra: extra.iter().map(|s| s.to_string()).collect(),
         };
@@ -197,26 +202,51 @@ impl RedisCluster {
     /// Spawns the nodes, joins them with `redis-cli --cluster create`, and
     /// waits until every node reports `cluster_state:ok` with a full slot map.
     pub fn start(masters: usize, replicas: usize) -> RedisCluster {
+        let ports = (0..masters * (1 + replicas)).map(|_| (free_port(), None));
+        RedisCluster::start_on(masters, replicas, ports.collect())
+    }
+
+    /// Like [`RedisCluster::start`], on the given ports; a node paired with
+    /// `Some(p)` announces `p` (a proxy in front of it) as its address, so
+    /// clients and replicas reach it only through `p`. The cluster bus keeps
+    /// its own port, so gossip and failover do not go through the proxy.
+    pub fn start_on(
+        masters: usize,
+        replicas: usize,
+        ports: Vec<(u16, Option<u16>)>,
+    ) -> RedisCluster {
+        assert_eq!(ports.len(), masters * (1 + replicas), "one port per node");
         let dir = TempDir::new().expect("temp dir");
-        let total = masters * (1 + replicas);
-        let nodes: Vec<RedisNode> = (0..total)
-            .map(|_| {
-                RedisNode::spawn(
-                    dir.path(),
-                    free_port(),
-                    &[
-                        "--cluster-enabled",
-                        "yes",
-                        "--cluster-config-file",
-                        "nodes.conf",
-                        "--cluster-node-timeout",
-                        "1000",
-                        "--appendonly",
-                        "yes",
-                        "--cluster-replica-validity-factor",
-                        "0",
-                    ],
-                )
+        let nodes: Vec<RedisNode> = ports
+            .into_iter()
+            .map(|(port, announced)| {
+                let mut args: Vec<String> = [
+                    "--cluster-enabled",
+                    "yes",
+                    "--cluster-config-file",
+                    "nodes.conf",
+                    "--cluster-node-timeout",
+                    "1000",
+                    "--appendonly",
+                    "yes",
+                    "--cluster-replica-validity-factor",
+                    "0",
+                ]
+                .iter()
+                .map(|s| s.to_string())
+                .collect();
+                if let Some(a) = announced {
+                    args.extend([
+                        "--cluster-announce-port".into(),
+                        a.to_string(),
+                        "--cluster-announce-bus-port".into(),
+                        (port + 10000).to_string(),
+                    ]);
+                }
+                let args: Vec<&str> = args.iter().map(String::as_str).collect();
+                let mut node = RedisNode::spawn(dir.path(), port, &args);
+                node.announced = announced;
+                node
             })
             .collect();
         let mut create = Command::new("redis-cli");
@@ -240,7 +270,10 @@ impl RedisCluster {
 
     /// Seed URLs for `Config::cluster_nodes`.
     pub fn seeds(&self) -> Vec<String> {
-        self.nodes.iter().map(|n| n.url()).collect()
+        self.nodes
+            .iter()
+            .map(|n| format!("redis://127.0.0.1:{}", n.announced.unwrap_or(n.port)))
+            .collect()
     }
 
     /// Waits until every running node says `cluster_state:ok`, every replica
@@ -297,19 +330,19 @@ impl RedisCluster {
         views.windows(2).all(|w| w[0] == w[1])
     }
 
-    /// The node listening on `port`.
+    /// The node listening on `port` (or announcing it).
     pub fn node(&self, port: u16) -> &RedisNode {
         self.nodes
             .iter()
-            .find(|n| n.port == port)
+            .find(|n| n.port == port || n.announced == Some(port))
             .expect("node with that port")
     }
 
-    /// Mutable access to the node listening on `port`.
+    /// Mutable access to the node listening on `port` (or announcing it).
     pub fn node_mut(&mut self, port: u16) -> &mut RedisNode {
         self.nodes
             .iter_mut()
-            .find(|n| n.port == port)
+            .find(|n| n.port == port || n.announced == Some(port))
             .expect("node with that port")
     }
 
@@ -346,6 +379,47 @@ impl RedisCluster {
             .and_then(|l| l.split(' ').nth(1))
             .and_then(|a| a.split('@').next()?.rsplit(':').next()?.parse().ok())
             .expect("a replica of the master")
+    }
+
+    /// Moves every key of `slot` from the master on `from` to the master on `to`
+    /// the way `redis-cli --cluster reshard` does: IMPORTING/MIGRATING, MIGRATE
+    /// in batches, then SETSLOT NODE on every master.
+    pub fn migrate_slot(&self, slot: u16, from: u16, to: u16) {
+        let id = |port: u16| -> String { self.node(port).cmd(&["CLUSTER", "MYID"]) };
+        let (from_id, to_id) = (id(from), id(to));
+        let s = slot.to_string();
+        let _: () = self
+            .node(to)
+            .cmd(&["CLUSTER", "SETSLOT", &s, "IMPORTING", &from_id]);
+        let _: () = self
+            .node(from)
+            .cmd(&["CLUSTER", "SETSLOT", &s, "MIGRATING", &to_id]);
+        loop {
+            let keys: Vec<String> = self
+                .node(from)
+                .cmd(&["CLUSTER", "GETKEYSINSLOT", &s, "100"]);
+            if keys.is_empty() {
+                break;
+            }
+            // The node's own port: a MIGRATE never goes through a proxy.
+            let port = self.node(to).port.to_string();
+            let mut args = vec![
+                "MIGRATE",
+                "127.0.0.1",
+                port.as_str(),
+                "",
+                "0",
+                "5000",
+                "KEYS",
+            ];
+            args.extend(keys.iter().map(String::as_str));
+            let _: String = self.node(from).cmd(&args);
+        }
+        for port in self.master_ports() {
+            let _: () = self
+                .node(port)
+                .cmd(&["CLUSTER", "SETSLOT", &s, "NODE", &to_id]);
+        }
     }
 
     /// The port of the master serving `slot` now.
@@ -446,6 +520,53 @@ pub fn bench_bin() -> PathBuf {
     static BUILT: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
     BUILT
         .get_or_init(|| workspace_bin("flashsale-bench", "flashsale-bench"))
+        .clone()
+}
+
+/// Path of the `flashsale-chaos` binary (default features), built once per
+/// test process.
+pub fn chaos_bin() -> PathBuf {
+    static BUILT: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+    BUILT
+        .get_or_init(|| workspace_bin("flashsale-tests", "flashsale-chaos"))
+        .clone()
+}
+
+/// Path of a `flashsale-chaos` built with the `planted-bugs` feature:
+/// `$FLASHSALE_CHAOS_PLANTED` (ops/test builds it there before the suite),
+/// else built now in a target dir of its own, so it never replaces the
+/// default build other tests run.
+pub fn planted_chaos_bin() -> PathBuf {
+    static BUILT: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+    BUILT
+        .get_or_init(|| {
+            if let Some(p) = std::env::var_os("FLASHSALE_CHAOS_PLANTED") {
+                return PathBuf::from(p);
+            }
+            let root = Path::new(env!("CARGO_MANIFEST_DIR"))
+                .parent()
+                .expect("workspace root");
+            let target = root.join("target").join("planted-build");
+            let status = Command::new(env!("CARGO"))
+                .args([
+                    "build",
+                    "-q",
+                    "-p",
+                    "flashsale-tests",
+                    "--bin",
+                    "flashsale-chaos",
+                ])
+                .args(["--features", "planted-bugs", "--target-dir"])
+                .arg(&target)
+                .current_dir(root)
+                .status()
+                .expect("run cargo build");
+            assert!(
+                status.success(),
+                "cargo build of the planted flashsale-chaos failed"
+            );
+            target.join("debug").join("flashsale-chaos")
+        })
         .clone()
 }
 

@@ -430,46 +430,6 @@ async fn replicated_ack_confirms_only_what_a_replica_holds() {
     );
 }
 
-/// Moves every key of `slot` from the master on `from` to the master on `to`
-/// the way `redis-cli --cluster reshard` does: IMPORTING/MIGRATING, MIGRATE
-/// in batches, then SETSLOT NODE on every master.
-fn migrate_slot(cluster: &RedisCluster, slot: u16, from: u16, to: u16) {
-    let id = |port: u16| -> String { cluster.node(port).cmd(&["CLUSTER", "MYID"]) };
-    let (from_id, to_id) = (id(from), id(to));
-    let s = slot.to_string();
-    let _: () = cluster
-        .node(to)
-        .cmd(&["CLUSTER", "SETSLOT", &s, "IMPORTING", &from_id]);
-    let _: () = cluster
-        .node(from)
-        .cmd(&["CLUSTER", "SETSLOT", &s, "MIGRATING", &to_id]);
-    loop {
-        let keys: Vec<String> = cluster
-            .node(from)
-            .cmd(&["CLUSTER", "GETKEYSINSLOT", &s, "100"]);
-        if keys.is_empty() {
-            break;
-        }
-        let port = to.to_string();
-        let mut args = vec![
-            "MIGRATE",
-            "127.0.0.1",
-            port.as_str(),
-            "",
-            "0",
-            "5000",
-            "KEYS",
-        ];
-        args.extend(keys.iter().map(String::as_str));
-        let _: String = cluster.node(from).cmd(&args);
-    }
-    for port in cluster.master_ports() {
-        let _: () = cluster
-            .node(port)
-            .cmd(&["CLUSTER", "SETSLOT", &s, "NODE", &to_id]);
-    }
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn migrating_a_bucket_slot_mid_sale_neither_oversells_nor_doubles() {
     let cluster = RedisCluster::start(3, 0);
@@ -525,7 +485,7 @@ async fn migrating_a_bucket_slot_mid_sale_neither_oversells_nor_doubles() {
     // Blocking commands on this runtime thread; the buyers keep running on
     // the other worker.
     let started = Instant::now();
-    tokio::task::block_in_place(|| migrate_slot(&cluster, slot, from, to));
+    tokio::task::block_in_place(|| cluster.migrate_slot(slot, from, to));
     let migration = (started, Instant::now());
     let after = |answers: &Vec<(Instant, Result<flashsale::Confirmed, PurchaseError>)>| {
         answers

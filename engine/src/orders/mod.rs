@@ -517,6 +517,15 @@ impl OrderWriter {
                 Err(reason) => dead.push((e, reason.to_string())),
             }
         }
+        #[cfg(feature = "planted-bugs")]
+        if crate::planted::active(crate::planted::Plant::WriterAckBeforeCommit) {
+            let ids: Vec<&str> = entries.iter().map(|e| e.id.as_str()).collect();
+            stream::ack(&mut self.conn, key, &self.config.group, &ids).await?;
+            if let Ok(n) = write_batch(&self.pool, &rows).await {
+                self.report.written += n;
+            }
+            return Ok(());
+        }
         if !rows.is_empty() {
             match self.write_with_retry(&rows).await {
                 Ok(inserted) => self.report.written += inserted,

@@ -1,0 +1,180 @@
+//! The recorded history of a run: every operation as an `invoke` line and a
+//! completion line (`ok`, `fail` or `unknown`), and every fault as nemesis
+//! lines, in the order they happened, as JSONL. The checker reads the typed
+//! records; a violation cites the lines that prove it.
+
+use std::io::Write;
+use std::sync::Mutex;
+use std::time::Instant;
+
+use serde_json::json;
+
+use super::protocol::{Op, Outcome};
+
+/// When an operation ran.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Phase {
+    /// While the workload and the nemesis ran.
+    Run,
+    /// After healing: resending what ended `unknown` until it is decided.
+    Final,
+}
+
+/// One operation, from invoke to completion.
+#[derive(Debug, Clone)]
+pub struct OpRecord {
+    /// Operation id.
+    pub id: u64,
+    /// The engine process it went to.
+    pub process: usize,
+    /// What was asked.
+    pub op: Op,
+    /// What came back.
+    pub outcome: Outcome,
+    /// Milliseconds since the run started, at invoke and at completion.
+    pub invoke_ms: u64,
+    /// See `invoke_ms`.
+    pub complete_ms: u64,
+    /// Run or final.
+    pub phase: Phase,
+    /// The fault in force when it was invoked, if any.
+    pub fault: Option<String>,
+    /// Line numbers (from 1) of its invoke and completion lines.
+    pub lines: (usize, usize),
+}
+
+/// The history, shared by every task of the controller.
+pub struct History {
+    start: Instant,
+    lines: Mutex<Vec<String>>,
+    ops: Mutex<Vec<OpRecord>>,
+    fault: Mutex<Option<String>>,
+}
+
+impl History {
+    /// An empty history starting now.
+    pub fn new() -> History {
+        History {
+            start: Instant::now(),
+            lines: Mutex::new(Vec::new()),
+            ops: Mutex::new(Vec::new()),
+            fault: Mutex::new(None),
+        }
+    }
+
+    /// Milliseconds since the start.
+    pub fn now_ms(&self) -> u64 {
+        self.start.elapsed().as_millis() as u64
+    }
+
+    fn push(&self, mut line: serde_json::Value) -> usize {
+        let mut lines = self.lines.lock().unwrap_or_else(|p| p.into_inner());
+        let n = lines.len() + 1;
+        line["line"] = json!(n);
+        lines.push(line.to_string());
+        n
+    }
+
+    /// Records an invoke; returns its line and the fault in force.
+    pub fn invoke(&self, id: u64, process: usize, op: &Op) -> (usize, u64, Option<String>) {
+        let t = self.now_ms();
+        let fault = self.current_fault();
+        let line = self.push(json!({
+            "t_ms": t, "process": process, "type": "invoke", "id": id, "op": op,
+        }));
+        (line, t, fault)
+    }
+
+    /// Records a completion and the whole operation.
+    #[allow(clippy::too_many_arguments)]
+    pub fn complete(
+        &self,
+        id: u64,
+        process: usize,
+        op: Op,
+        outcome: Outcome,
+        invoke: (usize, u64, Option<String>),
+        phase: Phase,
+    ) -> OpRecord {
+        let t = self.now_ms();
+        let kind = match &outcome {
+            Outcome::Ok { .. } => "ok",
+            Outcome::Fail { .. } => "fail",
+            Outcome::Unknown { .. } => "unknown",
+        };
+        let line = self.push(json!({
+            "t_ms": t, "process": process, "type": kind, "id": id, "outcome": outcome,
+        }));
+        let rec = OpRecord {
+            id,
+            process,
+            op,
+            outcome,
+            invoke_ms: invoke.1,
+            complete_ms: t,
+            phase,
+            fault: invoke.2,
+            lines: (invoke.0, line),
+        };
+        self.ops
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push(rec.clone());
+        rec
+    }
+
+    /// Records a nemesis event and sets the fault in force (`None` when healed).
+    pub fn nemesis(&self, fault: &str, phase: &str, detail: &str) {
+        let t = self.now_ms();
+        self.push(json!({
+            "t_ms": t, "process": "nemesis", "type": "info", "fault": fault,
+            "phase": phase, "detail": detail,
+        }));
+        *self.fault.lock().unwrap_or_else(|p| p.into_inner()) = match phase {
+            "start" => Some(fault.to_owned()),
+            _ => None,
+        };
+    }
+
+    /// Records a note from the controller (a reconcile, a stock sample).
+    pub fn info(&self, what: &str, detail: serde_json::Value) -> usize {
+        let t = self.now_ms();
+        self.push(json!({
+            "t_ms": t, "process": "controller", "type": "info", "what": what, "detail": detail,
+        }))
+    }
+
+    /// The fault in force now.
+    pub fn current_fault(&self) -> Option<String> {
+        self.fault.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    /// Every completed operation so far.
+    pub fn ops(&self) -> Vec<OpRecord> {
+        self.ops.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    /// Line `n` (from 1).
+    pub fn line(&self, n: usize) -> Option<String> {
+        self.lines
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(n.wrapping_sub(1))
+            .cloned()
+    }
+
+    /// Writes every line to `path`.
+    pub fn write_to(&self, path: &std::path::Path) -> std::io::Result<()> {
+        let mut f = std::io::BufWriter::new(std::fs::File::create(path)?);
+        for l in self.lines.lock().unwrap_or_else(|p| p.into_inner()).iter() {
+            writeln!(f, "{l}")?;
+        }
+        f.flush()
+    }
+}
+
+impl Default for History {
+    fn default() -> Self {
+        History::new()
+    }
+}

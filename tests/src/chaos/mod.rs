@@ -1,0 +1,443 @@
+//! `flashsale-chaos`: random histories under faults, and a checker that
+//! proves the promise. One run starts its own topology ([`topology`]),
+//! engine and writer processes ([`procs`], [`worker`]), sends a workload
+//! drawn from the seed ([`workload`]) while the nemesis injects faults drawn
+//! from the same seed ([`nemesis`]), records every operation
+//! ([`history`]), heals everything, resends every `unknown` until it is
+//! decided, drains the writer, and checks ([`checker`]).
+//!
+//! One seed fixes the sequence of operations and the schedule of faults;
+//! the interleaving of real processes on a real machine is not fixed, so a
+//! seed reproduces a run's shape, not its every timing.
+
+pub mod checker;
+pub mod history;
+pub mod nemesis;
+pub mod procs;
+pub mod protocol;
+pub mod report;
+pub mod topology;
+pub mod worker;
+pub mod workload;
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use history::{History, OpRecord, Phase};
+use nemesis::{Fault, Targets};
+use procs::{ChildProc, ChildSpec};
+use protocol::{Op, Outcome};
+use topology::Topology;
+use workload::Workload;
+
+/// Calls in flight at once from the controller.
+const IN_FLIGHT: usize = 16;
+/// Longest the controller waits for one answer before calling it `unknown`.
+const CALL_TIMEOUT: Duration = Duration::from_secs(10);
+/// Most operations one run sends, whatever its duration.
+const MAX_OPS: u64 = 2_000_000;
+/// Resends of an `unknown` after healing before it counts as unresolved.
+const RESOLVE_ATTEMPTS: usize = 20;
+
+/// What one run does.
+#[derive(Debug, Clone)]
+pub struct Options {
+    /// The seed of the workload and the fault schedule.
+    pub seed: u64,
+    /// How long the workload and the nemesis run.
+    pub duration: Duration,
+    /// The engines' ack mode.
+    pub ack: flashsale::Ack,
+    /// Faults the nemesis may inject.
+    pub faults: Vec<Fault>,
+    /// Engine processes.
+    pub engines: usize,
+    /// A planted bug for the child processes (`planted-bugs` builds only).
+    pub plant: Option<String>,
+    /// Where to write the history (JSONL).
+    pub history: Option<PathBuf>,
+}
+
+/// Everything a run found.
+pub struct RunResult {
+    /// The options it ran with.
+    pub options: Options,
+    /// Seconds the workload ran.
+    pub duration_s: f64,
+    /// Every operation.
+    pub ops: Vec<OpRecord>,
+    /// Faults injected, by kind.
+    pub faults: Vec<(Fault, u64)>,
+    /// The checker's findings.
+    pub verdict: checker::Verdict,
+    /// The history, for citing lines.
+    pub history: Arc<History>,
+}
+
+/// Runs one experiment. An `Err` means the run itself could not be carried
+/// out (a topology that would not start or heal), not that the checker
+/// found a violation.
+pub async fn run(options: Options) -> Result<RunResult, String> {
+    let topo = Topology::start().await?;
+    let config = topo.engine_config(options.ack);
+    let controller = flashsale::Engine::connect(config.clone())
+        .await
+        .map_err(|e| format!("controller engine: {e}"))?;
+    let mut workload = Workload::new(options.seed, options.engines);
+    let mut bucket_slots = Vec::new();
+    for s in &workload.sales {
+        let status = controller
+            .create_sale(flashsale::SaleSpec {
+                buckets: s.buckets,
+                per_user_limit: s.limit,
+                ..flashsale::SaleSpec::new(&s.sku, s.stock)
+            })
+            .await
+            .map_err(|e| format!("create {}: {e}", s.sku))?;
+        bucket_slots.extend(status.buckets.iter().map(|b| b.slot));
+    }
+    let config_json = serde_json::to_string(&config).map_err(|e| e.to_string())?;
+    let plant_args: Vec<String> = options
+        .plant
+        .iter()
+        .flat_map(|p| ["--plant".to_owned(), p.clone()])
+        .collect();
+    let mut engines = Vec::new();
+    for i in 0..options.engines.max(1) {
+        let mut args = vec![
+            "engine".to_owned(),
+            "--config".into(),
+            config_json.clone(),
+            "--resource".into(),
+            topo.resource.url(),
+        ];
+        args.extend(plant_args.iter().cloned());
+        let spec = ChildSpec {
+            args,
+            log: topo.dir.path().join(format!("engine-{i}.log")),
+        };
+        engines.push(Arc::new(
+            ChildProc::start(spec).await.map_err(|e| e.to_string())?,
+        ));
+    }
+    let mut writer_args = vec!["writer".to_owned(), "--config".into(), config_json];
+    writer_args.extend(plant_args.iter().cloned());
+    let writer = ChildProc::start(ChildSpec {
+        args: writer_args,
+        log: topo.dir.path().join("writer.log"),
+    })
+    .await
+    .map_err(|e| e.to_string())?;
+
+    let history = Arc::new(History::new());
+    let pool = flashsale::db::pool(&topo.pg_direct_url(), 4).map_err(|e| e.to_string())?;
+    let targets = Targets {
+        topo: &topo,
+        engines: &engines,
+        writer: &writer,
+        bucket_slots,
+    };
+    let started = Instant::now();
+    let until = started + options.duration;
+    let nemesis_rng = Workload::fork(options.seed);
+    let mut negative_samples = Vec::new();
+    let (faults, (), ()) = tokio::join!(
+        nemesis::run(&targets, &options.faults, nemesis_rng, until, &history),
+        drive(&mut workload, &engines, &history, until, options.duration),
+        periodic_reconcile(&controller, &pool, &history, &mut negative_samples, until),
+    );
+    let duration_s = started.elapsed().as_secs_f64();
+    let faults = faults?;
+    nemesis::heal_all(&targets).await?;
+    resolve(&engines, &history).await;
+    let reconcile = drain(&controller, &pool, &history, &workload).await?;
+    let end = ledger_end(&controller, &workload).await?;
+    let rows = db_orders(&pool).await?;
+    for e in &engines {
+        e.stop().await;
+    }
+    writer.stop().await;
+    let ops = history.ops();
+    let verdict = checker::check(&checker::Inputs {
+        ops: &ops,
+        sales: &workload.sales,
+        end: &end,
+        rows: &rows,
+        reconcile: &reconcile,
+        negative_samples: &negative_samples,
+        ack: options.ack,
+    });
+    if let Some(path) = &options.history {
+        history
+            .write_to(path)
+            .map_err(|e| format!("write history: {e}"))?;
+    }
+    Ok(RunResult {
+        options,
+        duration_s,
+        ops,
+        faults,
+        verdict,
+        history,
+    })
+}
+
+/// Sends the workload until `until`, at most [`IN_FLIGHT`] calls at once.
+async fn drive(
+    workload: &mut Workload,
+    engines: &[Arc<ChildProc>],
+    history: &Arc<History>,
+    until: Instant,
+    duration: Duration,
+) {
+    let permits = Arc::new(tokio::sync::Semaphore::new(IN_FLIGHT));
+    let start = Instant::now();
+    let mut next_id = 0u64;
+    while Instant::now() < until && next_id < MAX_OPS {
+        let Ok(permit) = permits.clone().acquire_owned().await else {
+            break;
+        };
+        let progress = start.elapsed().as_secs_f64() / duration.as_secs_f64().max(0.001);
+        let step = workload.next(progress);
+        let mut sends = vec![step.process];
+        if step.twice {
+            sends.push((step.process + 1) % engines.len());
+        }
+        let mut calls = Vec::new();
+        for process in sends {
+            next_id += 1;
+            let (engine, history, op) =
+                (engines[process].clone(), history.clone(), step.op.clone());
+            let id = next_id;
+            let retry = step.retry_on_unknown;
+            calls.push(async move {
+                let r = call(&engine, &history, id, process, &op, Phase::Run).await;
+                if retry && matches!(r.outcome, Outcome::Unknown { .. }) {
+                    tokio::time::sleep(Duration::from_millis(200)).await;
+                    call(&engine, &history, id + MAX_OPS, process, &op, Phase::Run).await;
+                }
+            });
+        }
+        tokio::spawn(async move {
+            futures_join(calls).await;
+            drop(permit);
+        });
+    }
+    // Every call in flight ends before the run is healed and checked.
+    let _ = permits.acquire_many(IN_FLIGHT as u32).await;
+}
+
+async fn futures_join<F: std::future::Future<Output = ()>>(calls: Vec<F>) {
+    let handles: Vec<_> = calls.into_iter().map(Box::pin).collect();
+    for h in handles {
+        h.await;
+    }
+}
+
+/// One call, recorded as invoke and completion.
+async fn call(
+    engine: &ChildProc,
+    history: &History,
+    id: u64,
+    process: usize,
+    op: &Op,
+    phase: Phase,
+) -> OpRecord {
+    let invoke = history.invoke(id, process, op);
+    let outcome = engine.call(id, op, CALL_TIMEOUT).await;
+    history.complete(id, process, op.clone(), outcome, invoke, phase)
+}
+
+/// After healing, resends every operation that ended `unknown` (same
+/// parameters, same ids) until it is decided or the attempts run out.
+async fn resolve(engines: &[Arc<ChildProc>], history: &History) {
+    let mut seen = std::collections::HashSet::new();
+    let undecided: Vec<Op> = history
+        .ops()
+        .into_iter()
+        .filter(|o| matches!(o.outcome, Outcome::Unknown { .. }))
+        .filter(|o| !matches!(o.op, Op::Status { .. } | Op::Lock { .. }))
+        .map(|o| o.op)
+        .filter(|op| seen.insert(format!("{op:?}")))
+        .collect();
+    let mut id = 10 * MAX_OPS;
+    for (n, op) in undecided.iter().enumerate() {
+        let process = n % engines.len();
+        for attempt in 0..RESOLVE_ATTEMPTS {
+            id += 1;
+            let r = call(&engines[process], history, id, process, op, Phase::Final).await;
+            if !matches!(r.outcome, Outcome::Unknown { .. }) {
+                break;
+            }
+            if attempt + 1 < RESOLVE_ATTEMPTS {
+                tokio::time::sleep(Duration::from_millis(500)).await;
+            }
+        }
+    }
+}
+
+/// What `flashsale serve` does on a timer, while faults go on: reconcile
+/// (its verdict is recorded; only the final one, after draining, is
+/// checked, since no outside truth exists mid-run) and a look at every
+/// bucket's stock, which must never be below zero.
+async fn periodic_reconcile(
+    controller: &flashsale::Engine,
+    pool: &deadpool_postgres::Pool,
+    history: &History,
+    negative: &mut Vec<(String, usize)>,
+    until: Instant,
+) {
+    while Instant::now() + Duration::from_secs(3) < until {
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        match flashsale::ledger::reconcile(controller, pool, &[]).await {
+            Ok(reports) => {
+                let conserved: Vec<(String, bool)> =
+                    reports.into_iter().map(|r| (r.sku, r.conserved)).collect();
+                history.info("reconcile", serde_json::json!(conserved));
+            }
+            Err(e) => {
+                history.info("reconcile_failed", serde_json::json!(e.to_string()));
+            }
+        }
+        sample_during(controller, history, negative).await;
+    }
+    sample_during(controller, history, negative).await;
+}
+
+/// Samples every bucket's stock once (the checker also reads it at the end).
+async fn sample_during(
+    controller: &flashsale::Engine,
+    history: &History,
+    negative: &mut Vec<(String, usize)>,
+) {
+    let Ok(skus) = controller.list_sales().await else {
+        return;
+    };
+    for sku in skus {
+        if let Ok(s) = controller.sale_status(&sku).await {
+            for b in s.buckets.iter().filter(|b| b.remaining < 0) {
+                let detail = format!("{sku}: bucket {} stock {}", b.index, b.remaining);
+                let line = history.info("negative_stock", serde_json::json!(detail));
+                negative.push((detail, line));
+            }
+        }
+    }
+}
+
+/// Waits until the writer has written every order still in a stream (or
+/// makes no more progress for [`STUCK`]: the checker then counts what never
+/// arrived), then returns reconcile's verdict per SKU.
+async fn drain(
+    controller: &flashsale::Engine,
+    pool: &deadpool_postgres::Pool,
+    history: &History,
+    workload: &Workload,
+) -> Result<BTreeMap<String, bool>, String> {
+    const STUCK: Duration = Duration::from_secs(10);
+    let skus: Vec<String> = workload.sales.iter().map(|s| s.sku.clone()).collect();
+    let start = Instant::now();
+    // The sweeper settles abandoned fall-throughs after pending_timeout.
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    let mut last: Option<(u64, Instant)> = None;
+    loop {
+        let reports = flashsale::ledger::reconcile(controller, pool, &skus).await;
+        if let Ok(reports) = &reports {
+            let pending: u64 = reports.iter().map(|r| r.pending).sum();
+            let stuck = match last {
+                Some((p, since)) if p == pending => since.elapsed() >= STUCK,
+                _ => {
+                    last = Some((pending, Instant::now()));
+                    false
+                }
+            };
+            if pending == 0 || stuck || start.elapsed() > Duration::from_secs(120) {
+                history.info(
+                    "reconcile",
+                    serde_json::to_value(reports).unwrap_or_default(),
+                );
+                if pending > 0 {
+                    history.info(
+                        "writer_stuck",
+                        serde_json::json!({ "pending_units": pending }),
+                    );
+                }
+                return Ok(reports
+                    .iter()
+                    .map(|r| (r.sku.clone(), r.conserved))
+                    .collect());
+            }
+        } else if start.elapsed() > Duration::from_secs(120) {
+            return Err(format!("reconcile failed after healing: {reports:?}"));
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+}
+
+/// Per SKU, read from Redis: units ever put in, every bucket's stock, and
+/// the orders still in its streams (id, units).
+async fn ledger_end(
+    controller: &flashsale::Engine,
+    workload: &Workload,
+) -> Result<BTreeMap<String, checker::EndLedger>, String> {
+    let mut conn = controller
+        .dedicated_connection()
+        .await
+        .map_err(|e| format!("connection: {e}"))?;
+    let mut out = BTreeMap::new();
+    for s in &workload.sales {
+        let status = controller
+            .sale_status(&s.sku)
+            .await
+            .map_err(|e| format!("status {}: {e}", s.sku))?;
+        let mut in_streams = Vec::new();
+        for b in &status.buckets {
+            let v: redis::Value = redis::cmd("XRANGE")
+                .arg(&b.stream)
+                .arg("-")
+                .arg("+")
+                .query_async(&mut conn)
+                .await
+                .map_err(|e| format!("XRANGE {}: {e}", b.stream))?;
+            for e in flashsale::orders::entry::parse_entries(&v) {
+                let field = |k: &str| {
+                    e.fields
+                        .iter()
+                        .find(|(f, _)| f == k)
+                        .map(|(_, v)| v.clone())
+                };
+                if let Some(id) = field("order_id") {
+                    let qty = field("qty").and_then(|q| q.parse().ok()).unwrap_or(0);
+                    in_streams.push((id, qty));
+                }
+            }
+        }
+        out.insert(
+            s.sku.clone(),
+            checker::EndLedger {
+                initial: status.buckets.iter().map(|b| b.initial).sum(),
+                stocks: status.buckets.iter().map(|b| b.remaining).collect(),
+                in_streams,
+            },
+        );
+    }
+    Ok(out)
+}
+
+async fn db_orders(pool: &deadpool_postgres::Pool) -> Result<Vec<checker::DbOrder>, String> {
+    let c = pool.get().await.map_err(|e| e.to_string())?;
+    let rows = c
+        .query("SELECT order_id, sku, user_id, qty FROM orders", &[])
+        .await
+        .map_err(|e| e.to_string())?;
+    Ok(rows
+        .iter()
+        .map(|r| checker::DbOrder {
+            order_id: r.get(0),
+            sku: r.get(1),
+            user: r.get(2),
+            qty: u64::try_from(r.get::<_, i32>(3)).unwrap_or(0),
+        })
+        .collect())
+}

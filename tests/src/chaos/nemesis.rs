@@ -1,0 +1,305 @@
+//! The faults of a chaos run, one at a time in an order drawn from the
+//! seed, each bounded in time and healed before the next. Only loopback
+//! processes and proxies this run started are ever touched.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use rand::rngs::StdRng;
+use rand::seq::SliceRandom;
+use rand::Rng;
+
+use super::history::History;
+use super::procs::ChildProc;
+use super::topology::Topology;
+use super::worker::LOCK_LEASE;
+
+/// One kind of fault.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Fault {
+    /// kill -9 of a master whose replica was first cut off and frozen, so
+    /// the replica that takes over misses the master's last writes.
+    Kill,
+    /// SIGSTOP of a master past the node timeout, then SIGCONT: it comes
+    /// back into a world where its replica was promoted.
+    Pause,
+    /// `CLIENT PAUSE ... ALL` on a master.
+    Stall,
+    /// `SCRIPT FLUSH` on every master.
+    Flush,
+    /// Live migration of a bucket's slot to another master.
+    Migrate,
+    /// The proxy in front of a master drops every connection and refuses
+    /// new ones: engines and its replica lose it, the cluster bus does not.
+    Partition,
+    /// kill -9 of an engine process (restarted at once).
+    EngineKill,
+    /// kill -9 of the order writer (restarted a second later).
+    WriterKill,
+    /// PostgreSQL unreachable for 10 s (its proxy cut).
+    PgDown,
+    /// An engine process frozen (SIGSTOP) past the lock lease, then resumed.
+    LockPause,
+}
+
+impl Fault {
+    /// Every fault with its `--faults` name.
+    pub const ALL: [(&'static str, Fault); 10] = [
+        ("kill", Fault::Kill),
+        ("pause", Fault::Pause),
+        ("stall", Fault::Stall),
+        ("flush", Fault::Flush),
+        ("migrate", Fault::Migrate),
+        ("partition", Fault::Partition),
+        ("engine-kill", Fault::EngineKill),
+        ("writer-kill", Fault::WriterKill),
+        ("pg-down", Fault::PgDown),
+        ("lock-pause", Fault::LockPause),
+    ];
+
+    /// The `--faults` name.
+    pub fn name(self) -> &'static str {
+        Fault::ALL
+            .iter()
+            .find(|(_, f)| *f == self)
+            .map(|(n, _)| *n)
+            .unwrap_or("?")
+    }
+
+    /// The fault called `name`.
+    pub fn from_name(name: &str) -> Option<Fault> {
+        Fault::ALL.iter().find(|(n, _)| *n == name).map(|&(_, f)| f)
+    }
+}
+
+/// What the nemesis may touch.
+pub struct Targets<'a> {
+    /// The cluster, proxies, lock nodes and database proxy.
+    pub topo: &'a Topology,
+    /// Engine processes.
+    pub engines: &'a [Arc<ChildProc>],
+    /// The order writer process.
+    pub writer: &'a ChildProc,
+    /// Slots of the sales' buckets (what `migrate` moves).
+    pub bucket_slots: Vec<u16>,
+}
+
+/// How long a cluster may take to heal after a fault before the run gives up.
+const HEAL_TIMEOUT: Duration = Duration::from_secs(90);
+
+/// Injects faults from `enabled` until `until`, one at a time; returns how
+/// many of each were injected. An error means the topology could not be
+/// healed (the run is then not a valid experiment).
+pub async fn run(
+    targets: &Targets<'_>,
+    enabled: &[Fault],
+    mut rng: StdRng,
+    until: Instant,
+    history: &History,
+) -> Result<Vec<(Fault, u64)>, String> {
+    let mut counts: Vec<(Fault, u64)> = enabled.iter().map(|&f| (f, 0)).collect();
+    if enabled.is_empty() {
+        tokio::time::sleep_until(until.into()).await;
+        return Ok(counts);
+    }
+    let mut cycle: Vec<Fault> = Vec::new();
+    loop {
+        let quiet = Duration::from_millis(rng.random_range(500..1500));
+        tokio::time::sleep(quiet).await;
+        if Instant::now() + Duration::from_secs(2) >= until {
+            break;
+        }
+        if cycle.is_empty() {
+            cycle = enabled.to_vec();
+            cycle.shuffle(&mut rng);
+        }
+        let Some(fault) = cycle.pop() else { break };
+        let pick: usize = rng.random_range(0..1000);
+        history.nemesis(fault.name(), "start", "");
+        let detail = inject(targets, fault, pick).await;
+        let healed = heal_cluster(targets.topo).await;
+        let detail = match (&detail, &healed) {
+            (Ok(d), Ok(())) => d.clone(),
+            (Err(e), _) => format!("not injected: {e}"),
+            (_, Err(e)) => format!("not healed: {e}"),
+        };
+        history.nemesis(fault.name(), "end", &detail);
+        healed?;
+        if detail.starts_with("not injected") {
+            continue;
+        }
+        if let Some(c) = counts.iter_mut().find(|(f, _)| *f == fault) {
+            c.1 += 1;
+        }
+    }
+    Ok(counts)
+}
+
+/// Applies one fault and heals it; `pick` chooses the victim.
+async fn inject(t: &Targets<'_>, fault: Fault, pick: usize) -> Result<String, String> {
+    let topo = t.topo;
+    match fault {
+        Fault::Kill => {
+            let (m, r) = topo
+                .with_cluster(move |c| {
+                    let masters = c.master_ports();
+                    let m = masters[pick % masters.len()];
+                    (m, c.replica_of(m))
+                })
+                .await?;
+            topo.with_cluster(move |c| {
+                c.node(r).signal("STOP");
+                // Cut the replication link while the replica cannot
+                // reconnect: what the master writes now is only on it.
+                let _: redis::Value = c.node(m).cmd(&["CLIENT", "KILL", "TYPE", "replica"]);
+            })
+            .await?;
+            tokio::time::sleep(Duration::from_millis(1500)).await;
+            topo.with_cluster(move |c| {
+                c.node_mut(m).kill();
+                c.node(r).signal("CONT");
+            })
+            .await?;
+            wait_cluster(topo, move |c| c.master_ports().contains(&r)).await?;
+            topo.with_cluster(move |c| c.node_mut(m).restart()).await?;
+            Ok(format!("master {m} killed, replica {r} promoted"))
+        }
+        Fault::Pause => {
+            let m = pick_master(topo, pick).await?;
+            topo.with_cluster(move |c| c.node(m).signal("STOP")).await?;
+            tokio::time::sleep(Duration::from_millis(2500)).await;
+            topo.with_cluster(move |c| c.node(m).signal("CONT")).await?;
+            Ok(format!("master {m} paused 2.5 s"))
+        }
+        Fault::Stall => {
+            let m = pick_master(topo, pick).await?;
+            topo.with_cluster(move |c| {
+                let _: () = c.node(m).cmd(&["CLIENT", "PAUSE", "1500", "ALL"]);
+            })
+            .await?;
+            tokio::time::sleep(Duration::from_millis(1600)).await;
+            Ok(format!("master {m} stalled 1.5 s"))
+        }
+        Fault::Flush => {
+            topo.with_cluster(|c| {
+                for m in c.master_ports() {
+                    let _: () = c.node(m).cmd(&["SCRIPT", "FLUSH"]);
+                }
+            })
+            .await?;
+            Ok("scripts flushed on every master".into())
+        }
+        Fault::Migrate => {
+            if t.bucket_slots.is_empty() {
+                return Err("no bucket slots".into());
+            }
+            let slot = t.bucket_slots[pick % t.bucket_slots.len()];
+            topo.with_cluster(move |c| {
+                let from = c.master_of_slot(slot);
+                let others: Vec<u16> = c
+                    .master_ports()
+                    .into_iter()
+                    .filter(|&p| p != from)
+                    .collect();
+                let to = others[pick % others.len()];
+                c.migrate_slot(slot, from, to);
+                format!("slot {slot} moved from {from} to {to}")
+            })
+            .await
+        }
+        Fault::Partition => {
+            let m = pick_master(topo, pick).await?;
+            let proxy = topo
+                .proxies
+                .get(&m)
+                .ok_or_else(|| format!("no proxy announced as {m}"))?;
+            proxy.cut();
+            tokio::time::sleep(Duration::from_millis(3000)).await;
+            proxy.restore();
+            Ok(format!("master {m} cut off 3 s"))
+        }
+        Fault::EngineKill => {
+            let i = pick % t.engines.len();
+            t.engines[i]
+                .kill_and_restart()
+                .await
+                .map_err(|e| e.to_string())?;
+            Ok(format!("engine {i} killed and restarted"))
+        }
+        Fault::WriterKill => {
+            t.writer.kill().await;
+            tokio::time::sleep(Duration::from_millis(1000)).await;
+            t.writer.ensure_running().await.map_err(|e| e.to_string())?;
+            Ok("order writer killed, restarted after 1 s".into())
+        }
+        Fault::PgDown => {
+            topo.pg_proxy.cut();
+            tokio::time::sleep(Duration::from_secs(10)).await;
+            topo.pg_proxy.restore();
+            Ok("PostgreSQL unreachable 10 s".into())
+        }
+        Fault::LockPause => {
+            let i = pick % t.engines.len();
+            t.engines[i].signal(libc::SIGSTOP).await;
+            tokio::time::sleep(LOCK_LEASE * 3).await;
+            t.engines[i].signal(libc::SIGCONT).await;
+            Ok(format!("engine {i} frozen for 3 lock leases"))
+        }
+    }
+}
+
+async fn pick_master(topo: &Topology, pick: usize) -> Result<u16, String> {
+    topo.with_cluster(move |c| {
+        let masters = c.master_ports();
+        masters[pick % masters.len()]
+    })
+    .await
+}
+
+/// Polls `ok` on the cluster until it holds (a failed poll counts as "not
+/// yet"), for at most [`HEAL_TIMEOUT`].
+async fn wait_cluster(
+    topo: &Topology,
+    ok: impl Fn(&mut crate::RedisCluster) -> bool + Send + Sync + Clone + 'static,
+) -> Result<(), String> {
+    let start = Instant::now();
+    loop {
+        let ok = ok.clone();
+        if topo.with_cluster(move |c| ok(c)).await == Ok(true) {
+            return Ok(());
+        }
+        if start.elapsed() > HEAL_TIMEOUT {
+            return Err(format!("cluster not healed after {HEAL_TIMEOUT:?}"));
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// Brings every node back (SIGCONT, restart of a dead one, proxies open)
+/// and waits until the cluster is whole again.
+pub async fn heal_cluster(topo: &Topology) -> Result<(), String> {
+    for p in topo.proxies.values() {
+        p.restore();
+    }
+    topo.with_cluster(|c| {
+        for n in c.nodes.iter_mut() {
+            n.signal("CONT");
+            if !n.is_running() {
+                n.restart();
+            }
+        }
+    })
+    .await?;
+    topo.with_cluster(|c| c.wait_healthy(HEAL_TIMEOUT)).await
+}
+
+/// Heals everything: the cluster, PostgreSQL's proxy, every process.
+pub async fn heal_all(t: &Targets<'_>) -> Result<(), String> {
+    t.topo.pg_proxy.restore();
+    for e in t.engines {
+        e.signal(libc::SIGCONT).await;
+        e.ensure_running().await.map_err(|e| e.to_string())?;
+    }
+    t.writer.ensure_running().await.map_err(|e| e.to_string())?;
+    heal_cluster(t.topo).await
+}

@@ -1,0 +1,129 @@
+//! What the chaos controller asks of an engine process and what it answers,
+//! one JSON object per line over the child's stdin/stdout. The same types
+//! are the operations and results of the recorded history.
+
+use serde::{Deserialize, Serialize};
+
+/// One operation a client of flashsale performs.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "f", rename_all = "snake_case")]
+pub enum Op {
+    /// `Engine::purchase`.
+    Purchase {
+        /// SKU.
+        sku: String,
+        /// Buyer.
+        user: String,
+        /// Request id (the idempotency key, with sku and user).
+        rid: String,
+        /// Units.
+        qty: u32,
+    },
+    /// `Engine::restock_op` under an operation id.
+    Restock {
+        /// SKU.
+        sku: String,
+        /// Units added.
+        qty: u64,
+        /// Operation id: applied once however often it is sent.
+        op_id: String,
+    },
+    /// `Engine::close_sale`.
+    Close {
+        /// SKU.
+        sku: String,
+    },
+    /// `Engine::sale_status`.
+    Status {
+        /// SKU.
+        sku: String,
+    },
+    /// Take a lock, write to a fenced resource twice with the grant's
+    /// token (holding it `hold_ms` in between), release.
+    Lock {
+        /// Lock name.
+        name: String,
+        /// Owner id of this attempt.
+        owner: String,
+        /// How long the lock is held between the two writes.
+        hold_ms: u64,
+    },
+}
+
+/// What came back.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum Outcome {
+    /// It happened.
+    Ok {
+        /// What it returned.
+        value: OkValue,
+    },
+    /// A definite refusal: it did not happen.
+    Fail {
+        /// The error code (`PurchaseError::code()` and the like).
+        code: String,
+    },
+    /// No answer that says either way (timeout, unavailable, process died).
+    Unknown {
+        /// Why.
+        why: String,
+    },
+}
+
+/// The value of an `ok` outcome.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum OkValue {
+    /// A purchase was confirmed.
+    Order {
+        /// Order id.
+        order_id: String,
+        /// Bucket that served it.
+        bucket: u32,
+    },
+    /// An admin operation was applied.
+    Done,
+    /// A status read.
+    Status {
+        /// Units left over all buckets.
+        remaining: i64,
+    },
+    /// A lock was granted, used and released.
+    Lock {
+        /// The grant's fencing token.
+        token: u64,
+        /// Fenced writes the resource refused (a newer token got there first).
+        refused_writes: u32,
+    },
+}
+
+/// A call from the controller.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Call {
+    /// Operation id in the history.
+    pub id: u64,
+    /// The operation.
+    pub op: Op,
+}
+
+/// An engine process's answer to a [`Call`].
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Reply {
+    /// The call's id.
+    pub id: u64,
+    /// What happened.
+    pub outcome: Outcome,
+}
+
+impl Outcome {
+    /// `unknown` with a reason.
+    pub fn unknown(why: impl Into<String>) -> Outcome {
+        Outcome::Unknown { why: why.into() }
+    }
+
+    /// `fail` with a code.
+    pub fn fail(code: impl Into<String>) -> Outcome {
+        Outcome::Fail { code: code.into() }
+    }
+}

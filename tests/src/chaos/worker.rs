@@ -1,0 +1,222 @@
+//! The child processes of a chaos run: an engine process answers the
+//! controller's calls (one JSON line each way), and a writer process runs
+//! the order writer. They are processes, not tasks, so the nemesis can
+//! kill -9 them or freeze them with SIGSTOP, as a real crash or pause would.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use flashsale::lock::LockOptions;
+use flashsale::{AdminError, PurchaseError, PurchaseRequest};
+use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+use tokio::sync::mpsc;
+
+use super::protocol::{Call, OkValue, Op, Outcome, Reply};
+
+/// Fixed lease of the locks the workload takes; the lock-pause fault
+/// freezes a holder for longer than this.
+pub const LOCK_LEASE: Duration = Duration::from_millis(1000);
+
+/// Compare-and-set on the fenced resource: a write is accepted only with a
+/// token at least as large as every token accepted before.
+const FENCED_WRITE: &str = r"
+local cur = tonumber(redis.call('GET', KEYS[1]) or '0')
+if tonumber(ARGV[1]) < cur then return 0 end
+redis.call('SET', KEYS[1], ARGV[1])
+return 1";
+
+/// Runs an engine process until stdin closes.
+pub async fn run_engine(config: flashsale::Config, resource_url: String) -> Result<(), String> {
+    let engine = flashsale::Engine::connect(config)
+        .await
+        .map_err(|e| format!("engine: {e}"))?;
+    let resource = redis::Client::open(resource_url)
+        .map_err(|e| e.to_string())?
+        .get_multiplexed_async_connection()
+        .await
+        .map_err(|e| format!("fenced resource: {e}"))?;
+    let (tx, mut rx) = mpsc::unbounded_channel::<Reply>();
+    let out = tokio::spawn(async move {
+        let mut stdout = tokio::io::stdout();
+        while let Some(reply) = rx.recv().await {
+            let Ok(mut line) = serde_json::to_vec(&reply) else {
+                continue;
+            };
+            line.push(b'\n');
+            if stdout.write_all(&line).await.is_err() || stdout.flush().await.is_err() {
+                return;
+            }
+        }
+    });
+    let mut lines = BufReader::new(tokio::io::stdin()).lines();
+    let script = Arc::new(redis::Script::new(FENCED_WRITE));
+    while let Ok(Some(line)) = lines.next_line().await {
+        let Ok(call) = serde_json::from_str::<Call>(&line) else {
+            continue;
+        };
+        let (engine, tx, resource, script) =
+            (engine.clone(), tx.clone(), resource.clone(), script.clone());
+        tokio::spawn(async move {
+            let outcome = perform(&engine, resource, &script, &call.op).await;
+            let _ = tx.send(Reply {
+                id: call.id,
+                outcome,
+            });
+        });
+    }
+    drop(tx);
+    let _ = out.await;
+    Ok(())
+}
+
+async fn perform(
+    engine: &flashsale::Engine,
+    resource: redis::aio::MultiplexedConnection,
+    fenced_write: &redis::Script,
+    op: &Op,
+) -> Outcome {
+    match op {
+        Op::Purchase {
+            sku,
+            user,
+            rid,
+            qty,
+        } => purchase_outcome(
+            engine
+                .purchase(PurchaseRequest {
+                    sku,
+                    user,
+                    qty: i64::from(*qty),
+                    request_id: rid,
+                })
+                .await,
+        ),
+        Op::Restock { sku, qty, op_id } => admin_outcome(
+            engine
+                .restock_op(sku, *qty, op_id)
+                .await
+                .map(|_| OkValue::Done),
+        ),
+        Op::Close { sku } => admin_outcome(engine.close_sale(sku).await.map(|_| OkValue::Done)),
+        Op::Status { sku } => {
+            admin_outcome(engine.sale_status(sku).await.map(|s| OkValue::Status {
+                remaining: s.buckets.iter().map(|b| b.remaining).sum(),
+            }))
+        }
+        Op::Lock {
+            name,
+            owner,
+            hold_ms,
+        } => lock(engine, resource, fenced_write, name, owner, *hold_ms).await,
+    }
+}
+
+/// A purchase's answer as the history records it.
+pub fn purchase_outcome(r: Result<flashsale::Confirmed, PurchaseError>) -> Outcome {
+    match r {
+        Ok(c) => Outcome::Ok {
+            value: OkValue::Order {
+                order_id: c.order_id,
+                bucket: c.bucket,
+            },
+        },
+        Err(PurchaseError::Unavailable(why)) => Outcome::unknown(why),
+        Err(e) => Outcome::fail(e.code()),
+    }
+}
+
+fn admin_outcome(r: Result<OkValue, AdminError>) -> Outcome {
+    match r {
+        Ok(value) => Outcome::Ok { value },
+        Err(AdminError::Unavailable(why)) | Err(AdminError::Lock(why)) => Outcome::unknown(why),
+        Err(e) => Outcome::fail(admin_code(&e)),
+    }
+}
+
+fn admin_code(e: &AdminError) -> &'static str {
+    match e {
+        AdminError::Invalid(_) => "invalid",
+        AdminError::AlreadyExists(_) => "already_exists",
+        AdminError::UnknownSale(_) => "unknown_sale",
+        AdminError::Closed(_) => "closed",
+        AdminError::OperationMismatch(_) => "operation_mismatch",
+        _ => "other",
+    }
+}
+
+async fn lock(
+    engine: &flashsale::Engine,
+    mut resource: redis::aio::MultiplexedConnection,
+    fenced_write: &redis::Script,
+    name: &str,
+    owner: &str,
+    hold_ms: u64,
+) -> Outcome {
+    let Some(locks) = engine.locks() else {
+        return Outcome::fail("no_lock_nodes");
+    };
+    let opts = LockOptions::new(owner)
+        .lease(LOCK_LEASE)
+        .wait(Duration::from_secs(3));
+    let guard = match locks.lock(name, &opts).await {
+        Ok(g) => g,
+        Err(flashsale::lock::LockError::Timeout { .. }) => return Outcome::fail("lock_timeout"),
+        Err(e) => return Outcome::unknown(e.to_string()),
+    };
+    let token = guard.fencing_token();
+    let key = format!("fenced:{name}");
+    let mut refused = 0u32;
+    for i in 0..2 {
+        if i == 1 {
+            tokio::time::sleep(Duration::from_millis(hold_ms)).await;
+        }
+        let accepted: Result<i64, _> = fenced_write
+            .key(&key)
+            .arg(token)
+            .invoke_async(&mut resource)
+            .await;
+        match accepted {
+            Ok(1) => {}
+            Ok(_) => refused += 1,
+            Err(e) => return Outcome::unknown(format!("fenced resource: {e}")),
+        }
+    }
+    let _ = guard.unlock().await;
+    Outcome::Ok {
+        value: OkValue::Lock {
+            token,
+            refused_writes: refused,
+        },
+    }
+}
+
+/// Runs an order writer process until it is killed or stdin closes.
+pub async fn run_writer(config: flashsale::Config) -> Result<(), String> {
+    let engine = flashsale::Engine::connect(config.clone())
+        .await
+        .map_err(|e| format!("engine: {e}"))?;
+    let pool = flashsale::db::pool(&config.postgres_url, 4).map_err(|e| e.to_string())?;
+    let writer = engine
+        .spawn_order_writer(pool, writer_config())
+        .await
+        .map_err(|e| format!("writer: {e}"))?;
+    let mut lines = BufReader::new(tokio::io::stdin()).lines();
+    while let Ok(Some(_)) = lines.next_line().await {}
+    writer.abort();
+    Ok(())
+}
+
+/// The writer's settings in a chaos run: one consumer name for every
+/// restart (a restarted writer re-reads its own pending entries), short
+/// waits, and a sweeper that settles abandoned fall-throughs within the run.
+pub fn writer_config() -> flashsale::WriterConfig {
+    flashsale::WriterConfig {
+        consumer: "chaos-writer".into(),
+        batch: 100,
+        idle_wait: Duration::from_millis(20),
+        claim_idle: Duration::from_secs(2),
+        discover_every: Duration::from_millis(300),
+        sweep_every: Duration::from_millis(500),
+        ..flashsale::WriterConfig::default()
+    }
+}

@@ -1,0 +1,201 @@
+//! The random workload: which operation comes next, drawn from the seed
+//! alone (so one seed gives one sequence of operations), and the sales it
+//! starts with. Small stock and steady restocks keep every sale swinging
+//! between selling and sold out; retries and reused ids test the request
+//! record under every fault.
+
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+
+use super::protocol::Op;
+
+/// One sale of the run, as created.
+#[derive(Debug, Clone)]
+pub struct SalePlan {
+    /// SKU.
+    pub sku: String,
+    /// Stock at creation.
+    pub stock: u64,
+    /// Buckets (1 to 4).
+    pub buckets: u32,
+    /// Per-user limit (0: none).
+    pub limit: u32,
+}
+
+/// What the driver sends next.
+#[derive(Debug, Clone)]
+pub struct Step {
+    /// The operation.
+    pub op: Op,
+    /// Engine process it goes to.
+    pub process: usize,
+    /// Also sent at once to the next process (a concurrent retry).
+    pub twice: bool,
+    /// Resent once under the same id if it ends `unknown`.
+    pub retry_on_unknown: bool,
+}
+
+/// The seeded generator.
+pub struct Workload {
+    rng: StdRng,
+    /// The sales, fixed at the start.
+    pub sales: Vec<SalePlan>,
+    users: usize,
+    engines: usize,
+    requests: Vec<(String, String, String, u32)>,
+    next_rid: u64,
+    restocks: Vec<(String, u64, String)>,
+    closed: bool,
+    locks: u64,
+}
+
+/// Buyers in a run: few enough that per-user limits bind late in a run,
+/// many enough that they do not answer most purchases.
+const USERS: usize = 150;
+
+impl Workload {
+    /// The workload of `seed` for `engines` engine processes.
+    pub fn new(seed: u64, engines: usize) -> Workload {
+        let mut rng = StdRng::seed_from_u64(seed);
+        let sales = (0..3)
+            .map(|i| SalePlan {
+                sku: format!("chaos-{i}"),
+                stock: rng.random_range(20..=120),
+                buckets: rng.random_range(1..=4),
+                limit: [0, 0, 5, 8][rng.random_range(0..4)],
+            })
+            .collect();
+        Workload {
+            rng,
+            sales,
+            users: USERS,
+            engines: engines.max(1),
+            requests: Vec::new(),
+            next_rid: 0,
+            restocks: Vec::new(),
+            closed: false,
+            locks: 0,
+        }
+    }
+
+    /// The next step; `progress` is the share of the run already gone
+    /// (closes happen only late, so most of a run sells).
+    pub fn next(&mut self, progress: f64) -> Step {
+        let roll: u32 = self.rng.random_range(0..100);
+        let process = self.rng.random_range(0..self.engines);
+        let step = |op: Op, twice: bool, retry: bool| Step {
+            op,
+            process,
+            twice,
+            retry_on_unknown: retry,
+        };
+        match roll {
+            0..=14 if !self.requests.is_empty() => {
+                let i = self.rng.random_range(0..self.requests.len());
+                let (sku, user, rid, qty) = self.requests[i].clone();
+                let twice = self.rng.random_bool(0.2);
+                step(
+                    Op::Purchase {
+                        sku,
+                        user,
+                        rid,
+                        qty,
+                    },
+                    twice,
+                    true,
+                )
+            }
+            15..=18 if !self.requests.is_empty() => {
+                let i = self.rng.random_range(0..self.requests.len());
+                let (sku, user, rid, qty) = self.requests[i].clone();
+                let op = if self.rng.random_bool(0.5) {
+                    // The same id with another quantity.
+                    let other = 1 + (qty % 3);
+                    Op::Purchase {
+                        sku,
+                        user,
+                        rid,
+                        qty: other,
+                    }
+                } else {
+                    // The same id from another user: never their order.
+                    let other = format!("u{}", self.rng.random_range(0..self.users));
+                    Op::Purchase {
+                        sku,
+                        user: other,
+                        rid,
+                        qty,
+                    }
+                };
+                step(op, false, false)
+            }
+            19..=20 => {
+                let sku = self.sku();
+                if !self.restocks.is_empty() && self.rng.random_bool(0.15) {
+                    let i = self.rng.random_range(0..self.restocks.len());
+                    let (sku, qty, op_id) = self.restocks[i].clone();
+                    return step(Op::Restock { sku, qty, op_id }, false, true);
+                }
+                let qty = self.rng.random_range(5..=30);
+                let op_id = format!("restock-{}", self.restocks.len());
+                self.restocks.push((sku.clone(), qty, op_id.clone()));
+                step(Op::Restock { sku, qty, op_id }, false, true)
+            }
+            24 if progress > 0.7 && !self.closed => {
+                self.closed = true;
+                let sku = self.sku();
+                step(Op::Close { sku }, false, true)
+            }
+            25..=30 => {
+                let sku = self.sku();
+                step(Op::Status { sku }, false, false)
+            }
+            31..=33 => {
+                self.locks += 1;
+                let name = format!("chaos-lock-{}", self.rng.random_range(0..2));
+                let owner = format!("holder-{}", self.locks);
+                step(
+                    Op::Lock {
+                        name,
+                        owner,
+                        hold_ms: 300,
+                    },
+                    false,
+                    false,
+                )
+            }
+            _ => {
+                let sku = self.sku();
+                let user = format!("u{}", self.rng.random_range(0..self.users));
+                self.next_rid += 1;
+                let rid = format!("r{}", self.next_rid);
+                let qty = self.rng.random_range(1..=3);
+                self.requests
+                    .push((sku.clone(), user.clone(), rid.clone(), qty));
+                let twice = self.rng.random_bool(0.1);
+                let retry = self.rng.random_bool(0.7);
+                step(
+                    Op::Purchase {
+                        sku,
+                        user,
+                        rid,
+                        qty,
+                    },
+                    twice,
+                    retry,
+                )
+            }
+        }
+    }
+
+    fn sku(&mut self) -> String {
+        let i = self.rng.random_range(0..self.sales.len());
+        self.sales[i].sku.clone()
+    }
+
+    /// The generator's own random source, for the nemesis's schedule (a
+    /// separate stream derived from the same seed).
+    pub fn fork(seed: u64) -> StdRng {
+        StdRng::seed_from_u64(seed ^ 0x9e37_79b9_7f4a_7c15)
+    }
+}

@@ -1,0 +1,170 @@
+//! `flashsale-chaos` in the suite: a short run under every fault must be
+//! valid, and the checker must catch each planted bug (a deliberately broken
+//! engine from the `planted-bugs` build) for at least 4 of 5 seeds.
+
+use std::path::Path;
+use std::process::Command;
+
+use flashsale_tests::{chaos_bin, planted_chaos_bin};
+
+/// What one chaos run printed and summarised.
+struct Run {
+    code: Option<i32>,
+    summary: serde_json::Value,
+    output: String,
+}
+
+fn chaos(bin: &Path, args: &[&str]) -> Run {
+    let dir = tempfile::TempDir::new().expect("temp dir");
+    let json = dir.path().join("summary.json");
+    let out = Command::new(bin)
+        .args(args)
+        .arg("--json")
+        .arg(&json)
+        .output()
+        .expect("run flashsale-chaos");
+    let output = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let summary = std::fs::read_to_string(&json)
+        .ok()
+        .and_then(|t| serde_json::from_str(&t).ok())
+        .unwrap_or(serde_json::Value::Null);
+    Run {
+        code: out.status.code(),
+        summary,
+        output,
+    }
+}
+
+fn time_seed() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos() as u64 % 1_000_000_000)
+        .unwrap_or(7)
+}
+
+#[test]
+fn a_short_run_under_every_fault_with_replicated_ack_is_valid() {
+    let seed = time_seed().to_string();
+    let run = chaos(
+        &chaos_bin(),
+        &[
+            "--seed",
+            &seed,
+            "--duration",
+            "30s",
+            "--faults",
+            "all",
+            "--ack",
+            "replicated",
+        ],
+    );
+    assert_eq!(
+        run.code,
+        Some(0),
+        "seed {seed} (rerun: flashsale-chaos --seed {seed} --duration 30s): {}",
+        run.output
+    );
+    assert_eq!(run.summary["valid"], true, "{}", run.output);
+    let faults: u64 = run.summary["faults"]
+        .as_object()
+        .map(|m| m.values().filter_map(|v| v.as_u64()).sum())
+        .unwrap_or(0);
+    assert!(
+        faults >= 3,
+        "seed {seed}: only {faults} faults injected: {}",
+        run.output
+    );
+    assert!(
+        run.summary["ok"].as_u64().unwrap_or(0) > 100,
+        "seed {seed}: the workload confirmed almost nothing: {}",
+        run.output
+    );
+}
+
+#[test]
+fn a_default_build_has_no_planted_bugs() {
+    let run = chaos(&chaos_bin(), &["--plant", "skip-wait", "--duration", "5s"]);
+    assert_eq!(run.code, Some(2), "{}", run.output);
+    assert!(run.output.contains("no planted bugs"), "{}", run.output);
+}
+
+/// Runs seeds 1 to 5 with `plant` and `faults` for `secs`; each run must
+/// fail (exit 1) with one of `expected` counted, for at least 4 seeds.
+fn caught(plant: &str, faults: &str, secs: u32, expected: &[&str]) {
+    let bin = planted_chaos_bin();
+    let duration = format!("{secs}s");
+    let mut report = Vec::new();
+    let mut caught = 0;
+    for seed in 1..=5u32 {
+        let seed = seed.to_string();
+        let run = chaos(
+            &bin,
+            &[
+                "--seed",
+                &seed,
+                "--duration",
+                &duration,
+                "--faults",
+                faults,
+                "--plant",
+                plant,
+            ],
+        );
+        let found: Vec<&str> = expected
+            .iter()
+            .copied()
+            .filter(|k| run.summary["violations"][k].as_u64().unwrap_or(0) > 0)
+            .collect();
+        if run.code == Some(1) && !found.is_empty() {
+            caught += 1;
+        }
+        report.push(format!(
+            "seed {seed}: exit {:?}, found {found:?}\n{}",
+            run.code, run.output
+        ));
+    }
+    assert!(
+        caught >= 4,
+        "{plant} caught for only {caught} of 5 seeds:\n{}",
+        report.join("\n")
+    );
+}
+
+#[test]
+fn the_checker_catches_a_retry_treated_as_a_new_purchase() {
+    caught(
+        "skip-request-check",
+        "none",
+        10,
+        &["duplicate_orders", "request_answer_changed"],
+    );
+}
+
+#[test]
+fn the_checker_catches_replicated_ack_confirming_without_wait() {
+    caught("skip-wait", "kill", 15, &["lost_confirmed"]);
+}
+
+#[test]
+fn the_checker_catches_a_writer_that_acks_before_commit() {
+    caught(
+        "writer-ack-before-commit",
+        "pg-down",
+        12,
+        &["lost_confirmed"],
+    );
+}
+
+#[test]
+fn the_checker_catches_a_purchase_without_a_stock_check() {
+    caught(
+        "no-stock-check",
+        "none",
+        10,
+        &["oversold_units", "negative_stock"],
+    );
+}
