@@ -399,23 +399,36 @@ impl Engine {
         Ok(())
     }
 
-    /// Waits until one replica of the master of `slot` has every write this
-    /// connection made (`WAIT 1 timeout`); true when one did.
+    /// One group-commit round for `slot` (see `replication.rs`): a probe
+    /// write, `WAIT 1 timeout_ms`, and an EXISTS per key, pipelined on one
+    /// connection to the slot's master. Per key: true when a replica
+    /// acknowledged everything written on that node before the WAIT and the
+    /// node holds the key.
     pub(crate) async fn wait_replicated(
         &self,
         slot: u16,
+        probe: &str,
+        keys: &[&str],
         timeout_ms: u64,
-    ) -> Result<bool, RedisError> {
-        let reply = self
+    ) -> Result<Vec<bool>, RedisError> {
+        let mut pipe = redis::pipe();
+        pipe.cmd("SET").arg(probe).arg(1).arg("PX").arg(60_000);
+        pipe.cmd("WAIT").arg(1).arg(timeout_ms);
+        for k in keys {
+            pipe.cmd("EXISTS").arg(*k);
+        }
+        let replies = self
             .conn()
-            .route_command(
-                redis::cmd("WAIT").arg(1).arg(timeout_ms).clone(),
-                RoutingInfo::SingleNode(SingleNodeRoutingInfo::SpecificNode(Route::new(
-                    slot,
-                    SlotAddr::Master,
-                ))),
+            .route_pipeline(
+                pipe,
+                0,
+                2 + keys.len(),
+                SingleNodeRoutingInfo::SpecificNode(Route::new(slot, SlotAddr::Master)),
             )
             .await?;
-        Ok(matches!(reply, Value::Int(n) if n >= 1))
+        let acked = matches!(replies.get(1), Some(Value::Int(n)) if *n >= 1);
+        Ok((0..keys.len())
+            .map(|i| acked && matches!(replies.get(2 + i), Some(Value::Int(1))))
+            .collect())
     }
 }

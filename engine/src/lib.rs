@@ -49,13 +49,16 @@
 
 pub mod admin;
 pub mod config;
+#[cfg(feature = "postgres")]
 pub mod db;
 pub mod engine;
 pub mod error;
 pub mod keys;
+#[cfg(feature = "postgres")]
 pub mod ledger;
 pub mod lock;
 pub mod metrics;
+#[cfg(feature = "postgres")]
 pub mod orders;
 pub mod placement;
 #[cfg(feature = "planted-bugs")]
@@ -73,6 +76,7 @@ pub mod validate;
 pub use config::{Ack, Backoff, Config, ServerConfig};
 pub use engine::{Engine, Stats};
 pub use error::{AdminError, ConnectError, InvalidInput, PurchaseError};
+#[cfg(feature = "postgres")]
 pub use orders::{OrderWriter, WriterConfig, WriterHandle, WriterReport};
 pub use purchase::{Confirmed, PurchaseRequest};
 pub use sale::{BucketStatus, SaleSpec, SaleStatus};

@@ -190,7 +190,7 @@ impl Engine {
             .map_err(unavailable)?;
         match replies::purchase(v).map_err(bad_reply)? {
             PurchaseReply::Confirmed { order_id, bucket } => {
-                self.ack(home.slot, request.conn_gen).await?;
+                self.ack(home, request).await?;
                 Ok(Confirmed {
                     order_id,
                     bucket,
@@ -211,7 +211,7 @@ impl Engine {
                 // The home bucket's reservation and record are what stop a
                 // retry from buying again: on a replica before any bucket
                 // takes.
-                self.ack(home.slot, request.conn_gen).await?;
+                self.ack(home, request).await?;
                 self.fall_through(&sale, home, request, &order_id, home_stock)
                     .await
             }
@@ -258,17 +258,14 @@ impl Engine {
             )));
         };
         if taker.index == home.index {
-            return self.ack(home.slot, request.conn_gen).await;
+            return self.ack(home, request).await;
         }
         match self
             .take(taker, request, order_id, TakeMode::Confirm)
             .await?
         {
             TakeReply::Taken { .. } => {
-                tokio::try_join!(
-                    self.ack(home.slot, request.conn_gen),
-                    self.ack(taker.slot, request.conn_gen)
-                )?;
+                tokio::try_join!(self.ack(home, request), self.ack(taker, request))?;
                 Ok(())
             }
             TakeReply::Lost => {
@@ -339,18 +336,11 @@ impl Engine {
                 // Confirm only once every write of the purchase is on a
                 // replica: the home bucket's reservation and record, and the
                 // bucket that took.
-                let taker = sale
-                    .buckets
-                    .get(c.bucket as usize)
-                    .map(|b| b.slot)
-                    .unwrap_or(home.slot);
-                if taker == home.slot {
-                    self.ack(home.slot, request.conn_gen).await?;
+                let taker = sale.buckets.get(c.bucket as usize).unwrap_or(home);
+                if taker.index == home.index {
+                    self.ack(home, request).await?;
                 } else {
-                    tokio::try_join!(
-                        self.ack(home.slot, request.conn_gen),
-                        self.ack(taker, request.conn_gen)
-                    )?;
+                    tokio::try_join!(self.ack(home, request), self.ack(taker, request))?;
                 }
             }
             Err(PurchaseError::SoldOut) if walk.all_empty && home_stock == 0 => {
@@ -386,6 +376,14 @@ impl Engine {
                     bucket,
                     replayed,
                 } => {
+                    if mode == TakeMode::Take {
+                        // The home record is settled as confirmed only once
+                        // the take is on a replica: settled earlier, a
+                        // failover that took the take back would leave a
+                        // record naming an order that does not exist, and
+                        // a request no retry could ever decide.
+                        self.ack(b, request).await?;
+                    }
                     out.taken = Some((b.slot, order_id, bucket, replayed));
                     break;
                 }
@@ -396,7 +394,7 @@ impl Engine {
                         // A refusal is what lets the walk go on to the next
                         // bucket; a failover that forgot it could let a retry
                         // take here after this walk took further on.
-                        self.ack(b.slot, request.conn_gen).await?;
+                        self.ack(b, request).await?;
                     }
                 }
                 TakeReply::UnknownSale => return Err(PurchaseError::UnknownSale(sale.sku.clone())),
@@ -491,7 +489,11 @@ impl Engine {
     /// the answer instead of failing it. Past the deadline the answer is
     /// `Unavailable`: the buyer retries with the same request_id and gets the
     /// same order once it is replicated.
-    async fn ack(&self, slot: u16, conn_gen: u64) -> Result<(), PurchaseError> {
+    async fn ack(
+        &self,
+        bucket: &BucketHandle,
+        request: RequestKey<'_>,
+    ) -> Result<(), PurchaseError> {
         if self.inner.config.ack == Ack::Leader {
             return Ok(());
         }
@@ -500,7 +502,7 @@ impl Engine {
             return Ok(());
         }
         let same_connection = || {
-            if self.conn_generation() == conn_gen {
+            if self.conn_generation() == request.conn_gen {
                 Ok(())
             } else {
                 // The purchase's writes may have gone out on a connection
@@ -514,10 +516,16 @@ impl Engine {
         same_connection()?;
         let started = Instant::now();
         let deadline = self.inner.config.retry.deadline;
+        // The request's record in this bucket: every write of the purchase
+        // there leaves it, so its presence on the node that answers the WAIT
+        // ties the WAIT to this purchase's writes (see `replication.rs`).
+        let record = bucket.keys.request(request.user, request.request_id);
         loop {
-            let why = match self.replicated(slot).await {
+            let why = match self.replicated(bucket.slot, &record).await {
                 Ok(true) => return same_connection(),
-                Ok(false) => "no replica acknowledged the order".to_owned(),
+                Ok(false) => {
+                    "no replica acknowledged the order, or its master no longer holds it".to_owned()
+                }
                 Err(e) => {
                     // The WAIT itself failed (a broken link): not a spin.
                     tokio::time::sleep(Duration::from_millis(50)).await;

@@ -5,6 +5,17 @@
 //! that purchase and every other one answered before it. Purchases of a slot
 //! therefore queue for the next WAIT instead of sending one each (which would
 //! also stall the shared connection once per purchase).
+//!
+//! A WAIT alone proves nothing about *which* writes it covers: when the
+//! slot's master is down the client library sends it to any connected node
+//! (another master answers `WAIT 1` with 1), a fresh connection's WAIT
+//! covers none of the writes made on the old one, and after a failover the
+//! promoted replica may never have had the write. So each batch is one
+//! pipeline on one connection: a write to a probe key of the slot (a node
+//! that does not own the slot refuses it, and it moves this connection's
+//! replication offset past every earlier write on that node), the WAIT, and
+//! an EXISTS of each waiter's own record (absent on a node that never had
+//! it). Found by `flashsale-chaos --seed 20261122`.
 
 use std::collections::HashMap;
 use std::sync::{Mutex, MutexGuard};
@@ -19,11 +30,13 @@ const WAIT_TIMEOUT_MS: u64 = 1000;
 /// Answer of one WAIT to everyone in its batch: replicated, or why not.
 type WaitAnswer = Result<bool, String>;
 
-/// Per slot: whether a WAIT driver runs, and who waits for the next WAIT.
+/// Per slot: whether a WAIT driver runs, and who waits for the next WAIT
+/// (each with the key its write must have left on the master).
 #[derive(Default)]
 struct SlotWaits {
     driving: bool,
-    next_batch: Vec<oneshot::Sender<WaitAnswer>>,
+    next_batch: Vec<(String, oneshot::Sender<WaitAnswer>)>,
+    probe: Option<String>,
 }
 
 /// The batches of every slot. A std mutex: held only to push or take.
@@ -41,13 +54,14 @@ impl WaitBatches {
 
 impl Engine {
     /// Resolves once a WAIT sent after this call returns: true when a replica
-    /// acknowledged every write made before it on the slot's master.
-    pub(crate) async fn replicated(&self, slot: u16) -> WaitAnswer {
+    /// acknowledged every write made before it on the slot's master and
+    /// that master holds `key` (the caller's record).
+    pub(crate) async fn replicated(&self, slot: u16, key: &str) -> WaitAnswer {
         let (tx, rx) = oneshot::channel();
         let start_driver = {
             let mut slots = self.inner.waits.lock();
             let s = slots.entry(slot).or_default();
-            s.next_batch.push(tx);
+            s.next_batch.push((key.to_owned(), tx));
             !std::mem::replace(&mut s.driving, true)
         };
         if start_driver {
@@ -61,7 +75,7 @@ impl Engine {
     /// Sends WAITs for `slot` while anyone is queued, one per batch.
     async fn drive_waits(&self, slot: u16) {
         loop {
-            let batch = {
+            let (batch, probe) = {
                 let mut slots = self.inner.waits.lock();
                 let Some(s) = slots.get_mut(&slot) else {
                     return;
@@ -70,15 +84,35 @@ impl Engine {
                     s.driving = false;
                     return;
                 }
-                std::mem::take(&mut s.next_batch)
+                let probe = s.probe.get_or_insert_with(|| probe_key(slot)).clone();
+                (std::mem::take(&mut s.next_batch), probe)
             };
-            let answer = self
-                .wait_replicated(slot, WAIT_TIMEOUT_MS)
+            let keys: Vec<&str> = batch.iter().map(|(k, _)| k.as_str()).collect();
+            match self
+                .wait_replicated(slot, &probe, &keys, WAIT_TIMEOUT_MS)
                 .await
-                .map_err(|e| e.to_string());
-            for tx in batch {
-                let _ = tx.send(answer.clone());
+            {
+                Ok(held) => {
+                    for ((_, tx), held) in batch.into_iter().zip(held) {
+                        let _ = tx.send(Ok(held));
+                    }
+                }
+                Err(e) => {
+                    let e = e.to_string();
+                    for (_, tx) in batch {
+                        let _ = tx.send(Err(e.clone()));
+                    }
+                }
             }
         }
     }
+}
+
+/// A key in `slot` that no sale uses: the batch's probe write lands there.
+fn probe_key(slot: u16) -> String {
+    (0u32..)
+        .map(|i| format!("ack{i}"))
+        .find(|tag| crate::placement::tag_slot(tag) == slot)
+        .map(|tag| format!("{{{tag}}}:ack-probe"))
+        .unwrap_or_default()
 }

@@ -823,3 +823,73 @@ async fn replicated_fall_through_takes_nothing_until_the_home_reservation_is_rep
         "no bucket takes while the home bucket's reservation could still be lost"
     );
 }
+
+/// Found by `flashsale-chaos --seed 20261122 --duration 10m` (kill fault):
+/// the purchase's master dies while its replica is cut off, so its write is
+/// on no replica. The WAIT that follows must not be answered by another node
+/// (the client library falls back to any connected node when the slot's
+/// master is down, and another master answers `WAIT 1` with 1), nor by the
+/// promoted replica, which never had the write.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replicated_ack_never_confirms_a_write_the_promoted_replica_lacks() {
+    let mut cluster = RedisCluster::start(3, 1);
+    let engine = flashsale_tests::engine_with(&cluster, |c| {
+        c.ack = flashsale::Ack::Replicated;
+        // Long enough to outlast the failover: the answer comes after it.
+        c.retry.deadline = Duration::from_secs(30);
+    })
+    .await;
+    let status = engine
+        .create_sale(SaleSpec::new("promoted-lacks", 10))
+        .await
+        .expect("create");
+    let stream = status.buckets[0].stream.clone();
+    let master = cluster.master_of_slot(status.buckets[0].slot);
+    let replica = cluster.replica_of(master);
+    // The replica can neither receive nor reconnect: what the master writes
+    // from now on is only on the master.
+    cluster.node(replica).signal("STOP");
+    let _: redis::Value = cluster
+        .node(master)
+        .cmd(&["CLIENT", "KILL", "TYPE", "replica"]);
+    let buyer = {
+        let engine = engine.clone();
+        tokio::spawn(async move {
+            engine
+                .purchase(PurchaseRequest {
+                    sku: "promoted-lacks",
+                    user: "lea",
+                    qty: 1,
+                    request_id: "lea-1",
+                })
+                .await
+        })
+    };
+    flashsale_tests::wait_for(
+        Duration::from_secs(30),
+        || cluster.node(master).cmd::<i64>(&["XLEN", &stream]) == 1,
+        || "the order was made on the master".into(),
+    );
+    cluster.node_mut(master).kill();
+    cluster.node(replica).signal("CONT");
+    let answer = buyer.await.expect("task");
+    tokio::task::block_in_place(|| {
+        flashsale_tests::wait_for(
+            Duration::from_secs(60),
+            || cluster.master_ports().contains(&replica),
+            || "the replica was not promoted".into(),
+        )
+    });
+    let on_promoted: i64 = cluster.node(replica).cmd(&["XLEN", &stream]);
+    if let Ok(c) = &answer {
+        panic!(
+            "confirmed order {} although the promoted replica holds {on_promoted} orders",
+            c.order_id
+        );
+    }
+    assert!(
+        matches!(answer, Err(PurchaseError::Unavailable(_))),
+        "{answer:?}"
+    );
+    assert_eq!(on_promoted, 0, "the write was never replicated");
+}
