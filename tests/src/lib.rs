@@ -385,6 +385,13 @@ impl RedisCluster {
     /// the way `redis-cli --cluster reshard` does: IMPORTING/MIGRATING, MIGRATE
     /// in batches, then SETSLOT NODE on every master.
     pub fn migrate_slot(&self, slot: u16, from: u16, to: u16) {
+        self.migrate_slot_paced(slot, from, to, 100, Duration::ZERO);
+    }
+
+    /// [`RedisCluster::migrate_slot`], `batch` keys per MIGRATE with `pause`
+    /// between batches, so clients meet the slot half moved (ASK, MOVED).
+    pub fn migrate_slot_paced(&self, slot: u16, from: u16, to: u16, batch: usize, pause: Duration) {
+        let batch = batch.max(1).to_string();
         let id = |port: u16| -> String { self.node(port).cmd(&["CLUSTER", "MYID"]) };
         let (from_id, to_id) = (id(from), id(to));
         let s = slot.to_string();
@@ -397,7 +404,7 @@ impl RedisCluster {
         loop {
             let keys: Vec<String> = self
                 .node(from)
-                .cmd(&["CLUSTER", "GETKEYSINSLOT", &s, "100"]);
+                .cmd(&["CLUSTER", "GETKEYSINSLOT", &s, &batch]);
             if keys.is_empty() {
                 break;
             }
@@ -414,6 +421,7 @@ impl RedisCluster {
             ];
             args.extend(keys.iter().map(String::as_str));
             let _: String = self.node(from).cmd(&args);
+            std::thread::sleep(pause);
         }
         for port in self.master_ports() {
             let _: () = self

@@ -119,7 +119,24 @@ async fn run(cli: Cli) -> ExitCode {
         "flashsale-chaos: seed {} (rerun with --seed {}), {:?}, ack {}, faults {}",
         options.seed, options.seed, options.duration, cli.ack, cli.faults
     );
-    let result = match chaos::run(options.clone()).await {
+    // On SIGINT or SIGTERM the run is dropped: every process, proxy and the
+    // database it made go with it.
+    let interrupted = async {
+        let Ok(mut term) =
+            tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+        else {
+            return std::future::pending().await;
+        };
+        tokio::select! {
+            _ = tokio::signal::ctrl_c() => {}
+            _ = term.recv() => {}
+        }
+    };
+    let outcome = tokio::select! {
+        r = chaos::run(options.clone()) => r,
+        () = interrupted => Err("interrupted; everything it started was stopped".into()),
+    };
+    let result = match outcome {
         Ok(r) => r,
         Err(e) => {
             eprintln!(
@@ -205,8 +222,10 @@ fn random_seed() -> u64 {
     h.finish() % 1_000_000_000
 }
 
-fn parse_config(json: &str) -> Result<flashsale::Config, String> {
-    serde_json::from_str(json).map_err(|e| format!("config: {e}"))
+/// The engine config a run wrote for its children (a file path).
+fn parse_config(path: &str) -> Result<flashsale::Config, String> {
+    let json = std::fs::read_to_string(path).map_err(|e| format!("config {path}: {e}"))?;
+    serde_json::from_str(&json).map_err(|e| format!("config {path}: {e}"))
 }
 
 #[cfg(feature = "planted-bugs")]

@@ -33,13 +33,15 @@ use topology::Topology;
 use workload::Workload;
 
 /// Calls in flight at once from the controller.
-const IN_FLIGHT: usize = 16;
+const IN_FLIGHT: usize = 48;
 /// Longest the controller waits for one answer before calling it `unknown`.
 const CALL_TIMEOUT: Duration = Duration::from_secs(10);
 /// Most operations one run sends, whatever its duration.
 const MAX_OPS: u64 = 2_000_000;
 /// Resends of an `unknown` after healing before it counts as unresolved.
 const RESOLVE_ATTEMPTS: usize = 20;
+/// Longest the whole resend phase may take.
+const RESOLVE_DEADLINE: Duration = Duration::from_secs(180);
 
 /// What one run does.
 #[derive(Debug, Clone)]
@@ -98,7 +100,11 @@ pub async fn run(options: Options) -> Result<RunResult, String> {
             .map_err(|e| format!("create {}: {e}", s.sku))?;
         bucket_slots.extend(status.buckets.iter().map(|b| b.slot));
     }
+    // In a file, not on the command line: `ps` shows arguments to everyone.
+    let config_path = topo.dir.path().join("engine-config.json");
     let config_json = serde_json::to_string(&config).map_err(|e| e.to_string())?;
+    std::fs::write(&config_path, &config_json).map_err(|e| e.to_string())?;
+    let config_json = config_path.display().to_string();
     let plant_args: Vec<String> = options
         .plant
         .iter()
@@ -220,20 +226,17 @@ async fn drive(
                 }
             });
         }
+        // A "twice" step's calls really run at once: each on its own task.
+        let handles: Vec<_> = calls.into_iter().map(tokio::spawn).collect();
         tokio::spawn(async move {
-            futures_join(calls).await;
+            for h in handles {
+                let _ = h.await;
+            }
             drop(permit);
         });
     }
     // Every call in flight ends before the run is healed and checked.
     let _ = permits.acquire_many(IN_FLIGHT as u32).await;
-}
-
-async fn futures_join<F: std::future::Future<Output = ()>>(calls: Vec<F>) {
-    let handles: Vec<_> = calls.into_iter().map(Box::pin).collect();
-    for h in handles {
-        h.await;
-    }
 }
 
 /// One call, recorded as invoke and completion.
@@ -263,9 +266,14 @@ async fn resolve(engines: &[Arc<ChildProc>], history: &History) {
         .filter(|op| seen.insert(format!("{op:?}")))
         .collect();
     let mut id = 10 * MAX_OPS;
+    let deadline = Instant::now() + RESOLVE_DEADLINE;
     for (n, op) in undecided.iter().enumerate() {
         let process = n % engines.len();
         for attempt in 0..RESOLVE_ATTEMPTS {
+            if Instant::now() > deadline {
+                // What is still unknown now is reported as unresolved.
+                return;
+            }
             id += 1;
             let r = call(&engines[process], history, id, process, op, Phase::Final).await;
             if !matches!(r.outcome, Outcome::Unknown { .. }) {

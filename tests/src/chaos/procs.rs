@@ -6,6 +6,7 @@
 use std::collections::HashMap;
 use std::path::PathBuf;
 use std::process::Stdio;
+use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -36,6 +37,12 @@ struct Running {
 pub struct ChildProc {
     spec: ChildSpec,
     running: tokio::sync::Mutex<Running>,
+    /// The current process's pid, readable without the lock: a call blocked
+    /// writing to a frozen child holds the lock, and SIGCONT must not wait
+    /// behind it.
+    pid: AtomicU32,
+    /// Lock operations in flight on it (what lock-pause aims at).
+    pub locks_in_flight: AtomicUsize,
 }
 
 impl ChildProc {
@@ -43,13 +50,27 @@ impl ChildProc {
     pub async fn start(spec: ChildSpec) -> std::io::Result<ChildProc> {
         let running = launch(&spec)?;
         Ok(ChildProc {
+            pid: AtomicU32::new(running.child.id().unwrap_or(0)),
             spec,
             running: tokio::sync::Mutex::new(running),
+            locks_in_flight: AtomicUsize::new(0),
         })
     }
 
     /// Sends `op` and waits for its outcome, at most `timeout`.
     pub async fn call(&self, id: u64, op: &Op, timeout: Duration) -> Outcome {
+        let is_lock = matches!(op, Op::Lock { .. });
+        if is_lock {
+            self.locks_in_flight.fetch_add(1, Ordering::SeqCst);
+        }
+        let outcome = self.call_inner(id, op, timeout).await;
+        if is_lock {
+            self.locks_in_flight.fetch_sub(1, Ordering::SeqCst);
+        }
+        outcome
+    }
+
+    async fn call_inner(&self, id: u64, op: &Op, timeout: Duration) -> Outcome {
         let (tx, rx) = oneshot::channel();
         let pending = {
             let call = async {
@@ -100,6 +121,7 @@ impl ChildProc {
         let _ = r.child.start_kill();
         let _ = r.child.wait().await;
         *r = launch(&self.spec)?;
+        self.pid.store(r.child.id().unwrap_or(0), Ordering::SeqCst);
         Ok(())
     }
 
@@ -115,15 +137,18 @@ impl ChildProc {
         let mut r = self.running.lock().await;
         if matches!(r.child.try_wait(), Ok(Some(_))) {
             *r = launch(&self.spec)?;
+            self.pid.store(r.child.id().unwrap_or(0), Ordering::SeqCst);
         }
         Ok(())
     }
 
     /// Sends SIGSTOP or SIGCONT.
-    pub async fn signal(&self, sig: libc::c_int) {
-        let r = self.running.lock().await;
-        if let Some(pid) = r.child.id() {
-            // SAFETY: kill(2) on a pid this process spawned and still owns.
+    pub fn signal(&self, sig: libc::c_int) {
+        let pid = self.pid.load(Ordering::SeqCst);
+        if pid != 0 {
+            // SAFETY: kill(2) on a pid this process spawned and has not
+            // reaped (a killed child is reaped under the lock before its
+            // replacement's pid is stored).
             unsafe {
                 libc::kill(pid as libc::pid_t, sig);
             }

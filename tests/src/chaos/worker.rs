@@ -18,11 +18,14 @@ use super::protocol::{Call, OkValue, Op, Outcome, Reply};
 pub const LOCK_LEASE: Duration = Duration::from_millis(1000);
 
 /// Compare-and-set on the fenced resource: a write is accepted only with a
-/// token at least as large as every token accepted before.
+/// token larger than every token accepted before, or the same token from
+/// the same holder (its own second write).
 const FENCED_WRITE: &str = r"
-local cur = tonumber(redis.call('GET', KEYS[1]) or '0')
-if tonumber(ARGV[1]) < cur then return 0 end
-redis.call('SET', KEYS[1], ARGV[1])
+local cur = tonumber(redis.call('HGET', KEYS[1], 'token') or '0')
+local tok = tonumber(ARGV[1])
+if tok < cur then return 0 end
+if tok == cur and redis.call('HGET', KEYS[1], 'owner') ~= ARGV[2] then return 0 end
+redis.call('HSET', KEYS[1], 'token', ARGV[1], 'owner', ARGV[2])
 return 1";
 
 /// Runs an engine process until stdin closes.
@@ -173,6 +176,7 @@ async fn lock(
         let accepted: Result<i64, _> = fenced_write
             .key(&key)
             .arg(token)
+            .arg(owner)
             .invoke_async(&mut resource)
             .await;
         match accepted {

@@ -91,7 +91,14 @@ impl Workload {
         };
         match roll {
             0..=14 if !self.requests.is_empty() => {
-                let i = self.rng.random_range(0..self.requests.len());
+                // Mostly a recent request, so the retry often lands while
+                // its first attempt is still between scripts.
+                let n = self.requests.len();
+                let i = if self.rng.random_bool(0.7) {
+                    n - 1 - self.rng.random_range(0..n.min(8))
+                } else {
+                    self.rng.random_range(0..n)
+                };
                 let (sku, user, rid, qty) = self.requests[i].clone();
                 let twice = self.rng.random_bool(0.2);
                 step(
