@@ -399,36 +399,60 @@ impl Engine {
         Ok(())
     }
 
-    /// One group-commit round for `slot` (see `replication.rs`): a probe
-    /// write, `WAIT 1 timeout_ms`, and an EXISTS per key, pipelined on one
-    /// connection to the slot's master. Per key: true when a replica
-    /// acknowledged everything written on that node before the WAIT and the
-    /// node holds the key.
+    /// One group-commit round for `slot` (see `replication.rs`):
+    /// `lua/ack.lua` (probe write, then each record read) and `WAIT 1
+    /// timeout_ms`, pipelined on one connection to the slot's master.
+    /// Returns whether a replica acknowledged everything written on that node
+    /// before the WAIT, and each record's text on that node ("" if missing).
     pub(crate) async fn wait_replicated(
         &self,
         slot: u16,
         probe: &str,
-        keys: &[&str],
+        records: &[&str],
         timeout_ms: u64,
-    ) -> Result<Vec<bool>, RedisError> {
+    ) -> Result<(bool, Vec<String>), RedisError> {
+        let script = &self.inner.scripts.ack;
         let mut pipe = redis::pipe();
-        pipe.cmd("SET").arg(probe).arg(1).arg("PX").arg(60_000);
+        pipe.cmd("EVALSHA")
+            .arg(&script.sha)
+            .arg(1 + records.len())
+            .arg(probe)
+            .arg(records)
+            .arg(60_000);
         pipe.cmd("WAIT").arg(1).arg(timeout_ms);
-        for k in keys {
-            pipe.cmd("EXISTS").arg(*k);
+        let route = SingleNodeRoutingInfo::SpecificNode(Route::new(slot, SlotAddr::Master));
+        let replies = match self.conn().route_pipeline(pipe, 0, 2, route).await {
+            Ok(r) => r,
+            Err(e) => {
+                if classify(&e) == Recovery::ReloadScript {
+                    // The caller retries; the script is there by then.
+                    let _ = self.reload_on(script, slot).await;
+                }
+                return Err(e);
+            }
+        };
+        // An error comes back inline in a pipeline: NOSCRIPT (a promoted
+        // replica never had the script) is reloaded for the caller's next
+        // round; any other error, or anything but the records, acks nobody.
+        if let Some(Value::ServerError(e)) = replies.first() {
+            let e = RedisError::from(e.clone());
+            if classify(&e) == Recovery::ReloadScript {
+                let _ = self.reload_on(script, slot).await;
+            }
+            return Err(e);
         }
-        let replies = self
-            .conn()
-            .route_pipeline(
-                pipe,
-                0,
-                2 + keys.len(),
-                SingleNodeRoutingInfo::SpecificNode(Route::new(slot, SlotAddr::Master)),
-            )
-            .await?;
+        let records: Vec<String> = match replies.first() {
+            Some(Value::Array(items)) if items.len() == records.len() => items
+                .iter()
+                .map(|v| match v {
+                    Value::BulkString(b) => String::from_utf8_lossy(b).into_owned(),
+                    Value::SimpleString(s) => s.clone(),
+                    _ => String::new(),
+                })
+                .collect(),
+            _ => return Ok((false, vec![String::new(); records.len()])),
+        };
         let acked = matches!(replies.get(1), Some(Value::Int(n)) if *n >= 1);
-        Ok((0..keys.len())
-            .map(|i| acked && matches!(replies.get(2 + i), Some(Value::Int(1))))
-            .collect())
+        Ok((acked, records))
     }
 }

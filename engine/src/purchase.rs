@@ -16,6 +16,7 @@ use crate::engine::Engine;
 use crate::error::{InvalidInput, PurchaseError};
 use crate::keys;
 use crate::metrics as m;
+use crate::replication::Expect;
 use crate::replies::{self, PurchaseReply, Refusal, RequestRecord, TakeReply};
 use crate::sale::{BucketHandle, SaleHandle};
 use crate::validate;
@@ -190,7 +191,8 @@ impl Engine {
             .map_err(unavailable)?;
         match replies::purchase(v).map_err(bad_reply)? {
             PurchaseReply::Confirmed { order_id, bucket } => {
-                self.ack(home, request).await?;
+                self.ack(home, request, Expect::Confirmed(order_id.clone()))
+                    .await?;
                 Ok(Confirmed {
                     order_id,
                     bucket,
@@ -211,7 +213,7 @@ impl Engine {
                 // The home bucket's reservation and record are what stop a
                 // retry from buying again: on a replica before any bucket
                 // takes.
-                self.ack(home, request).await?;
+                self.ack(home, request, Expect::Pending).await?;
                 self.fall_through(&sale, home, request, &order_id, home_stock)
                     .await
             }
@@ -257,17 +259,28 @@ impl Engine {
                 sale.buckets.len()
             )));
         };
+        let confirmed = || Expect::Confirmed(order_id.to_owned());
         if taker.index == home.index {
-            return self.ack(home, request).await;
+            return self.ack(home, request, confirmed()).await;
         }
         match self
             .take(taker, request, order_id, TakeMode::Confirm)
             .await?
         {
-            TakeReply::Taken { .. } => {
-                tokio::try_join!(self.ack(home, request), self.ack(taker, request))?;
+            TakeReply::Taken {
+                order_id: taken, ..
+            } if taken == order_id => {
+                tokio::try_join!(
+                    self.ack(home, request, confirmed()),
+                    self.ack(taker, request, confirmed())
+                )?;
                 Ok(())
             }
+            TakeReply::Taken {
+                order_id: taken, ..
+            } => Err(PurchaseError::Unavailable(format!(
+                "bucket {bucket} holds order {taken} for this request, its home record names {order_id}"
+            ))),
             TakeReply::Lost => {
                 metrics::counter!(m::REDIS_RETRIES, "reason" => "replay_lost").increment(1);
                 Err(PurchaseError::Unavailable(format!(
@@ -337,10 +350,14 @@ impl Engine {
                 // replica: the home bucket's reservation and record, and the
                 // bucket that took.
                 let taker = sale.buckets.get(c.bucket as usize).unwrap_or(home);
+                let confirmed = || Expect::Confirmed(c.order_id.clone());
                 if taker.index == home.index {
-                    self.ack(home, request).await?;
+                    self.ack(home, request, confirmed()).await?;
                 } else {
-                    tokio::try_join!(self.ack(home, request), self.ack(taker, request))?;
+                    tokio::try_join!(
+                        self.ack(home, request, confirmed()),
+                        self.ack(taker, request, confirmed())
+                    )?;
                 }
             }
             Err(PurchaseError::SoldOut) if walk.all_empty && home_stock == 0 => {
@@ -376,13 +393,15 @@ impl Engine {
                     bucket,
                     replayed,
                 } => {
-                    if mode == TakeMode::Take {
+                    if mode != TakeMode::Confirm {
                         // The home record is settled as confirmed only once
-                        // the take is on a replica: settled earlier, a
-                        // failover that took the take back would leave a
-                        // record naming an order that does not exist, and
-                        // a request no retry could ever decide.
-                        self.ack(b, request).await?;
+                        // the take is on a replica (by a buyer's walk or the
+                        // sweeper's): settled earlier, a failover that took
+                        // the take back would leave a record naming an order
+                        // that does not exist, and a request no retry could
+                        // ever decide.
+                        self.ack(b, request, Expect::Confirmed(order_id.clone()))
+                            .await?;
                     }
                     out.taken = Some((b.slot, order_id, bucket, replayed));
                     break;
@@ -394,7 +413,7 @@ impl Engine {
                         // A refusal is what lets the walk go on to the next
                         // bucket; a failover that forgot it could let a retry
                         // take here after this walk took further on.
-                        self.ack(b, request).await?;
+                        self.ack(b, request, Expect::Refused).await?;
                     }
                 }
                 TakeReply::UnknownSale => return Err(PurchaseError::UnknownSale(sale.sku.clone())),
@@ -493,6 +512,7 @@ impl Engine {
         &self,
         bucket: &BucketHandle,
         request: RequestKey<'_>,
+        expect: Expect,
     ) -> Result<(), PurchaseError> {
         if self.inner.config.ack == Ack::Leader {
             return Ok(());
@@ -521,7 +541,7 @@ impl Engine {
         // ties the WAIT to this purchase's writes (see `replication.rs`).
         let record = bucket.keys.request(request.user, request.request_id);
         loop {
-            let why = match self.replicated(bucket.slot, &record).await {
+            let why = match self.replicated(bucket.slot, &record, expect.clone()).await {
                 Ok(true) => return same_connection(),
                 Ok(false) => {
                     "no replica acknowledged the order, or its master no longer holds it".to_owned()

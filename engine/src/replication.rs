@@ -10,12 +10,14 @@
 //! slot's master is down the client library sends it to any connected node
 //! (another master answers `WAIT 1` with 1), a fresh connection's WAIT
 //! covers none of the writes made on the old one, and after a failover the
-//! promoted replica may never have had the write. So each batch is one
-//! pipeline on one connection: a write to a probe key of the slot (a node
-//! that does not own the slot refuses it, and it moves this connection's
-//! replication offset past every earlier write on that node), the WAIT, and
-//! an EXISTS of each waiter's own record (absent on a node that never had
-//! it). Found by `flashsale-chaos --seed 20261122`.
+//! promoted replica may never have had the write, or may hold another
+//! attempt's record under the same key. So each batch is one pipeline on one
+//! connection: `lua/ack.lua` (a probe write in the slot, which moves this
+//! connection's replication offset past every earlier write on that node,
+//! then a read of each waiter's record) and `WAIT 1`. A waiter is acked only
+//! when the WAIT saw a replica and the node holds the very outcome the
+//! waiter made or saw ([`Expect`]). Found by `flashsale-chaos --seed
+//! 20261122` and its review.
 
 use std::collections::HashMap;
 use std::sync::{Mutex, MutexGuard};
@@ -23,6 +25,7 @@ use std::sync::{Mutex, MutexGuard};
 use tokio::sync::oneshot;
 
 use crate::engine::Engine;
+use crate::replies::RequestRecord;
 
 /// How long one WAIT may take before the batch is told "not replicated".
 const WAIT_TIMEOUT_MS: u64 = 1000;
@@ -30,12 +33,47 @@ const WAIT_TIMEOUT_MS: u64 = 1000;
 /// Answer of one WAIT to everyone in its batch: replicated, or why not.
 type WaitAnswer = Result<bool, String>;
 
-/// Per slot: whether a WAIT driver runs, and who waits for the next WAIT
-/// (each with the key its write must have left on the master).
+/// What a waiting purchase's record must say on the node that answers its
+/// WAIT: the outcome this attempt made or saw there.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Expect {
+    /// Confirmed with this order.
+    Confirmed(String),
+    /// Pending (a home reservation before the walk).
+    Pending,
+    /// Refused by a bucket of a walk (`take.lua`'s `X:` record).
+    Refused,
+}
+
+impl Expect {
+    /// True when `record` (a record's text, "" when missing) is this outcome.
+    pub(crate) fn held_by(&self, record: &str) -> bool {
+        match self {
+            Expect::Refused => record.starts_with("X:"),
+            Expect::Pending => matches!(
+                RequestRecord::parse(record),
+                Some(RequestRecord::Pending { .. })
+            ),
+            Expect::Confirmed(id) => matches!(
+                RequestRecord::parse(record),
+                Some(RequestRecord::Confirmed { ref order_id, .. }) if order_id == id
+            ),
+        }
+    }
+}
+
+/// One purchase waiting for the next WAIT of its slot.
+struct Waiter {
+    record: String,
+    expect: Expect,
+    tx: oneshot::Sender<WaitAnswer>,
+}
+
+/// Per slot: whether a WAIT driver runs, and who waits for the next WAIT.
 #[derive(Default)]
 struct SlotWaits {
     driving: bool,
-    next_batch: Vec<(String, oneshot::Sender<WaitAnswer>)>,
+    next_batch: Vec<Waiter>,
     probe: Option<String>,
 }
 
@@ -55,13 +93,17 @@ impl WaitBatches {
 impl Engine {
     /// Resolves once a WAIT sent after this call returns: true when a replica
     /// acknowledged every write made before it on the slot's master and
-    /// that master holds `key` (the caller's record).
-    pub(crate) async fn replicated(&self, slot: u16, key: &str) -> WaitAnswer {
+    /// that master's `record` says `expect`.
+    pub(crate) async fn replicated(&self, slot: u16, record: &str, expect: Expect) -> WaitAnswer {
         let (tx, rx) = oneshot::channel();
         let start_driver = {
             let mut slots = self.inner.waits.lock();
             let s = slots.entry(slot).or_default();
-            s.next_batch.push((key.to_owned(), tx));
+            s.next_batch.push(Waiter {
+                record: record.to_owned(),
+                expect,
+                tx,
+            });
             !std::mem::replace(&mut s.driving, true)
         };
         if start_driver {
@@ -87,20 +129,20 @@ impl Engine {
                 let probe = s.probe.get_or_insert_with(|| probe_key(slot)).clone();
                 (std::mem::take(&mut s.next_batch), probe)
             };
-            let keys: Vec<&str> = batch.iter().map(|(k, _)| k.as_str()).collect();
+            let keys: Vec<&str> = batch.iter().map(|w| w.record.as_str()).collect();
             match self
                 .wait_replicated(slot, &probe, &keys, WAIT_TIMEOUT_MS)
                 .await
             {
-                Ok(held) => {
-                    for ((_, tx), held) in batch.into_iter().zip(held) {
-                        let _ = tx.send(Ok(held));
+                Ok((acked, records)) => {
+                    for (w, record) in batch.into_iter().zip(records) {
+                        let _ = w.tx.send(Ok(acked && w.expect.held_by(&record)));
                     }
                 }
                 Err(e) => {
                     let e = e.to_string();
-                    for (_, tx) in batch {
-                        let _ = tx.send(Err(e.clone()));
+                    for w in batch {
+                        let _ = w.tx.send(Err(e.clone()));
                     }
                 }
             }

@@ -40,6 +40,8 @@ pub struct Scripts {
     pub create_meta: LuaScript,
     /// `lua/ledger_snapshot.lua`: one bucket's ledger at one instant.
     pub ledger_snapshot: LuaScript,
+    /// `lua/ack.lua`: probe write and record reads before a group commit's WAIT.
+    pub ack: LuaScript,
 }
 
 impl Scripts {
@@ -59,12 +61,14 @@ impl Scripts {
                 "ledger_snapshot",
                 include_str!("../../lua/ledger_snapshot.lua"),
             ),
+            ack: LuaScript::new("ack", include_str!("../../lua/ack.lua")),
         }
     }
 
     /// All scripts, for loading them on a node.
-    pub fn all(&self) -> [&LuaScript; 7] {
+    pub fn all(&self) -> [&LuaScript; 8] {
         [
+            &self.ack,
             &self.create_meta,
             &self.purchase,
             &self.take,

@@ -893,3 +893,111 @@ async fn replicated_ack_never_confirms_a_write_the_promoted_replica_lacks() {
     );
     assert_eq!(on_promoted, 0, "the write was never replicated");
 }
+
+/// The review of the fix above: every attempt of a request writes the same
+/// record key, so a WAIT round that only asked "does the record exist?"
+/// let a retry's record on the promoted replica confirm the first attempt's
+/// order, which the failover took back. The first attempt must never be
+/// confirmed with an order that does not exist.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_retry_on_the_promoted_replica_never_confirms_the_first_attempts_lost_order() {
+    let mut cluster = RedisCluster::start(3, 1);
+    let patient = flashsale_tests::engine_with(&cluster, |c| {
+        c.ack = flashsale::Ack::Replicated;
+        c.retry.deadline = Duration::from_secs(90);
+    })
+    .await;
+    let status = patient
+        .create_sale(SaleSpec::new("retry-on-promoted", 10))
+        .await
+        .expect("create");
+    let stream = status.buckets[0].stream.clone();
+    let master = cluster.master_of_slot(status.buckets[0].slot);
+    let replica = cluster.replica_of(master);
+    cluster.node(replica).signal("STOP");
+    let _: redis::Value = cluster
+        .node(master)
+        .cmd(&["CLIENT", "KILL", "TYPE", "replica"]);
+    let req = || PurchaseRequest {
+        sku: "retry-on-promoted",
+        user: "max",
+        qty: 1,
+        request_id: "max-1",
+    };
+    let first = {
+        let engine = patient.clone();
+        tokio::spawn(async move { engine.purchase(req()).await })
+    };
+    flashsale_tests::wait_for(
+        Duration::from_secs(30),
+        || cluster.node(master).cmd::<i64>(&["XLEN", &stream]) == 1,
+        || "the first attempt's order was made on the master".into(),
+    );
+    cluster.node_mut(master).kill();
+    cluster.node(replica).signal("CONT");
+    tokio::task::block_in_place(|| {
+        flashsale_tests::wait_for(
+            Duration::from_secs(60),
+            || cluster.master_ports().contains(&replica),
+            || "the replica was not promoted".into(),
+        );
+        // The old master comes back as the promoted one's replica, so a
+        // WAIT there can succeed again while the first attempt still waits.
+        cluster.node_mut(master).restart();
+        cluster.wait_healthy(Duration::from_secs(60));
+    });
+    let retry_engine = flashsale_tests::engine_with(&cluster, |c| {
+        c.ack = flashsale::Ack::Replicated;
+        c.retry.deadline = Duration::from_secs(30);
+    })
+    .await;
+    let retry = retry_engine.purchase(req()).await.expect("the retry buys");
+    let first = first.await.expect("task");
+    if let Ok(c) = &first {
+        assert_eq!(
+            c.order_id, retry.order_id,
+            "the first attempt was confirmed with order {}, which the failover took back",
+            c.order_id
+        );
+    }
+    let on_master: Vec<(String, String)> = flashsale_tests::stream_orders(
+        &cluster,
+        &retry_engine
+            .sale_status("retry-on-promoted")
+            .await
+            .expect("status"),
+    );
+    assert_eq!(on_master.len(), 1, "{on_master:?}");
+    assert_eq!(on_master[0].0, retry.order_id);
+}
+
+/// The group commit's own script (`lua/ack.lua`) is reloaded after a
+/// SCRIPT FLUSH like every other: replicated purchases keep confirming.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replicated_ack_survives_a_script_flush() {
+    let cluster = RedisCluster::start(3, 1);
+    let engine = flashsale_tests::engine_with(&cluster, |c| {
+        c.ack = flashsale::Ack::Replicated;
+        c.retry.deadline = Duration::from_secs(20);
+    })
+    .await;
+    engine
+        .create_sale(SaleSpec::new("flush-replicated", 100))
+        .await
+        .expect("create");
+    for round in 0..3 {
+        for &port in &cluster.master_ports() {
+            let _: String = cluster.node(port).cmd(&["SCRIPT", "FLUSH"]);
+        }
+        let id = format!("after-flush-{round}");
+        engine
+            .purchase(PurchaseRequest {
+                sku: "flush-replicated",
+                user: &id,
+                qty: 1,
+                request_id: &id,
+            })
+            .await
+            .expect("confirmed after the flush");
+    }
+}
