@@ -384,14 +384,24 @@ impl RedisCluster {
     /// Moves every key of `slot` from the master on `from` to the master on `to`
     /// the way `redis-cli --cluster reshard` does: IMPORTING/MIGRATING, MIGRATE
     /// in batches, then SETSLOT NODE on every master.
-    pub fn migrate_slot(&self, slot: u16, from: u16, to: u16) {
-        self.migrate_slot_paced(slot, from, to, 100, Duration::ZERO);
+    pub fn migrate_slot(&self, slot: u16, from: u16, to: u16) -> Vec<String> {
+        self.migrate_slot_paced(slot, from, to, 100, Duration::ZERO)
     }
 
     /// [`RedisCluster::migrate_slot`], `batch` keys per MIGRATE with `pause`
     /// between batches, so clients meet the slot half moved (ASK, MOVED).
-    pub fn migrate_slot_paced(&self, slot: u16, from: u16, to: u16, batch: usize, pause: Duration) {
+    ///
+    /// Returns the keys that were on both nodes (moved with REPLACE).
+    pub fn migrate_slot_paced(
+        &self,
+        slot: u16,
+        from: u16,
+        to: u16,
+        batch: usize,
+        pause: Duration,
+    ) -> Vec<String> {
         let batch = batch.max(1).to_string();
+        let mut on_both = Vec::new();
         let id = |port: u16| -> String { self.node(port).cmd(&["CLUSTER", "MYID"]) };
         let (from_id, to_id) = (id(from), id(to));
         let s = slot.to_string();
@@ -420,7 +430,35 @@ impl RedisCluster {
                 "KEYS",
             ];
             args.extend(keys.iter().map(String::as_str));
-            let _: String = self.node(from).cmd(&args);
+            let mut conn = self.node(from).conn();
+            let mut migrate = redis::cmd(args[0]);
+            for a in &args[1..] {
+                migrate.arg(*a);
+            }
+            match migrate.query::<String>(&mut conn) {
+                Ok(_) => {}
+                Err(e) if e.to_string().contains("BUSYKEY") => {
+                    // A key of the slot is on both nodes. The source serves
+                    // a key it holds while the slot migrates, so its copy
+                    // wins (what `redis-cli --cluster fix` does with
+                    // --cluster-replace); the key is reported.
+                    for k in &keys {
+                        let mut one = redis::cmd("MIGRATE");
+                        one.arg("127.0.0.1").arg(&port).arg(k).arg(0).arg(5000);
+                        if let Err(e) = one.query::<String>(&mut conn) {
+                            if !e.to_string().contains("BUSYKEY") {
+                                panic!("MIGRATE {k} on {from}: {e}");
+                            }
+                            one.arg("REPLACE");
+                            let _: String = one
+                                .query(&mut conn)
+                                .unwrap_or_else(|e| panic!("MIGRATE {k} REPLACE on {from}: {e}"));
+                            on_both.push(k.clone());
+                        }
+                    }
+                }
+                Err(e) => panic!("{args:?} on {from}: {e}"),
+            }
             std::thread::sleep(pause);
         }
         for port in self.master_ports() {
@@ -428,6 +466,7 @@ impl RedisCluster {
                 .node(port)
                 .cmd(&["CLUSTER", "SETSLOT", &s, "NODE", &to_id]);
         }
+        on_both
     }
 
     /// The port of the master serving `slot` now.

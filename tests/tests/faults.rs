@@ -485,7 +485,11 @@ async fn migrating_a_bucket_slot_mid_sale_neither_oversells_nor_doubles() {
     // Blocking commands on this runtime thread; the buyers keep running on
     // the other worker.
     let started = Instant::now();
-    tokio::task::block_in_place(|| cluster.migrate_slot(slot, from, to));
+    let on_both = tokio::task::block_in_place(|| cluster.migrate_slot(slot, from, to));
+    assert!(
+        on_both.is_empty(),
+        "keys of the slot were on both nodes mid-move: {on_both:?}"
+    );
     let migration = (started, Instant::now());
     let after = |answers: &Vec<(Instant, Result<flashsale::Confirmed, PurchaseError>)>| {
         answers

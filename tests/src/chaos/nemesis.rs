@@ -204,11 +204,16 @@ async fn inject(t: &Targets<'_>, fault: Fault, pick: usize) -> Result<String, St
                     .filter(|&p| p != from)
                     .collect();
                 let to = others[pick % others.len()];
-                // A paced migration (migrate_slot_paced with small batches)
-                // hit BUSYKEY from MIGRATE under seed 424242 (a key on both
-                // nodes mid-move); until that is understood, whole batches.
-                c.migrate_slot(slot, from, to);
-                format!("slot {slot} moved from {from} to {to}")
+                // Slowly, key batch by key batch, so purchases run into ASK
+                // and TRYAGAIN while the slot is half moved.
+                let on_both = c.migrate_slot_paced(slot, from, to, 10, Duration::from_millis(20));
+                if on_both.is_empty() {
+                    format!("slot {slot} moved from {from} to {to}")
+                } else {
+                    format!(
+                        "slot {slot} moved from {from} to {to}; on both nodes before the move: {on_both:?}"
+                    )
+                }
             })
             .await
         }
