@@ -95,6 +95,11 @@ fn a_default_build_has_no_planted_bugs() {
 /// Runs seeds 1 to 5 with `plant` and `faults` for `secs`; each run must
 /// fail (exit 1) with one of `expected` counted, for at least 4 seeds.
 fn caught(plant: &str, faults: &str, secs: u32, expected: &[&str]) {
+    caught_under(plant, faults, secs, expected, "replicated");
+}
+
+/// [`caught`] under the given ack mode.
+fn caught_under(plant: &str, faults: &str, secs: u32, expected: &[&str], ack: &str) {
     let bin = planted_chaos_bin();
     let duration = format!("{secs}s");
     let mut report = Vec::new();
@@ -112,6 +117,8 @@ fn caught(plant: &str, faults: &str, secs: u32, expected: &[&str]) {
                 faults,
                 "--plant",
                 plant,
+                "--ack",
+                ack,
             ],
         );
         let found: Vec<&str> = expected
@@ -155,7 +162,20 @@ fn the_checker_catches_a_writer_that_acks_before_commit() {
         "writer-ack-before-commit",
         "pg-down",
         12,
-        &["lost_confirmed"],
+        &["lost_confirmed", "unwritten_orders"],
+    );
+}
+
+/// Under `ack = leader` lost confirmations are the mode's measured price,
+/// not violations; orders the writer dropped are never excused as that.
+#[test]
+fn under_leader_ack_a_writer_that_drops_orders_is_still_caught() {
+    caught_under(
+        "writer-ack-before-commit",
+        "pg-down",
+        12,
+        &["unwritten_orders"],
+        "leader",
     );
 }
 
