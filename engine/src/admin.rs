@@ -398,7 +398,9 @@ impl Engine {
                 .await
                 .map_err(unavailable)?;
             match replies::restock(v).map_err(unavailable)? {
-                RestockReply::Applied | RestockReply::AlreadyApplied => {}
+                RestockReply::Applied | RestockReply::AlreadyApplied => {
+                    self.restock_replicated(b, op, units).await?;
+                }
                 RestockReply::Closed => return Err(AdminError::Closed(sku.to_owned())),
                 RestockReply::UnknownSale => return Err(AdminError::UnknownSale(sku.to_owned())),
                 RestockReply::Mismatch { .. } => {
@@ -424,6 +426,41 @@ impl Engine {
             .await
             .map_err(unavailable)?;
         Ok(())
+    }
+
+    /// Under `ack = replicated`, a restock is reported applied only once a
+    /// replica of each bucket's master holds it (the bucket's `op:<id>`
+    /// field says its units): a failover must not take back units an
+    /// operator was told were added. Found by `flashsale-chaos --seed
+    /// 20261122` (confirmed restocks missing after `kill` faults).
+    async fn restock_replicated(
+        &self,
+        bucket: &crate::sale::BucketHandle,
+        op: &str,
+        units: u64,
+    ) -> Result<(), AdminError> {
+        if self.config().ack == crate::config::Ack::Leader {
+            return Ok(());
+        }
+        let field = format!("op:{op}");
+        let expect = crate::replication::Expect::Units(units);
+        let started = std::time::Instant::now();
+        loop {
+            let why = match self
+                .replicated_field(bucket.slot, &bucket.keys.sale, &field, expect.clone())
+                .await
+            {
+                Ok(true) => return Ok(()),
+                Ok(false) => "no replica acknowledged the restock".to_owned(),
+                Err(e) => {
+                    tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+                    e
+                }
+            };
+            if started.elapsed() >= self.config().retry.deadline {
+                return Err(AdminError::Unavailable(why));
+            }
+        }
     }
 
     /// Closes a sale: every bucket refuses new purchases from now on; retried

@@ -402,23 +402,30 @@ impl Engine {
     /// One group-commit round for `slot` (see `replication.rs`):
     /// `lua/ack.lua` (probe write, then each record read) and `WAIT 1
     /// timeout_ms`, pipelined on one connection to the slot's master.
-    /// Returns whether a replica acknowledged everything written on that node
-    /// before the WAIT, and each record's text on that node ("" if missing).
+    /// `records` are (key, hash field or ""). Returns whether a replica
+    /// acknowledged everything written on that node before the WAIT, and
+    /// each value on that node ("" if missing).
     pub(crate) async fn wait_replicated(
         &self,
         slot: u16,
         probe: &str,
-        records: &[&str],
+        records: &[(&str, &str)],
         timeout_ms: u64,
     ) -> Result<(bool, Vec<String>), RedisError> {
         let script = &self.inner.scripts.ack;
         let mut pipe = redis::pipe();
-        pipe.cmd("EVALSHA")
+        let eval = pipe
+            .cmd("EVALSHA")
             .arg(&script.sha)
             .arg(1 + records.len())
-            .arg(probe)
-            .arg(records)
-            .arg(60_000);
+            .arg(probe);
+        for (key, _) in records {
+            eval.arg(*key);
+        }
+        eval.arg(60_000);
+        for (_, field) in records {
+            eval.arg(*field);
+        }
         pipe.cmd("WAIT").arg(1).arg(timeout_ms);
         let route = SingleNodeRoutingInfo::SpecificNode(Route::new(slot, SlotAddr::Master));
         let replies = match self.conn().route_pipeline(pipe, 0, 2, route).await {

@@ -43,6 +43,9 @@ pub(crate) enum Expect {
     Pending,
     /// Refused by a bucket of a walk (`take.lua`'s `X:` record).
     Refused,
+    /// A restock's `op:<id>` field with these units (Lua writes numbers
+    /// past 10^14 in exponent form, so compared as numbers).
+    Units(u64),
 }
 
 impl Expect {
@@ -50,6 +53,7 @@ impl Expect {
     pub(crate) fn held_by(&self, record: &str) -> bool {
         match self {
             Expect::Refused => record.starts_with("X:"),
+            Expect::Units(units) => record.parse::<f64>().ok() == Some(*units as f64),
             Expect::Pending => matches!(
                 RequestRecord::parse(record),
                 Some(RequestRecord::Pending { .. })
@@ -65,6 +69,7 @@ impl Expect {
 /// One purchase waiting for the next WAIT of its slot.
 struct Waiter {
     record: String,
+    field: String,
     expect: Expect,
     tx: oneshot::Sender<WaitAnswer>,
 }
@@ -95,12 +100,25 @@ impl Engine {
     /// acknowledged every write made before it on the slot's master and
     /// that master's `record` says `expect`.
     pub(crate) async fn replicated(&self, slot: u16, record: &str, expect: Expect) -> WaitAnswer {
+        self.replicated_field(slot, record, "", expect).await
+    }
+
+    /// [`Engine::replicated`] for a hash field (`field` non-empty) or a
+    /// string key (`field` empty).
+    pub(crate) async fn replicated_field(
+        &self,
+        slot: u16,
+        record: &str,
+        field: &str,
+        expect: Expect,
+    ) -> WaitAnswer {
         let (tx, rx) = oneshot::channel();
         let start_driver = {
             let mut slots = self.inner.waits.lock();
             let s = slots.entry(slot).or_default();
             s.next_batch.push(Waiter {
                 record: record.to_owned(),
+                field: field.to_owned(),
                 expect,
                 tx,
             });
@@ -129,7 +147,10 @@ impl Engine {
                 let probe = s.probe.get_or_insert_with(|| probe_key(slot)).clone();
                 (std::mem::take(&mut s.next_batch), probe)
             };
-            let keys: Vec<&str> = batch.iter().map(|w| w.record.as_str()).collect();
+            let keys: Vec<(&str, &str)> = batch
+                .iter()
+                .map(|w| (w.record.as_str(), w.field.as_str()))
+                .collect();
             match self
                 .wait_replicated(slot, &probe, &keys, WAIT_TIMEOUT_MS)
                 .await

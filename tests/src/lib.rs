@@ -438,10 +438,10 @@ impl RedisCluster {
             match migrate.query::<String>(&mut conn) {
                 Ok(_) => {}
                 Err(e) if e.to_string().contains("BUSYKEY") => {
-                    // A key of the slot is on both nodes. The source serves
-                    // a key it holds while the slot migrates, so its copy
-                    // wins (what `redis-cli --cluster fix` does with
-                    // --cluster-replace); the key is reported.
+                    // A key of the slot is on both nodes. Identical copies
+                    // are harmless (the source's is moved over the other);
+                    // different ones mean the slot's data is split, which
+                    // no replace can repair: that is a failure, with both.
                     for k in &keys {
                         let mut one = redis::cmd("MIGRATE");
                         one.arg("127.0.0.1").arg(&port).arg(k).arg(0).arg(5000);
@@ -449,6 +449,17 @@ impl RedisCluster {
                             if !e.to_string().contains("BUSYKEY") {
                                 panic!("MIGRATE {k} on {from}: {e}");
                             }
+                            let dump = |p: u16| -> Option<Vec<u8>> {
+                                redis::cmd("DUMP")
+                                    .arg(k)
+                                    .query(&mut self.node(p).conn())
+                                    .ok()
+                            };
+                            let (here, there) = (dump(from), dump(to));
+                            assert!(
+                                here == there,
+                                "key {k} of slot {slot} differs on {from} and {to}: the slot's data is split"
+                            );
                             one.arg("REPLACE");
                             let _: String = one
                                 .query(&mut conn)
@@ -461,12 +472,42 @@ impl RedisCluster {
             }
             std::thread::sleep(pause);
         }
-        for port in self.master_ports() {
+        // The target first, then the source, then the rest (as redis-cli
+        // does): never a moment when each of the two points at the other.
+        let mut order = vec![to, from];
+        order.extend(
+            self.master_ports()
+                .into_iter()
+                .filter(|p| *p != to && *p != from),
+        );
+        for port in order {
             let _: () = self
                 .node(port)
                 .cmd(&["CLUSTER", "SETSLOT", &s, "NODE", &to_id]);
         }
         on_both
+    }
+
+    /// Slots some running node still shows as migrating or importing
+    /// (`[slot->-id]` / `[slot-<-id]` in CLUSTER NODES).
+    pub fn open_slots(&self) -> Vec<String> {
+        let mut open = Vec::new();
+        for n in self.nodes.iter().filter(|n| n.is_running()) {
+            let Ok(nodes) = redis::cmd("CLUSTER")
+                .arg("NODES")
+                .query::<String>(&mut n.conn())
+            else {
+                continue;
+            };
+            for l in nodes.lines().filter(|l| l.contains("myself")) {
+                open.extend(
+                    l.split(' ')
+                        .filter(|f| f.contains("->-") || f.contains("-<-"))
+                        .map(|f| format!("{}: {f}", n.port)),
+                );
+            }
+        }
+        open
     }
 
     /// The port of the master serving `slot` now.

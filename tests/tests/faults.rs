@@ -955,7 +955,17 @@ async fn a_retry_on_the_promoted_replica_never_confirms_the_first_attempts_lost_
         c.retry.deadline = Duration::from_secs(30);
     })
     .await;
-    let retry = retry_engine.purchase(req()).await.expect("the retry buys");
+    // A client retries until it gets an answer; right after the heal the
+    // first tries may still be told to come back.
+    let mut retry = retry_engine.purchase(req()).await;
+    for _ in 0..40 {
+        if retry.is_ok() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        retry = retry_engine.purchase(req()).await;
+    }
+    let retry = retry.expect("the retry buys");
     let first = first.await.expect("task");
     if let Ok(c) = &first {
         assert_eq!(
@@ -1004,4 +1014,62 @@ async fn replicated_ack_survives_a_script_flush() {
             .await
             .expect("confirmed after the flush");
     }
+}
+
+/// Found by `flashsale-chaos --seed 20261122 --duration 10m` (after the ack
+/// fixes above): under `ack = replicated`, restocks confirmed to the
+/// operator were missing after `kill` faults. A restock is confirmed only
+/// once a replica of each bucket's master holds it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replicated_restock_is_never_confirmed_before_a_replica_holds_it() {
+    let mut cluster = RedisCluster::start(3, 1);
+    let engine = flashsale_tests::engine_with(&cluster, |c| {
+        c.ack = flashsale::Ack::Replicated;
+        c.retry.deadline = Duration::from_secs(30);
+    })
+    .await;
+    let status = engine
+        .create_sale(SaleSpec::new("restock-durable", 10))
+        .await
+        .expect("create");
+    let sale_key = format!("{{{}}}:sale", status.buckets[0].tag);
+    let master = cluster.master_of_slot(status.buckets[0].slot);
+    let replica = cluster.replica_of(master);
+    cluster.node(replica).signal("STOP");
+    let _: redis::Value = cluster
+        .node(master)
+        .cmd(&["CLIENT", "KILL", "TYPE", "replica"]);
+    let restock = {
+        let engine = engine.clone();
+        tokio::spawn(async move { engine.restock_op("restock-durable", 5, "op-1").await })
+    };
+    flashsale_tests::wait_for(
+        Duration::from_secs(30),
+        || {
+            cluster
+                .node(master)
+                .cmd::<i64>(&["HGET", &sale_key, "initial"])
+                == 15
+        },
+        || "the restock was applied on the master".into(),
+    );
+    cluster.node_mut(master).kill();
+    cluster.node(replica).signal("CONT");
+    let answer = restock.await.expect("task");
+    tokio::task::block_in_place(|| {
+        flashsale_tests::wait_for(
+            Duration::from_secs(60),
+            || cluster.master_ports().contains(&replica),
+            || "the replica was not promoted".into(),
+        )
+    });
+    let on_promoted: i64 = cluster.node(replica).cmd(&["HGET", &sale_key, "initial"]);
+    assert!(
+        answer.is_err() || on_promoted == 15,
+        "restock confirmed ({answer:?}) but the promoted replica counts {on_promoted} units"
+    );
+    assert!(
+        matches!(answer, Err(flashsale::AdminError::Unavailable(_))),
+        "{answer:?}"
+    );
 }

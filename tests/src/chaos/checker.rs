@@ -53,7 +53,7 @@ pub struct Inputs<'a> {
 }
 
 /// Names of the counts, in report order.
-pub const KINDS: [&str; 14] = [
+pub const KINDS: [&str; 15] = [
     "oversold_units",
     "lost_confirmed",
     "unwritten_orders",
@@ -68,6 +68,7 @@ pub const KINDS: [&str; 14] = [
     "unresolved",
     "lock_token_regressed",
     "restock_overapplied",
+    "lost_restocks",
 ];
 
 /// One broken promise and its proof.
@@ -117,7 +118,7 @@ impl Verdict {
         !(ack == flashsale::Ack::Leader
             && matches!(
                 kind,
-                "lost_confirmed" | "orphan_orders" | "failover_duplicates"
+                "lost_confirmed" | "orphan_orders" | "failover_duplicates" | "lost_restocks"
             ))
     }
 
@@ -293,7 +294,7 @@ fn check_request(
     let failover = leader
         && oks
             .iter()
-            .any(|o| matches!(o.fault.as_deref(), Some("kill" | "pause" | "partition")));
+            .any(|o| matches!(o.fault.as_deref(), Some("kill" | "pause")));
     let (changed, duplicate) = if failover {
         ("failover_duplicates", "failover_duplicates")
     } else {
@@ -410,7 +411,7 @@ fn check_stock(v: &mut Verdict, inp: &Inputs<'_>) {
         }
         if initial < plan.stock + confirmed {
             v.add(
-                "lost_confirmed",
+                "lost_restocks",
                 1,
                 format!(
                     "{sku}: Redis counts {initial} units put on sale; created {} plus confirmed restocks {confirmed}",

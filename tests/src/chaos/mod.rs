@@ -254,10 +254,12 @@ async fn call(
 }
 
 /// After healing, resends every operation that ended `unknown` (same
-/// parameters, same ids) until it is decided or the attempts run out.
-async fn resolve(engines: &[Arc<ChildProc>], history: &History) {
+/// parameters, same ids) until it is decided or the attempts run out: in
+/// rounds, every undecided operation of a round at once (at most
+/// [`IN_FLIGHT`]), so one that stays unknown cannot starve the rest.
+async fn resolve(engines: &[Arc<ChildProc>], history: &Arc<History>) {
     let mut seen = std::collections::HashSet::new();
-    let undecided: Vec<Op> = history
+    let mut undecided: Vec<Op> = history
         .ops()
         .into_iter()
         .filter(|o| matches!(o.outcome, Outcome::Unknown { .. }))
@@ -267,21 +269,32 @@ async fn resolve(engines: &[Arc<ChildProc>], history: &History) {
         .collect();
     let mut id = 10 * MAX_OPS;
     let deadline = Instant::now() + RESOLVE_DEADLINE;
-    for (n, op) in undecided.iter().enumerate() {
-        let process = n % engines.len();
-        for attempt in 0..RESOLVE_ATTEMPTS {
-            if Instant::now() > deadline {
-                // What is still unknown now is reported as unresolved.
-                return;
-            }
+    let permits = Arc::new(tokio::sync::Semaphore::new(IN_FLIGHT));
+    for _round in 0..RESOLVE_ATTEMPTS {
+        if undecided.is_empty() || Instant::now() > deadline {
+            // What is still unknown now is reported as unresolved.
+            return;
+        }
+        let mut tasks = Vec::new();
+        for (n, op) in undecided.drain(..).enumerate() {
             id += 1;
-            let r = call(&engines[process], history, id, process, op, Phase::Final).await;
-            if !matches!(r.outcome, Outcome::Unknown { .. }) {
-                break;
+            let process = n % engines.len();
+            let (engine, history, permits) =
+                (engines[process].clone(), history.clone(), permits.clone());
+            let call_id = id;
+            tasks.push(tokio::spawn(async move {
+                let _permit = permits.acquire_owned().await;
+                let r = call(&engine, &history, call_id, process, &op, Phase::Final).await;
+                matches!(r.outcome, Outcome::Unknown { .. }).then_some(op)
+            }));
+        }
+        for t in tasks {
+            if let Ok(Some(op)) = t.await {
+                undecided.push(op);
             }
-            if attempt + 1 < RESOLVE_ATTEMPTS {
-                tokio::time::sleep(Duration::from_millis(500)).await;
-            }
+        }
+        if !undecided.is_empty() {
+            tokio::time::sleep(Duration::from_millis(500)).await;
         }
     }
 }
