@@ -828,6 +828,30 @@ async fn replicated_fall_through_takes_nothing_until_the_home_reservation_is_rep
     );
 }
 
+/// Freezes the replica of `master` and cuts its replication link while it
+/// cannot reconnect: what the master writes from now on is only on the
+/// master (the chaos tool's `kill` fault, made deterministic).
+fn cut_off_replica(cluster: &RedisCluster, master: u16, replica: u16) {
+    cluster.node(replica).signal("STOP");
+    let _: redis::Value = cluster
+        .node(master)
+        .cmd(&["CLIENT", "KILL", "TYPE", "replica"]);
+}
+
+/// kill -9 of `master`, the frozen `replica` resumed, and a wait until the
+/// cluster has promoted it (without the master's last writes).
+fn kill_master_and_promote(cluster: &mut RedisCluster, master: u16, replica: u16) {
+    cluster.node_mut(master).kill();
+    cluster.node(replica).signal("CONT");
+    tokio::task::block_in_place(|| {
+        flashsale_tests::wait_for(
+            Duration::from_secs(60),
+            || cluster.master_ports().contains(&replica),
+            || "the replica was not promoted".into(),
+        )
+    });
+}
+
 /// Found by `flashsale-chaos --seed 20261122 --duration 10m` (kill fault):
 /// the purchase's master dies while its replica is cut off, so its write is
 /// on no replica. The WAIT that follows must not be answered by another node
@@ -852,10 +876,7 @@ async fn replicated_ack_never_confirms_a_write_the_promoted_replica_lacks() {
     let replica = cluster.replica_of(master);
     // The replica can neither receive nor reconnect: what the master writes
     // from now on is only on the master.
-    cluster.node(replica).signal("STOP");
-    let _: redis::Value = cluster
-        .node(master)
-        .cmd(&["CLIENT", "KILL", "TYPE", "replica"]);
+    cut_off_replica(&cluster, master, replica);
     let buyer = {
         let engine = engine.clone();
         tokio::spawn(async move {
@@ -874,16 +895,8 @@ async fn replicated_ack_never_confirms_a_write_the_promoted_replica_lacks() {
         || cluster.node(master).cmd::<i64>(&["XLEN", &stream]) == 1,
         || "the order was made on the master".into(),
     );
-    cluster.node_mut(master).kill();
-    cluster.node(replica).signal("CONT");
+    kill_master_and_promote(&mut cluster, master, replica);
     let answer = buyer.await.expect("task");
-    tokio::task::block_in_place(|| {
-        flashsale_tests::wait_for(
-            Duration::from_secs(60),
-            || cluster.master_ports().contains(&replica),
-            || "the replica was not promoted".into(),
-        )
-    });
     let on_promoted: i64 = cluster.node(replica).cmd(&["XLEN", &stream]);
     if let Ok(c) = &answer {
         panic!(
@@ -918,10 +931,7 @@ async fn a_retry_on_the_promoted_replica_never_confirms_the_first_attempts_lost_
     let stream = status.buckets[0].stream.clone();
     let master = cluster.master_of_slot(status.buckets[0].slot);
     let replica = cluster.replica_of(master);
-    cluster.node(replica).signal("STOP");
-    let _: redis::Value = cluster
-        .node(master)
-        .cmd(&["CLIENT", "KILL", "TYPE", "replica"]);
+    cut_off_replica(&cluster, master, replica);
     let req = || PurchaseRequest {
         sku: "retry-on-promoted",
         user: "max",
@@ -937,16 +947,10 @@ async fn a_retry_on_the_promoted_replica_never_confirms_the_first_attempts_lost_
         || cluster.node(master).cmd::<i64>(&["XLEN", &stream]) == 1,
         || "the first attempt's order was made on the master".into(),
     );
-    cluster.node_mut(master).kill();
-    cluster.node(replica).signal("CONT");
+    kill_master_and_promote(&mut cluster, master, replica);
+    // The old master comes back as the promoted one's replica, so a WAIT
+    // there can succeed again while the first attempt still waits.
     tokio::task::block_in_place(|| {
-        flashsale_tests::wait_for(
-            Duration::from_secs(60),
-            || cluster.master_ports().contains(&replica),
-            || "the replica was not promoted".into(),
-        );
-        // The old master comes back as the promoted one's replica, so a
-        // WAIT there can succeed again while the first attempt still waits.
         cluster.node_mut(master).restart();
         cluster.wait_healthy(Duration::from_secs(60));
     });
@@ -1035,10 +1039,7 @@ async fn replicated_restock_is_never_confirmed_before_a_replica_holds_it() {
     let sale_key = format!("{{{}}}:sale", status.buckets[0].tag);
     let master = cluster.master_of_slot(status.buckets[0].slot);
     let replica = cluster.replica_of(master);
-    cluster.node(replica).signal("STOP");
-    let _: redis::Value = cluster
-        .node(master)
-        .cmd(&["CLIENT", "KILL", "TYPE", "replica"]);
+    cut_off_replica(&cluster, master, replica);
     let restock = {
         let engine = engine.clone();
         tokio::spawn(async move { engine.restock_op("restock-durable", 5, "op-1").await })
@@ -1053,16 +1054,8 @@ async fn replicated_restock_is_never_confirmed_before_a_replica_holds_it() {
         },
         || "the restock was applied on the master".into(),
     );
-    cluster.node_mut(master).kill();
-    cluster.node(replica).signal("CONT");
+    kill_master_and_promote(&mut cluster, master, replica);
     let answer = restock.await.expect("task");
-    tokio::task::block_in_place(|| {
-        flashsale_tests::wait_for(
-            Duration::from_secs(60),
-            || cluster.master_ports().contains(&replica),
-            || "the replica was not promoted".into(),
-        )
-    });
     let on_promoted: i64 = cluster.node(replica).cmd(&["HGET", &sale_key, "initial"]);
     assert!(
         answer.is_err() || on_promoted == 15,
