@@ -338,6 +338,8 @@ fn check_request(
     // A confirmed request is never refused afterwards with the same qty. (A
     // refusal followed by a confirmation is allowed: refusals of a sold-out
     // bucket are not recorded, so a retry after a restock is a new try.)
+    // Under `leader`, a record lost in a failover makes the retry a new
+    // purchase, which may be refused: the mode's price, counted apart.
     for f in ops
         .iter()
         .filter(|o| matches!(o.outcome, Outcome::Fail { .. }))
@@ -347,7 +349,7 @@ fn check_request(
             .find(|o| qty_of(o) == qty_of(f) && o.complete_ms < f.invoke_ms)
         {
             v.add(
-                "request_answer_changed",
+                changed,
                 1,
                 format!("request ({sku}, {user}, {rid}) was confirmed and also refused"),
                 &[ok, f],
