@@ -832,6 +832,26 @@ async fn replicated_fall_through_takes_nothing_until_the_home_reservation_is_rep
 /// cannot reconnect: what the master writes from now on is only on the
 /// master (the chaos tool's `kill` fault, made deterministic).
 fn cut_off_replica(cluster: &RedisCluster, master: u16, replica: u16) {
+    // Everything written so far (the sale itself: a create is confirmed by
+    // the master alone) reaches the replica first.
+    flashsale_tests::wait_for(
+        Duration::from_secs(30),
+        || {
+            let info: String = cluster.node(master).cmd(&["INFO", "replication"]);
+            let field = |name: &str| -> Option<i64> {
+                info.lines()
+                    .find_map(|l| l.strip_prefix(name))
+                    .and_then(|v| v.trim().parse().ok())
+            };
+            let acked = info
+                .lines()
+                .filter(|l| l.starts_with("slave0:"))
+                .find_map(|l| l.split(',').find_map(|kv| kv.strip_prefix("offset=")))
+                .and_then(|v| v.parse::<i64>().ok());
+            matches!((field("master_repl_offset:"), acked), (Some(m), Some(r)) if r >= m)
+        },
+        || "the replica did not catch up before it was cut off".into(),
+    );
     cluster.node(replica).signal("STOP");
     let _: redis::Value = cluster
         .node(master)
