@@ -351,7 +351,13 @@ impl Engine {
                 // bucket that took.
                 let taker = sale.buckets.get(c.bucket as usize).unwrap_or(home);
                 let confirmed = || Expect::Confirmed(c.order_id.clone());
-                if taker.index == home.index {
+                // The walk acked its own take before settling; only an order
+                // another attempt took still needs its bucket's ack here.
+                let acked_by_walk = walk
+                    .taken
+                    .as_ref()
+                    .is_some_and(|(_, id, _, _)| *id == c.order_id);
+                if taker.index == home.index || acked_by_walk {
                     self.ack(home, request, confirmed()).await?;
                 } else {
                     tokio::try_join!(
