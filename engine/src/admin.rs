@@ -11,12 +11,14 @@
 use std::collections::HashMap;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+use crate::cluster::ScriptCall;
 use crate::engine::Engine;
-use crate::error::{AdminError, InvalidInput};
+use crate::error::{AdminError, InvalidInput, Unavailable};
 use crate::keys::{self, BucketKeys};
 use crate::placement::{pick_tags, tag_slot};
 use crate::replies::{self, CreateMetaReply, RestockReply};
-use crate::sale::{SaleSpec, SaleStatus, MAX_BUCKETS, MAX_UNITS};
+use crate::sale::{SaleSpec, MAX_BUCKETS, MAX_UNITS};
+use crate::status::SaleStatus;
 use crate::validate;
 
 /// Latest start a new sale may have, from now.
@@ -24,8 +26,9 @@ pub const MAX_START_AHEAD: Duration = Duration::from_secs(366 * 24 * 3600);
 /// Latest end a new sale may have, from now.
 pub const MAX_END_AHEAD: Duration = Duration::from_secs(10 * 366 * 24 * 3600);
 
-fn unavailable(e: impl std::fmt::Display) -> AdminError {
-    AdminError::Unavailable(e.to_string())
+/// A state the engine cannot act on (metadata it cannot read, no masters).
+fn unconfirmed(why: impl Into<String>) -> AdminError {
+    AdminError::Unavailable(Unavailable::unconfirmed(why))
 }
 
 fn spec_error(msg: impl Into<String>) -> AdminError {
@@ -164,13 +167,16 @@ impl Engine {
         starts_ms: u64,
         ends_ms: u64,
     ) -> Result<SaleStatus, AdminError> {
-        let map = self.slot_map().await.map_err(unavailable)?;
+        let map = self.cluster().slot_map().await?;
         let tags = pick_tags(&spec.sku, spec.buckets, &map)
-            .ok_or_else(|| AdminError::Unavailable("cluster has no masters".into()))?;
+            .ok_or_else(|| unconfirmed("cluster has no masters"))?;
         let meta = keys::sale_meta(&spec.sku);
-        let script = &self.inner.scripts.create_meta;
-        let mut cmd = Engine::evalsha(script, &[&meta]);
-        cmd.arg(op);
+        let mut call = ScriptCall::new(
+            &self.scripts().create_meta,
+            tag_slot(&format!("fs:{}", spec.sku)),
+            &[&meta],
+        );
+        call.arg(op);
         for (f, v) in [
             ("sku", spec.sku.clone()),
             ("tags", tags.join(",")),
@@ -180,13 +186,10 @@ impl Engine {
             ("starts_ms", starts_ms.to_string()),
             ("ends_ms", ends_ms.to_string()),
         ] {
-            cmd.arg(f).arg(v);
+            call.arg(f).arg(v);
         }
-        let v = self
-            .run_script(script, tag_slot(&format!("fs:{}", spec.sku)), &cmd)
-            .await
-            .map_err(unavailable)?;
-        match replies::create_meta(v).map_err(unavailable)? {
+        let reply = self.cluster().call(&call, replies::create_meta).await;
+        match reply.map_err(Unavailable::from)? {
             CreateMetaReply::Claimed | CreateMetaReply::Resumed { .. } => {
                 self.finish_create(&spec.sku).await?;
                 tracing::info!(sku = %spec.sku, buckets = spec.buckets, stock = spec.stock, "sale created");
@@ -206,15 +209,15 @@ impl Engine {
 
     async fn plan(&self, sku: &str) -> Result<Option<Plan>, AdminError> {
         let fields: HashMap<String, String> = self
+            .cluster()
             .run_cmd(redis::cmd("HGETALL").arg(keys::sale_meta(sku)))
-            .await
-            .map_err(unavailable)?;
+            .await?;
         if fields.is_empty() {
             return Ok(None);
         }
         Plan::parse(fields)
             .map(Some)
-            .ok_or_else(|| AdminError::Unavailable(format!("sale {sku:?}: metadata unreadable")))
+            .ok_or_else(|| unconfirmed(format!("sale {sku:?}: metadata unreadable")))
     }
 
     /// Every step after the plan, each idempotent: index the sale first (so
@@ -226,9 +229,9 @@ impl Engine {
             .await?
             .ok_or_else(|| AdminError::UnknownSale(sku.to_owned()))?;
         let _: () = self
+            .cluster()
             .run_cmd(redis::cmd("SADD").arg(keys::sale_index()).arg(sku))
-            .await
-            .map_err(unavailable)?;
+            .await?;
         if plan.created {
             return Ok(());
         }
@@ -236,9 +239,12 @@ impl Engine {
         for (i, tag) in plan.tags.iter().enumerate() {
             let bk = BucketKeys::new(tag);
             let units = share(plan.stock, n, i);
-            let script = &self.inner.scripts.create_bucket;
-            let mut cmd = Engine::evalsha(script, &[&bk.sale, &bk.stock]);
-            cmd.arg(units);
+            let mut call = ScriptCall::new(
+                &self.scripts().create_bucket,
+                tag_slot(tag),
+                &[&bk.sale, &bk.stock],
+            );
+            call.arg(units);
             for (f, v) in [
                 ("sku", sku.to_owned()),
                 ("tag", tag.clone()),
@@ -250,21 +256,22 @@ impl Engine {
                 ("limit", plan.limit.to_string()),
                 ("initial", units.to_string()),
             ] {
-                cmd.arg(f).arg(v);
+                call.arg(f).arg(v);
             }
-            self.run_script(script, tag_slot(tag), &cmd)
+            self.cluster()
+                .call(&call, replies::created_bucket)
                 .await
-                .map_err(unavailable)?;
+                .map_err(Unavailable::from)?;
         }
         let _: () = self
+            .cluster()
             .run_cmd(
                 redis::cmd("HSET")
                     .arg(keys::sale_meta(sku))
                     .arg("created")
                     .arg("1"),
             )
-            .await
-            .map_err(unavailable)?;
+            .await?;
         Ok(())
     }
 
@@ -351,9 +358,9 @@ impl Engine {
         let n = sale.buckets.len();
         for (i, b) in sale.buckets.iter().enumerate() {
             let initial: Option<u64> = self
+                .cluster()
                 .run_cmd(redis::cmd("HGET").arg(&b.keys.sale).arg("initial"))
-                .await
-                .map_err(unavailable)?;
+                .await?;
             if initial.unwrap_or(0).saturating_add(share(qty, n, i)) > MAX_UNITS {
                 return Err(spec_error(format!(
                     "restock would take bucket {i} past {MAX_UNITS} units"
@@ -365,13 +372,13 @@ impl Engine {
         let meta = keys::sale_meta(sku);
         let field = format!("restock:{op}");
         let _: bool = self
+            .cluster()
             .run_cmd(redis::cmd("HSETNX").arg(&meta).arg(&field).arg(qty))
-            .await
-            .map_err(unavailable)?;
+            .await?;
         let recorded: Option<u64> = self
+            .cluster()
             .run_cmd(redis::cmd("HGET").arg(&meta).arg(&field))
-            .await
-            .map_err(unavailable)?;
+            .await?;
         if recorded != Some(qty) {
             return Err(AdminError::OperationMismatch(op.to_owned()));
         }
@@ -390,14 +397,14 @@ impl Engine {
             if units == 0 {
                 continue;
             }
-            let script = &self.inner.scripts.restock;
-            let mut cmd = Engine::evalsha(script, &[&b.keys.sale, &b.keys.stock]);
-            cmd.arg(units).arg(op).arg("finish");
-            let v = self
-                .run_script(script, b.slot, &cmd)
-                .await
-                .map_err(unavailable)?;
-            match replies::restock(v).map_err(unavailable)? {
+            let mut call = ScriptCall::new(
+                &self.scripts().restock,
+                b.slot,
+                &[&b.keys.sale, &b.keys.stock],
+            );
+            call.arg(units).arg(op).arg("finish");
+            let reply = self.cluster().call(&call, replies::restock).await;
+            match reply.map_err(Unavailable::from)? {
                 RestockReply::Applied | RestockReply::AlreadyApplied => {
                     self.restock_replicated(b, op, units).await?;
                 }
@@ -417,14 +424,14 @@ impl Engine {
             }
         }
         let _: () = self
+            .cluster()
             .run_cmd(
                 redis::cmd("HSET")
                     .arg(keys::sale_meta(sku))
                     .arg(format!("restock-done:{op}"))
                     .arg(1),
             )
-            .await
-            .map_err(unavailable)?;
+            .await?;
         Ok(())
     }
 
@@ -447,11 +454,12 @@ impl Engine {
         let started = std::time::Instant::now();
         loop {
             let why = match self
-                .replicated_field(bucket.slot, &bucket.keys.sale, &field, expect.clone())
+                .waits()
+                .replicated(bucket.slot, &bucket.keys.sale, &field, expect.clone())
                 .await
             {
                 Ok(true) => return Ok(()),
-                Ok(false) => "no replica acknowledged the restock".to_owned(),
+                Ok(false) => Unavailable::unconfirmed("no replica acknowledged the restock"),
                 Err(e) => {
                     tokio::time::sleep(std::time::Duration::from_millis(50)).await;
                     e
@@ -474,14 +482,14 @@ impl Engine {
             // The metadata first: a close cut off half-way is then finished
             // by `repair_sale`.
             let _: () = engine
+                .cluster()
                 .run_cmd(
                     redis::cmd("HSET")
                         .arg(keys::sale_meta(&owned))
                         .arg("state")
                         .arg("closed"),
                 )
-                .await
-                .map_err(unavailable)?;
+                .await?;
             engine.close_buckets(&owned).await?;
             engine.sale_status(&owned).await
         })
@@ -492,14 +500,14 @@ impl Engine {
         let sale = self.admin_sale(sku).await?;
         for b in &sale.buckets {
             let _: () = self
+                .cluster()
                 .run_cmd(
                     redis::cmd("HSET")
                         .arg(&b.keys.sale)
                         .arg("state")
                         .arg("closed"),
                 )
-                .await
-                .map_err(unavailable)?;
+                .await?;
         }
         Ok(())
     }
@@ -523,7 +531,7 @@ impl Engine {
             result
         })
         .await
-        .map_err(|e| AdminError::Unavailable(format!("admin task: {e}")))?
+        .map_err(|e| unconfirmed(format!("admin task: {e}")))?
     }
 
     /// Holds the SKU's admin lock (when lock nodes are configured) so two
@@ -544,7 +552,7 @@ impl Engine {
             )
             .await
             .map(Some)
-            .map_err(|e| AdminError::Lock(e.to_string()))
+            .map_err(AdminError::Lock)
     }
 }
 

@@ -7,6 +7,8 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
+use crate::error::ConfigError;
+
 /// Everything [`crate::Engine::connect`] needs.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 #[serde(default, deny_unknown_fields)]
@@ -36,8 +38,6 @@ pub struct Config {
     pub max_qty: u32,
     /// Retry policy for Redis errors that may pass (failover, reshard).
     pub retry: Backoff,
-    /// Settings of `flashsale serve` (ignored by the library itself).
-    pub server: ServerConfig,
 }
 
 impl Default for Config {
@@ -56,14 +56,13 @@ impl Default for Config {
             pending_timeout: Duration::from_secs(30),
             max_qty: 100,
             retry: Backoff::default(),
-            server: ServerConfig::default(),
         }
     }
 }
 
 impl Config {
-    /// This config with every secret replaced, for printing: node passwords,
-    /// the PostgreSQL password, and the admin token (shown as `<set>`).
+    /// This config with every secret replaced, for printing: node passwords
+    /// and the PostgreSQL password.
     pub fn redacted(&self) -> Config {
         let mut c = self.clone();
         c.cluster_nodes = c
@@ -77,14 +76,16 @@ impl Config {
             .map(|u| crate::redact::redis_url(u))
             .collect();
         c.postgres_url = crate::redact::postgres_url(&c.postgres_url);
-        c.server.admin_token = c.server.admin_token().map(|_| "<set>".into());
         c
     }
 
     /// Checks the values that cannot be right; names the field that is not.
-    pub fn validate(&self) -> Result<(), String> {
+    pub fn validate(&self) -> Result<(), ConfigError> {
         if self.cluster_nodes.is_empty() {
-            return Err("cluster_nodes: at least one seed node is needed".into());
+            return Err(ConfigError::new(
+                "cluster_nodes",
+                "at least one seed node is needed",
+            ));
         }
         for n in &self.cluster_nodes {
             check_redis_url("cluster_nodes", n)?;
@@ -93,17 +94,17 @@ impl Config {
             check_redis_url("lock_nodes", n)?;
         }
         if self.lock_nodes.len() == 2 {
-            return Err(
-                "lock_nodes: 2 nodes cannot form a majority that survives one failure; \
-                 use 1 (a single-node lock) or 3 or more (Redlock)"
-                    .into(),
-            );
+            return Err(ConfigError::new(
+                "lock_nodes",
+                "2 nodes cannot form a majority that survives one failure; \
+                 use 1 (a single-node lock) or 3 or more (Redlock)",
+            ));
         }
         if self.postgres_url.trim().is_empty() {
-            return Err("postgres_url: must not be empty".into());
+            return Err(ConfigError::new("postgres_url", "must not be empty"));
         }
         if self.max_qty == 0 {
-            return Err("max_qty: must be at least 1".into());
+            return Err(ConfigError::new("max_qty", "must be at least 1"));
         }
         within(
             "request_ttl_ms",
@@ -124,14 +125,14 @@ impl Config {
             Duration::from_secs(3600),
         )?;
         if self.pending_timeout >= self.request_ttl {
-            return Err(
-                "pending_timeout_ms: must be shorter than request_ttl_ms, or an abandoned \
-                 request's record expires before the sweeper settles it"
-                    .into(),
-            );
+            return Err(ConfigError::new(
+                "pending_timeout_ms",
+                "must be shorter than request_ttl_ms, or an abandoned \
+                 request's record expires before the sweeper settles it",
+            ));
         }
         if self.retry.initial.is_zero() || self.retry.max < self.retry.initial {
-            return Err("retry: need 0 < initial_ms <= max_ms".into());
+            return Err(ConfigError::new("retry", "need 0 < initial_ms <= max_ms"));
         }
         within(
             "retry.max_ms",
@@ -145,16 +146,29 @@ impl Config {
             Duration::ZERO,
             Duration::from_secs(600),
         )?;
-        self.server.validate()
+        Ok(())
     }
 }
 
 /// Checks a `redis://` URL has a host (and a valid port when it gives one);
 /// the error names the field and shows the node without its password.
-fn check_redis_url(field: &str, url: &str) -> Result<(), String> {
+fn check_redis_url(field: &str, url: &str) -> Result<(), ConfigError> {
     let shown = crate::redact::redis_url(url);
-    if !url.starts_with("redis://") && !url.starts_with("rediss://") {
-        return Err(format!("{field}: {shown:?} must start with redis://"));
+    if url.starts_with("rediss://") {
+        // No TLS is built in (no crypto provider): refused here, with a
+        // reason, instead of failing (or panicking) at connect time.
+        return Err(ConfigError::new(
+            field,
+            format!(
+                "{shown:?}: TLS (rediss://) is not supported; use redis:// over a trusted link"
+            ),
+        ));
+    }
+    if !url.starts_with("redis://") {
+        return Err(ConfigError::new(
+            field,
+            format!("{shown:?} must start with redis://"),
+        ));
     }
     let hp = crate::redact::host_port(url);
     let (host, port) = match hp.rsplit_once(':') {
@@ -162,11 +176,14 @@ fn check_redis_url(field: &str, url: &str) -> Result<(), String> {
         _ => (hp.as_str(), None),
     };
     if host.is_empty() {
-        return Err(format!("{field}: {shown:?} has no host"));
+        return Err(ConfigError::new(field, format!("{shown:?} has no host")));
     }
     if let Some(p) = port {
         if !p.parse::<u16>().is_ok_and(|p| p > 0) {
-            return Err(format!("{field}: {shown:?} has no valid port"));
+            return Err(ConfigError::new(
+                field,
+                format!("{shown:?} has no valid port"),
+            ));
         }
     }
     Ok(())
@@ -177,184 +194,24 @@ fn check_redis_url(field: &str, url: &str) -> Result<(), String> {
 pub const MAX_REQUEST_TTL: Duration = Duration::from_secs(30 * 24 * 3600);
 
 /// Checks that a duration field lies in `[min, max]`, naming the field.
-pub(crate) fn within(field: &str, d: Duration, min: Duration, max: Duration) -> Result<(), String> {
+pub(crate) fn within(
+    field: &str,
+    d: Duration,
+    min: Duration,
+    max: Duration,
+) -> Result<(), ConfigError> {
     if d < min || d > max {
-        return Err(format!(
-            "{field}: {} is out of range {}..={}",
-            d.as_millis(),
-            min.as_millis(),
-            max.as_millis()
+        return Err(ConfigError::new(
+            field,
+            format!(
+                "{} is out of range {}..={}",
+                d.as_millis(),
+                min.as_millis(),
+                max.as_millis()
+            ),
         ));
     }
     Ok(())
-}
-
-/// Settings of the HTTP service (`flashsale serve`).
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
-#[serde(default, deny_unknown_fields)]
-pub struct ServerConfig {
-    /// Address to listen on.
-    pub listen: String,
-    /// Bearer token for the admin routes (create, restock, close); at least
-    /// 16 characters. Unset, empty or blank: the admin routes are off (401).
-    pub admin_token: Option<String>,
-    /// Purchases per second one user may make (token bucket); 0 = no limit.
-    pub per_user_rps: f64,
-    /// Burst of the per-user bucket.
-    pub per_user_burst: u32,
-    /// Purchases per second the whole service accepts; 0 = no limit.
-    pub global_rps: f64,
-    /// Burst of the global bucket.
-    pub global_burst: u32,
-    /// Requests handled at once; more wait for a slot.
-    pub max_in_flight: usize,
-    /// Run the order writer inside the service.
-    pub order_writer: bool,
-    /// How often the service reconciles the ledger (and exports the gauges).
-    #[serde(with = "millis", rename = "reconcile_every_ms")]
-    pub reconcile_every: Duration,
-    /// A client must send a request's headers within this.
-    #[serde(with = "millis", rename = "header_read_timeout_ms")]
-    pub header_read_timeout: Duration,
-    /// A client must send a request's body within this.
-    #[serde(with = "millis", rename = "body_read_timeout_ms")]
-    pub body_read_timeout: Duration,
-    /// A request is answered (503 `unavailable`) within this, counted from
-    /// when its body was read: the wait for a slot and the handler. Admin
-    /// operations still run to the end.
-    #[serde(with = "millis", rename = "request_timeout_ms")]
-    pub request_timeout: Duration,
-    /// A client must take each part of an answer within this, or its
-    /// connection is closed (a client that never reads cannot hold one).
-    #[serde(with = "millis", rename = "write_timeout_ms")]
-    pub write_timeout: Duration,
-    /// Largest request head (request line and headers) a connection buffers,
-    /// in bytes; larger heads are refused. Bounds memory per connection.
-    pub max_header_bytes: usize,
-    /// On SIGTERM, requests in flight get this long before their connections
-    /// are closed; then the order writer drains and the process exits 0.
-    #[serde(with = "millis", rename = "shutdown_grace_ms")]
-    pub shutdown_grace: Duration,
-    /// Largest request body, in bytes (413 above it).
-    pub max_body_bytes: usize,
-    /// Most client connections open at once; more wait to be accepted.
-    pub max_connections: usize,
-}
-
-impl Default for ServerConfig {
-    fn default() -> Self {
-        ServerConfig {
-            listen: "127.0.0.1:8080".into(),
-            admin_token: None,
-            per_user_rps: 5.0,
-            per_user_burst: 5,
-            global_rps: 0.0,
-            global_burst: 1000,
-            max_in_flight: 4096,
-            order_writer: true,
-            reconcile_every: Duration::from_secs(15),
-            header_read_timeout: Duration::from_secs(5),
-            body_read_timeout: Duration::from_secs(5),
-            request_timeout: Duration::from_secs(30),
-            write_timeout: Duration::from_secs(10),
-            max_header_bytes: 16 * 1024,
-            shutdown_grace: Duration::from_secs(10),
-            max_body_bytes: 64 * 1024,
-            max_connections: 10_000,
-        }
-    }
-}
-
-/// Shortest admin token accepted.
-pub const MIN_ADMIN_TOKEN: usize = 16;
-
-impl ServerConfig {
-    /// The admin token, or `None` when the admin routes are off (unset,
-    /// empty or blank: one rule for `config check` and `serve`).
-    pub fn admin_token(&self) -> Option<&str> {
-        self.admin_token.as_deref().filter(|t| !t.trim().is_empty())
-    }
-
-    fn validate(&self) -> Result<(), String> {
-        if self.listen.parse::<std::net::SocketAddr>().is_err() {
-            return Err(format!(
-                "server.listen: {:?} is not an address like 127.0.0.1:8080",
-                self.listen
-            ));
-        }
-        if !(self.per_user_rps >= 0.0 && self.global_rps >= 0.0) {
-            return Err("server.per_user_rps / global_rps: must be >= 0".into());
-        }
-        if self.per_user_rps > 0.0 && self.per_user_burst == 0 {
-            return Err("server.per_user_burst: must be >= 1 when per_user_rps is set".into());
-        }
-        if self.global_rps > 0.0 && self.global_burst == 0 {
-            return Err("server.global_burst: must be >= 1 when global_rps is set".into());
-        }
-        if !(1..=1_000_000).contains(&self.max_in_flight) {
-            return Err("server.max_in_flight: must be 1..=1000000".into());
-        }
-        // Counted without blanks: fifteen spaces and a letter are a
-        // one-letter secret.
-        if self
-            .admin_token()
-            .is_some_and(|t| t.chars().filter(|c| !c.is_whitespace()).count() < MIN_ADMIN_TOKEN)
-        {
-            return Err(format!(
-                "server.admin_token: use at least {MIN_ADMIN_TOKEN} non-blank characters \
-                 (or leave it unset to turn the admin routes off)"
-            ));
-        }
-        let second = Duration::from_secs(1);
-        let hour = Duration::from_secs(3600);
-        within(
-            "server.header_read_timeout_ms",
-            self.header_read_timeout,
-            Duration::from_millis(100),
-            hour,
-        )?;
-        within(
-            "server.body_read_timeout_ms",
-            self.body_read_timeout,
-            Duration::from_millis(100),
-            hour,
-        )?;
-        within(
-            "server.request_timeout_ms",
-            self.request_timeout,
-            second,
-            hour,
-        )?;
-        within(
-            "server.shutdown_grace_ms",
-            self.shutdown_grace,
-            Duration::ZERO,
-            hour,
-        )?;
-        within(
-            "server.write_timeout_ms",
-            self.write_timeout,
-            Duration::from_millis(100),
-            hour,
-        )?;
-        // hyper's own floor is 8 KiB.
-        if !(8192..=1024 * 1024).contains(&self.max_header_bytes) {
-            return Err("server.max_header_bytes: must be 8192..=1048576".into());
-        }
-        if !(1024..=64 * 1024 * 1024).contains(&self.max_body_bytes) {
-            return Err("server.max_body_bytes: must be 1024..=67108864".into());
-        }
-        if !(1..=1_000_000).contains(&self.max_connections) {
-            return Err("server.max_connections: must be 1..=1000000".into());
-        }
-        within(
-            "server.reconcile_every_ms",
-            self.reconcile_every,
-            Duration::from_millis(100),
-            Duration::from_secs(24 * 3600),
-        )?;
-        Ok(())
-    }
 }
 
 /// When a purchase is confirmed to the buyer.
@@ -408,7 +265,7 @@ impl Backoff {
 }
 
 /// Durations as whole milliseconds in config files (`*_ms` fields).
-mod millis {
+pub(crate) mod millis {
     use std::time::Duration;
 
     use serde::{Deserialize, Deserializer, Serializer};
@@ -419,5 +276,38 @@ mod millis {
 
     pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
         u64::deserialize(d).map(Duration::from_millis)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// No TLS is built in: a `rediss://` node is refused when the config is
+    /// checked, naming the field, never at connect time (where it panicked).
+    #[test]
+    fn a_tls_node_url_is_refused_with_a_reason_not_at_connect() {
+        for (nodes, locks, field) in [
+            (
+                vec!["rediss://:pw@127.0.0.1:7001".to_owned()],
+                vec![],
+                "cluster_nodes",
+            ),
+            (
+                vec!["redis://127.0.0.1:7001".to_owned()],
+                vec!["rediss://127.0.0.1:7101".to_owned()],
+                "lock_nodes",
+            ),
+        ] {
+            let c = Config {
+                cluster_nodes: nodes,
+                lock_nodes: locks,
+                ..Config::default()
+            };
+            let e = c.validate().unwrap_err();
+            assert_eq!(e.field, field);
+            assert!(e.problem.contains("TLS"), "{e}");
+            assert!(!e.to_string().contains("pw@"), "{e}");
+        }
     }
 }

@@ -4,6 +4,12 @@
 //! does about it. Nothing here touches the network.
 
 use std::fmt;
+use std::sync::Arc;
+
+use redis::RedisError;
+
+use crate::lock::LockError;
+use crate::replies::BadReply;
 
 /// Why a purchase did not confirm.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -40,9 +46,69 @@ pub enum PurchaseError {
     /// idempotency key does: send new parameters under a new id.
     #[error("request id was used before with other parameters")]
     RequestMismatch,
-    /// The inventory cluster could not answer within the retry budget.
+    /// The inventory cluster could not answer within the retry budget, or
+    /// the engine could not confirm the answer safely. A retry with the same
+    /// request id is always safe.
     #[error("inventory unavailable: {0}")]
-    Unavailable(String),
+    Unavailable(Unavailable),
+}
+
+/// Why the inventory could not answer. The error itself is kept, not its
+/// text, so a caller can still ask redis-rs what happened (`Redis(e)` then
+/// `e.kind()`). Its text is part of the message; like every error of this
+/// crate that shows its cause in its message, it does not repeat the cause
+/// as a `source()`, so a printed chain says each thing once.
+#[derive(Debug, Clone, thiserror::Error)]
+#[non_exhaustive]
+pub enum Unavailable {
+    /// Redis answered with an error, or could not be reached, past the
+    /// retry budget.
+    #[error("{0}")]
+    Redis(Arc<RedisError>),
+    /// A script replied in a shape the engine does not know.
+    #[error(transparent)]
+    Reply(#[from] BadReply),
+    /// Redis answered, but the engine cannot confirm the answer: no replica
+    /// acknowledged it in time, the connection was renewed mid-purchase, or a
+    /// failover took back an unconfirmed order.
+    #[error("{0}")]
+    Unconfirmed(String),
+}
+
+impl Unavailable {
+    /// An [`Unavailable::Unconfirmed`] with this reason.
+    pub fn unconfirmed(why: impl Into<String>) -> Self {
+        Unavailable::Unconfirmed(why.into())
+    }
+}
+
+impl From<RedisError> for Unavailable {
+    fn from(e: RedisError) -> Self {
+        Unavailable::Redis(Arc::new(e))
+    }
+}
+
+/// Equal when of the same kind with the same message (a `RedisError` has no
+/// equality of its own).
+impl PartialEq for Unavailable {
+    fn eq(&self, other: &Self) -> bool {
+        std::mem::discriminant(self) == std::mem::discriminant(other)
+            && self.to_string() == other.to_string()
+    }
+}
+
+impl Eq for Unavailable {}
+
+impl From<Unavailable> for PurchaseError {
+    fn from(e: Unavailable) -> Self {
+        PurchaseError::Unavailable(e)
+    }
+}
+
+impl From<RedisError> for PurchaseError {
+    fn from(e: RedisError) -> Self {
+        PurchaseError::Unavailable(e.into())
+    }
 }
 
 impl PurchaseError {
@@ -122,14 +188,26 @@ pub enum AdminError {
     Closed(String),
     /// The inventory cluster could not answer.
     #[error("inventory unavailable: {0}")]
-    Unavailable(String),
+    Unavailable(Unavailable),
     /// The admin lock could not be taken.
     #[error("admin lock: {0}")]
-    Lock(String),
+    Lock(LockError),
     /// This operation id was used before with other parameters; nothing was
     /// changed.
     #[error("operation id {0:?} was used before with other parameters")]
     OperationMismatch(String),
+}
+
+impl From<Unavailable> for AdminError {
+    fn from(e: Unavailable) -> Self {
+        AdminError::Unavailable(e)
+    }
+}
+
+impl From<RedisError> for AdminError {
+    fn from(e: RedisError) -> Self {
+        AdminError::Unavailable(e.into())
+    }
 }
 
 /// Why [`crate::Engine::connect`] failed.
@@ -138,10 +216,71 @@ pub enum AdminError {
 pub enum ConnectError {
     /// The configuration is not usable.
     #[error("config: {0}")]
-    Config(String),
-    /// The cluster could not be reached or is not serving all slots.
+    Config(ConfigError),
+    /// The lock nodes cannot be used.
+    #[error("lock nodes: {0}")]
+    Lock(LockError),
+    /// The cluster could not be reached.
     #[error("redis cluster: {0}")]
-    Redis(String),
+    Redis(RedisError),
+    /// The cluster answers but some slot has no master.
+    #[error("redis cluster: not every slot is served")]
+    SlotsUncovered,
+}
+
+impl From<ConfigError> for ConnectError {
+    fn from(e: ConfigError) -> Self {
+        ConnectError::Config(e)
+    }
+}
+
+impl ConnectError {
+    pub(crate) fn redis(e: RedisError) -> Self {
+        ConnectError::Redis(e)
+    }
+}
+
+/// A configuration value that cannot be right: which field, and why.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{field}: {problem}")]
+pub struct ConfigError {
+    /// The field, as it is spelled in the config file.
+    pub field: String,
+    /// What is wrong with it.
+    pub problem: String,
+}
+
+impl ConfigError {
+    /// `field` is wrong because of `problem`.
+    pub fn new(field: impl Into<String>, problem: impl Into<String>) -> Self {
+        ConfigError {
+            field: field.into(),
+            problem: problem.into(),
+        }
+    }
+}
+
+/// Why [`crate::Engine::readiness`] says the engine is not ready.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum NotReady {
+    /// The cluster did not answer.
+    #[error("cluster unreachable: {0}")]
+    Unreachable(RedisError),
+    /// Some slot has no master.
+    #[error("cluster: not every slot is served")]
+    SlotsUncovered,
+    /// A master lacked scripts and loading them failed.
+    #[error("{master}: scripts: {error}")]
+    Scripts {
+        /// `host:port` of the master.
+        master: String,
+        /// What Redis said.
+        error: RedisError,
+    },
+    /// The slot map names a master whose address cannot be read.
+    #[error("cluster: master address {0:?} cannot be read")]
+    BadMaster(String),
 }
 
 /// What the engine does about a Redis error. Computed once per error by

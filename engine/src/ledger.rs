@@ -10,17 +10,13 @@ use deadpool_postgres::Pool;
 use redis::Value;
 use serde::Serialize;
 
+use crate::cluster::ScriptCall;
 use crate::db::{self, DbError};
 use crate::engine::Engine;
 use crate::error::AdminError;
 use crate::keys;
-
-/// Gauge: 1 when every SKU checked last balanced, else 0.
-pub const CONSERVED: &str = "flashsale_ledger_conserved";
-/// Gauge: units left in Redis, by `sku` (one series per sale).
-pub const STOCK_REMAINING: &str = "flashsale_stock_remaining_units";
-/// Gauge: sum over SKUs of |initial - (remaining + pending + written)|.
-pub const IMBALANCE: &str = "flashsale_ledger_imbalance_units";
+use crate::metrics as m;
+use crate::replies::{self, LedgerSnapshot};
 
 /// The ledger of one SKU.
 #[derive(Debug, Clone, Serialize, PartialEq, Eq)]
@@ -60,7 +56,7 @@ pub enum LedgerError {
     #[error(transparent)]
     Db(#[from] DbError),
     /// A Redis read failed.
-    #[error("redis: {0}")]
+    #[error(transparent)]
     Redis(#[from] redis::RedisError),
 }
 
@@ -87,8 +83,8 @@ pub async fn reconcile(
                 + r.lost_from_stream
         })
         .sum();
-    metrics::gauge!(IMBALANCE).set(imbalance as f64);
-    metrics::gauge!(CONSERVED).set(if imbalance == 0 { 1.0 } else { 0.0 });
+    metrics::gauge!(m::LEDGER_IMBALANCE).set(imbalance as f64);
+    metrics::gauge!(m::LEDGER_CONSERVED).set(if imbalance == 0 { 1.0 } else { 0.0 });
     Ok(reports)
 }
 
@@ -98,33 +94,6 @@ struct Snapshot {
     stock: i64,
     last_id: (i64, i64),
     entries: Vec<(String, u64)>,
-}
-
-fn parse_snapshot(v: Value) -> Option<Snapshot> {
-    let Value::Array(mut p) = v else { return None };
-    if p.len() != 3 {
-        return None;
-    }
-    let last = match p.pop()? {
-        Value::BulkString(b) => String::from_utf8(b).ok()?,
-        Value::SimpleString(s) => s,
-        _ => return None,
-    };
-    let (ms, seq) = last.split_once('-')?;
-    let stock = match p.pop()? {
-        Value::Int(i) => i,
-        _ => return None,
-    };
-    let initial = match p.pop()? {
-        Value::Int(i) => i.max(0) as u64,
-        _ => return None,
-    };
-    Some(Snapshot {
-        initial,
-        stock,
-        last_id: (ms.parse().ok()?, seq.parse().ok()?),
-        entries: Vec::new(),
-    })
 }
 
 /// The orders (id, qty) still in `stream` with ids up to `last`, read in
@@ -179,16 +148,23 @@ async fn reconcile_one(
     let mut dead_lettered = 0u64;
     let mut conn = engine.dedicated_connection().await?;
     for b in &sale.buckets {
-        let script = &engine.inner.scripts.ledger_snapshot;
-        let cmd = Engine::evalsha(script, &[&b.keys.sale, &b.keys.stock, &b.keys.orders]);
-        let v = engine.run_script(script, b.slot, &cmd).await?;
-        let snap = parse_snapshot(v).ok_or_else(|| {
-            redis::RedisError::from((
-                redis::ErrorKind::UnexpectedReturnType,
-                "ledger snapshot reply",
-            ))
-        })?;
-        let mut snap = snap;
+        let call = ScriptCall::new(
+            &engine.scripts().ledger_snapshot,
+            b.slot,
+            &[&b.keys.sale, &b.keys.stock, &b.keys.orders],
+        );
+        let reply = engine.cluster().call(&call, replies::ledger_snapshot).await;
+        let LedgerSnapshot {
+            initial,
+            stock,
+            last_id,
+        } = reply.map_err(|e| AdminError::Unavailable(e.into()))?;
+        let mut snap = Snapshot {
+            initial,
+            stock,
+            last_id,
+            entries: Vec::new(),
+        };
         snap.entries = queued_orders(&mut conn, &b.keys.orders, snap.last_id).await?;
         snaps.push((b, snap));
         dead_lettered += redis::cmd("XLEN")
@@ -261,7 +237,7 @@ async fn reconcile_one(
             lost_from_stream += qty;
         }
     }
-    metrics::gauge!(STOCK_REMAINING, "sku" => sku.to_owned()).set(remaining as f64);
+    metrics::gauge!(m::STOCK_REMAINING, "sku" => sku.to_owned()).set(remaining as f64);
     let conserved =
         initial as i64 == remaining + pending as i64 + written as i64 && lost_from_stream == 0;
     Ok(LedgerReport {

@@ -48,6 +48,7 @@
 #![warn(missing_docs)]
 
 pub mod admin;
+mod cluster;
 pub mod config;
 #[cfg(feature = "postgres")]
 pub mod db;
@@ -70,14 +71,23 @@ mod replication;
 pub mod replies;
 pub mod sale;
 pub mod scripts;
+#[cfg(feature = "settings")]
+pub mod settings;
+pub mod status;
 mod sweeper;
 pub mod validate;
 
-pub use config::{Ack, Backoff, Config, ServerConfig};
-pub use engine::{Engine, Stats};
-pub use error::{AdminError, ConnectError, InvalidInput, PurchaseError};
+pub use config::{Ack, Backoff, Config};
+pub use engine::Engine;
+pub use error::{
+    AdminError, ConfigError, ConnectError, InvalidInput, NotReady, PurchaseError, Unavailable,
+};
+pub use metrics::Stats;
 #[cfg(feature = "postgres")]
 pub use orders::{OrderWriter, WriterConfig, WriterHandle, WriterReport};
 pub use purchase::{Confirmed, PurchaseRequest};
-pub use sale::{BucketStatus, SaleSpec, SaleStatus};
+pub use sale::SaleSpec;
+#[cfg(feature = "settings")]
+pub use settings::{ServerConfig, Settings, SettingsError};
+pub use status::{BucketStatus, SaleStatus};
 pub use sweeper::SweepReport;

@@ -1,8 +1,12 @@
-//! Metric names and their descriptions, in one place so dashboards, alerts and
-//! code agree. Names start with `flashsale_`, carry their unit, and have only
-//! low-cardinality labels (result, script, reason; never a user or order id).
-//! Recording goes through the `metrics` facade; installing an exporter is the
-//! binary's job.
+//! Every metric name and its description, in one place so dashboards, alerts
+//! and code agree, and one [`describe`] that covers them all. Names start with
+//! `flashsale_`, carry their unit, and have only low-cardinality labels
+//! (result, script, reason, route, status, node; `sku` only on per-sale
+//! gauges; never a user or order id). Recording goes through the `metrics`
+//! facade; installing an exporter is the binary's job. [`Stats`] holds the
+//! few counters an embedding service may want without any recorder.
+
+use std::sync::atomic::AtomicU64;
 
 /// Purchases answered, by `result` (confirmed, replayed, sold_out, limit, ...).
 pub const PURCHASES: &str = "flashsale_purchases_total";
@@ -17,19 +21,138 @@ pub const REDIS_RETRIES: &str = "flashsale_redis_retries_total";
 /// Purchases that fell through from the home bucket to another bucket.
 pub const FALLTHROUGHS: &str = "flashsale_bucket_fallthrough_total";
 
-/// Registers descriptions with whatever recorder is installed.
+/// Orders inserted (new rows; a re-delivered duplicate is not counted).
+pub const ORDERS_WRITTEN: &str = "flashsale_orders_written_total";
+/// Entries per order-writer batch.
+pub const ORDER_BATCH_SIZE: &str = "flashsale_order_batch_size";
+/// Time to insert and commit one batch, seconds.
+pub const ORDER_WRITE_SECONDS: &str = "flashsale_order_write_duration_seconds";
+/// Failed batch writes (PostgreSQL unreachable or refusing).
+pub const ORDER_WRITE_FAILURES: &str = "flashsale_order_write_failures_total";
+/// Entries in the streams not yet written (undelivered + pending).
+pub const ORDER_BACKLOG: &str = "flashsale_order_backlog_entries";
+/// Malformed entries moved to a dead-letter stream.
+pub const ORDERS_DEAD_LETTERED: &str = "flashsale_orders_dead_lettered_total";
+/// Entries taken over from consumers that went quiet.
+pub const ORDERS_CLAIMED: &str = "flashsale_orders_claimed_total";
+
+/// Gauge: 1 when every SKU checked last balanced, else 0.
+pub const LEDGER_CONSERVED: &str = "flashsale_ledger_conserved";
+/// Gauge: units left in Redis, by `sku` (one series per sale).
+pub const STOCK_REMAINING: &str = "flashsale_stock_remaining_units";
+/// Gauge: sum over SKUs of |initial - (remaining + pending + written)|.
+pub const LEDGER_IMBALANCE: &str = "flashsale_ledger_imbalance_units";
+
+/// Time from `lock`/`try_lock` to the grant, seconds.
+pub const LOCK_ACQUIRE_SECONDS: &str = "flashsale_lock_acquire_duration_seconds";
+/// Lock attempts that found the lock held and waited.
+pub const LOCK_WAITS: &str = "flashsale_lock_waits_total";
+/// Watchdog renewals confirmed by a quorum.
+pub const LOCK_RENEWALS: &str = "flashsale_lock_renewals_total";
+/// Grants lost (renewal failed on a quorum, or a lease ran out).
+pub const LOCK_LOST: &str = "flashsale_lock_lost_total";
+/// Per-node lock errors and timeouts, by `node`.
+pub const LOCK_NODE_ERRORS: &str = "flashsale_lock_node_errors_total";
+
+/// HTTP requests answered by `flashsale serve`, by `route` and `status`.
+pub const HTTP_REQUESTS: &str = "flashsale_http_requests_total";
+/// HTTP request latency by `route`, seconds.
+pub const HTTP_SECONDS: &str = "flashsale_http_request_duration_seconds";
+
+/// Registers the description of every metric above with whatever recorder
+/// is installed. Cheap, and safe to call more than once.
 pub fn describe() {
-    metrics::describe_counter!(PURCHASES, "Purchases answered, by result");
-    metrics::describe_histogram!(
+    use metrics::{describe_counter, describe_gauge, describe_histogram, Unit};
+    describe_counter!(PURCHASES, "Purchases answered, by result");
+    describe_histogram!(
         PURCHASE_SECONDS,
-        metrics::Unit::Seconds,
+        Unit::Seconds,
         "Purchase latency from call to answer"
     );
-    metrics::describe_counter!(SOLD_OUT_LOCAL, "Sold-out answers from the local flag");
-    metrics::describe_counter!(SCRIPT_RELOADS, "Scripts reloaded after NOSCRIPT");
-    metrics::describe_counter!(REDIS_RETRIES, "Redis calls retried, by reason");
-    metrics::describe_counter!(
+    describe_counter!(SOLD_OUT_LOCAL, "Sold-out answers from the local flag");
+    describe_counter!(SCRIPT_RELOADS, "Scripts reloaded after NOSCRIPT");
+    describe_counter!(REDIS_RETRIES, "Redis calls retried, by reason");
+    describe_counter!(
         FALLTHROUGHS,
         "Purchases that fell through to another bucket"
     );
+    describe_counter!(ORDERS_WRITTEN, "Orders inserted into PostgreSQL");
+    describe_histogram!(ORDER_BATCH_SIZE, "Stream entries per order-writer batch");
+    describe_histogram!(
+        ORDER_WRITE_SECONDS,
+        Unit::Seconds,
+        "Time to insert and commit one order batch"
+    );
+    describe_counter!(ORDER_WRITE_FAILURES, "Order batches that failed to write");
+    describe_gauge!(
+        ORDER_BACKLOG,
+        "Stream entries not yet written to PostgreSQL"
+    );
+    describe_counter!(ORDERS_DEAD_LETTERED, "Malformed entries dead-lettered");
+    describe_counter!(ORDERS_CLAIMED, "Entries taken over from quiet consumers");
+    describe_gauge!(LEDGER_CONSERVED, "1 when every SKU reconciled balanced");
+    describe_gauge!(STOCK_REMAINING, "Units left in Redis, by sku");
+    describe_gauge!(
+        LEDGER_IMBALANCE,
+        "Units the ledger is off by, over all SKUs"
+    );
+    describe_histogram!(
+        LOCK_ACQUIRE_SECONDS,
+        Unit::Seconds,
+        "Time from lock call to grant"
+    );
+    describe_counter!(LOCK_WAITS, "Lock attempts that waited");
+    describe_counter!(LOCK_RENEWALS, "Lock leases renewed by the watchdog");
+    describe_counter!(LOCK_LOST, "Locks lost before release");
+    describe_counter!(LOCK_NODE_ERRORS, "Lock node errors and timeouts, by node");
+    describe_counter!(HTTP_REQUESTS, "HTTP requests answered, by route and status");
+    describe_histogram!(
+        HTTP_SECONDS,
+        Unit::Seconds,
+        "HTTP request latency, by route"
+    );
+}
+
+/// Counters an embedding service (or a test) can read without a metrics
+/// recorder; the same events also go to the `metrics` facade.
+#[derive(Debug, Default)]
+pub struct Stats {
+    /// Scripts loaded again after NOSCRIPT.
+    pub script_reloads: AtomicU64,
+    /// Redis calls retried after a redirect, failover or broken connection.
+    pub redis_retries: AtomicU64,
+    /// Purchases answered "sold out" from the local flag.
+    pub sold_out_local: AtomicU64,
+}
+
+#[cfg(test)]
+mod tests {
+    /// Every name is a Prometheus name of this crate, and none is used twice.
+    #[test]
+    fn every_metric_name_is_ours_and_distinct() {
+        let src = include_str!("metrics.rs");
+        let names: Vec<&str> = src
+            .lines()
+            .filter_map(|l| l.trim().strip_prefix("pub const "))
+            .filter_map(|l| l.split('"').nth(1))
+            .collect();
+        assert!(names.len() >= 20, "{names:?}");
+        let mut seen = std::collections::HashSet::new();
+        for n in &names {
+            assert!(n.starts_with("flashsale_"), "{n}");
+            assert!(seen.insert(*n), "{n} twice");
+        }
+        // describe() names each constant.
+        let describe = src.split("pub fn describe").nth(1).unwrap_or_default();
+        for line in src.lines() {
+            if let Some(rest) = line.trim().strip_prefix("pub const ") {
+                let ident = rest.split(':').next().unwrap_or_default();
+                assert!(
+                    describe.contains(&format!("({ident},"))
+                        || describe.contains(&format!("{ident},")),
+                    "{ident} not described"
+                );
+            }
+        }
+    }
 }

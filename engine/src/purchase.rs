@@ -11,13 +11,14 @@ use std::time::{Duration, Instant};
 
 use serde::Serialize;
 
+use crate::cluster::ScriptCall;
 use crate::config::Ack;
 use crate::engine::Engine;
-use crate::error::{InvalidInput, PurchaseError};
+use crate::error::{InvalidInput, PurchaseError, Unavailable};
 use crate::keys;
 use crate::metrics as m;
 use crate::replication::Expect;
-use crate::replies::{self, PurchaseReply, Refusal, RequestRecord, TakeReply};
+use crate::replies::{self, PurchaseReply, Refusal, RequestRecord, SettleReply, TakeReply};
 use crate::sale::{BucketHandle, SaleHandle};
 use crate::validate;
 
@@ -46,12 +47,9 @@ pub struct Confirmed {
     pub replayed: bool,
 }
 
-fn unavailable(e: redis::RedisError) -> PurchaseError {
-    PurchaseError::Unavailable(e.to_string())
-}
-
-fn bad_reply(e: replies::BadReply) -> PurchaseError {
-    PurchaseError::Unavailable(e.to_string())
+/// An answer the engine cannot give safely; the buyer retries.
+fn unconfirmed(why: impl Into<String>) -> PurchaseError {
+    PurchaseError::Unavailable(Unavailable::unconfirmed(why))
 }
 
 impl From<Refusal> for PurchaseError {
@@ -119,7 +117,7 @@ impl Engine {
     }
 
     async fn purchase_inner(&self, req: PurchaseRequest<'_>) -> Result<Confirmed, PurchaseError> {
-        let cfg = &self.inner.config;
+        let cfg = self.config();
         validate::sku(req.sku).map_err(PurchaseError::Invalid)?;
         validate::id("user", req.user).map_err(PurchaseError::Invalid)?;
         validate::id("request_id", req.request_id).map_err(PurchaseError::Invalid)?;
@@ -152,8 +150,7 @@ impl Engine {
             // Only a request Redis has never seen is answered by the flag: a
             // GET instead of the purchase script. A retry of a decided
             // request goes on to the script and gets its decision.
-            self.inner
-                .stats
+            self.stats()
                 .sold_out_local
                 .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
             metrics::counter!(m::SOLD_OUT_LOCAL).increment(1);
@@ -164,32 +161,13 @@ impl Engine {
             user: req.user,
             request_id: req.request_id,
             qty: u64::from(qty),
-            conn_gen: self.conn_generation(),
+            conn_gen: self.cluster().generation(),
         };
         let order_id = new_order_id();
-        let script = &self.inner.scripts.purchase;
-        let quota_key = home.keys.quota(req.user);
-        let mut cmd = Engine::evalsha(
-            script,
-            &[
-                &home.keys.sale,
-                &home.keys.stock,
-                &home.keys.orders,
-                &quota_key,
-                &record_key,
-                &home.keys.pending,
-            ],
-        );
-        cmd.arg(qty)
-            .arg(&order_id)
-            .arg(req.user)
-            .arg(self.request_ttl_secs())
-            .arg(self.replicated_flag());
-        let v = self
-            .run_script(script, home.slot, &cmd)
-            .await
-            .map_err(unavailable)?;
-        match replies::purchase(v).map_err(bad_reply)? {
+        match self
+            .buy_in_home(home, request, &record_key, &order_id)
+            .await?
+        {
             PurchaseReply::Confirmed { order_id, bucket } => {
                 self.ack(home, request, Expect::Confirmed(order_id.clone()))
                     .await?;
@@ -230,10 +208,43 @@ impl Engine {
             PurchaseReply::NotStarted => Err(PurchaseError::NotStarted),
             PurchaseReply::UnknownSale => Err(PurchaseError::UnknownSale(req.sku.to_owned())),
             PurchaseReply::Mismatch => Err(PurchaseError::RequestMismatch),
-            PurchaseReply::BadArgs => Err(PurchaseError::Unavailable(
-                "purchase.lua refused the engine's arguments".into(),
-            )),
+            PurchaseReply::BadArgs => {
+                Err(unconfirmed("purchase.lua refused the engine's arguments"))
+            }
         }
+    }
+
+    /// `purchase.lua` in the buyer's home bucket, decoded.
+    async fn buy_in_home(
+        &self,
+        home: &BucketHandle,
+        request: RequestKey<'_>,
+        record_key: &str,
+        order_id: &str,
+    ) -> Result<PurchaseReply, PurchaseError> {
+        let quota_key = home.keys.quota(request.user);
+        let mut call = ScriptCall::new(
+            &self.scripts().purchase,
+            home.slot,
+            &[
+                &home.keys.sale,
+                &home.keys.stock,
+                &home.keys.orders,
+                &quota_key,
+                record_key,
+                &home.keys.pending,
+            ],
+        );
+        call.arg(request.qty)
+            .arg(order_id)
+            .arg(request.user)
+            .arg(self.request_ttl_secs())
+            .arg(self.replicated_flag());
+        Ok(self
+            .cluster()
+            .call(&call, replies::purchase)
+            .await
+            .map_err(Unavailable::from)?)
     }
 
     /// A replay under `ack = replicated` confirms only an order that is on a
@@ -250,11 +261,11 @@ impl Engine {
         order_id: &str,
         bucket: u32,
     ) -> Result<(), PurchaseError> {
-        if self.inner.config.ack == Ack::Leader {
+        if self.config().ack == Ack::Leader {
             return Ok(());
         }
         let Some(taker) = sale.buckets.get(bucket as usize) else {
-            return Err(PurchaseError::Unavailable(format!(
+            return Err(unconfirmed(format!(
                 "request record names bucket {bucket}, the sale has {}",
                 sale.buckets.len()
             )));
@@ -278,17 +289,17 @@ impl Engine {
             }
             TakeReply::Taken {
                 order_id: taken, ..
-            } => Err(PurchaseError::Unavailable(format!(
+            } => Err(unconfirmed(format!(
                 "bucket {bucket} holds order {taken} for this request, its home record names {order_id}"
             ))),
             TakeReply::Lost => {
                 metrics::counter!(m::REDIS_RETRIES, "reason" => "replay_lost").increment(1);
-                Err(PurchaseError::Unavailable(format!(
+                Err(unconfirmed(format!(
                     "the order this request made in bucket {bucket} was lost in a failover \
                      before it was confirmed; send the purchase under a new request id"
                 )))
             }
-            other => Err(PurchaseError::Unavailable(format!(
+            other => Err(unconfirmed(format!(
                 "bucket {bucket} answered a replay with {other:?}"
             ))),
         }
@@ -297,9 +308,9 @@ impl Engine {
     /// True when Redis holds a record of this request (any outcome).
     async fn request_seen(&self, record_key: &str) -> Result<bool, PurchaseError> {
         let rec: Option<Vec<u8>> = self
+            .cluster()
             .run_cmd(redis::cmd("GET").arg(record_key))
-            .await
-            .map_err(unavailable)?;
+            .await?;
         Ok(rec.is_some())
     }
 
@@ -337,12 +348,10 @@ impl Engine {
             RequestRecord::Refused { why, .. } => Err(PurchaseError::from(why)),
             // settle.lua writes a missing record from the outcome, so this
             // is never answered; refuse rather than guess.
-            RequestRecord::Missing => Err(PurchaseError::Unavailable(
-                "settle.lua left no record".into(),
-            )),
-            RequestRecord::Pending { .. } => Err(PurchaseError::Unavailable(
-                "settle.lua left the request pending".into(),
-            )),
+            RequestRecord::Missing => Err(unconfirmed("settle.lua left no record")),
+            RequestRecord::Pending { .. } => {
+                Err(unconfirmed("settle.lua left the request pending"))
+            }
         };
         match &answer {
             Ok(c) => {
@@ -425,14 +434,10 @@ impl Engine {
                 TakeReply::UnknownSale => return Err(PurchaseError::UnknownSale(sale.sku.clone())),
                 TakeReply::Mismatch => return Err(PurchaseError::RequestMismatch),
                 TakeReply::Lost => {
-                    return Err(PurchaseError::Unavailable(
-                        "take.lua answered a walk as a replay check".into(),
-                    ))
+                    return Err(unconfirmed("take.lua answered a walk as a replay check"))
                 }
                 TakeReply::BadArgs => {
-                    return Err(PurchaseError::Unavailable(
-                        "take.lua refused the engine's arguments".into(),
-                    ))
+                    return Err(unconfirmed("take.lua refused the engine's arguments"))
                 }
             }
         }
@@ -447,13 +452,13 @@ impl Engine {
         order_id: &str,
         mode: TakeMode,
     ) -> Result<TakeReply, PurchaseError> {
-        let script = &self.inner.scripts.take;
         let record_key = b.keys.request(request.user, request.request_id);
-        let mut cmd = Engine::evalsha(
-            script,
+        let mut call = ScriptCall::new(
+            &self.scripts().take,
+            b.slot,
             &[&b.keys.sale, &b.keys.stock, &b.keys.orders, &record_key],
         );
-        cmd.arg(request.qty)
+        call.arg(request.qty)
             .arg(order_id)
             .arg(request.user)
             .arg(self.request_ttl_secs())
@@ -463,11 +468,11 @@ impl Engine {
                 TakeMode::Confirm => "confirm",
             })
             .arg(self.replicated_flag());
-        let v = self
-            .run_script(script, b.slot, &cmd)
+        Ok(self
+            .cluster()
+            .call(&call, replies::take)
             .await
-            .map_err(unavailable)?;
-        replies::take(v).map_err(bad_reply)
+            .map_err(Unavailable::from)?)
     }
 
     /// `settle.lua` in the home bucket with the walk's outcome.
@@ -476,33 +481,36 @@ impl Engine {
         home: &BucketHandle,
         request: RequestKey<'_>,
         walk: &WalkOutcome,
-    ) -> Result<replies::SettleReply, PurchaseError> {
-        let script = &self.inner.scripts.settle;
+    ) -> Result<SettleReply, PurchaseError> {
         let (quota, record) = (
             home.keys.quota(request.user),
             home.keys.request(request.user, request.request_id),
         );
-        let mut cmd = Engine::evalsha(script, &[&quota, &record, &home.keys.pending]);
+        let mut call = ScriptCall::new(
+            &self.scripts().settle,
+            home.slot,
+            &[&quota, &record, &home.keys.pending],
+        );
         match &walk.taken {
-            Some((_, order_id, bucket, _)) => cmd.arg("C").arg(*bucket).arg(order_id).arg(0),
-            None => cmd.arg("S").arg(0).arg("").arg(walk.refusal.code()),
+            Some((_, order_id, bucket, _)) => call.arg("C").arg(*bucket).arg(order_id).arg(0),
+            None => call.arg("S").arg(0).arg("").arg(walk.refusal.code()),
         };
-        cmd.arg(self.request_ttl_secs())
+        call.arg(self.request_ttl_secs())
             .arg(keys::pending_member(request.user, request.request_id))
             .arg(request.qty);
-        let v = self
-            .run_script(script, home.slot, &cmd)
+        Ok(self
+            .cluster()
+            .call(&call, replies::settle)
             .await
-            .map_err(unavailable)?;
-        replies::settle(v).map_err(bad_reply)
+            .map_err(Unavailable::from)?)
     }
 
     fn request_ttl_secs(&self) -> u64 {
-        self.inner.config.request_ttl.as_secs().max(1)
+        self.config().request_ttl.as_secs().max(1)
     }
 
     fn replicated_flag(&self) -> &'static str {
-        match self.inner.config.ack {
+        match self.config().ack {
             Ack::Replicated => "1",
             Ack::Leader => "0",
         }
@@ -520,7 +528,7 @@ impl Engine {
         request: RequestKey<'_>,
         expect: Expect,
     ) -> Result<(), PurchaseError> {
-        if self.inner.config.ack == Ack::Leader {
+        if self.config().ack == Ack::Leader {
             return Ok(());
         }
         #[cfg(feature = "planted-bugs")]
@@ -528,30 +536,34 @@ impl Engine {
             return Ok(());
         }
         let same_connection = || {
-            if self.conn_generation() == request.conn_gen {
+            if self.cluster().generation() == request.conn_gen {
                 Ok(())
             } else {
                 // The purchase's writes may have gone out on a connection
                 // since replaced: a WAIT on the new one would not cover them.
                 // The retry replays and waits on its own connection.
-                Err(PurchaseError::Unavailable(
-                    "the cluster connection was renewed mid-purchase; retry".into(),
+                Err(unconfirmed(
+                    "the cluster connection was renewed mid-purchase; retry",
                 ))
             }
         };
         same_connection()?;
         let started = Instant::now();
-        let deadline = self.inner.config.retry.deadline;
+        let deadline = self.config().retry.deadline;
         // The request's record in this bucket: every write of the purchase
         // there leaves it, so its presence on the node that answers the WAIT
         // ties the WAIT to this purchase's writes (see `replication.rs`).
         let record = bucket.keys.request(request.user, request.request_id);
         loop {
-            let why = match self.replicated(bucket.slot, &record, expect.clone()).await {
+            let why = match self
+                .waits()
+                .replicated(bucket.slot, &record, "", expect.clone())
+                .await
+            {
                 Ok(true) => return same_connection(),
-                Ok(false) => {
-                    "no replica acknowledged the order, or its master no longer holds it".to_owned()
-                }
+                Ok(false) => Unavailable::unconfirmed(
+                    "no replica acknowledged the order, or its master no longer holds it",
+                ),
                 Err(e) => {
                     // The WAIT itself failed (a broken link): not a spin.
                     tokio::time::sleep(Duration::from_millis(50)).await;

@@ -20,18 +20,21 @@
 //! 20261122` and its review.
 
 use std::collections::HashMap;
-use std::sync::{Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard};
 
+use redis::cluster_routing::{Route, SingleNodeRoutingInfo, SlotAddr};
+use redis::{RedisError, Value};
 use tokio::sync::oneshot;
 
-use crate::engine::Engine;
+use crate::cluster::Cluster;
+use crate::error::{classify, Recovery, Unavailable};
 use crate::replies::RequestRecord;
 
 /// How long one WAIT may take before the batch is told "not replicated".
 const WAIT_TIMEOUT_MS: u64 = 1000;
 
 /// Answer of one WAIT to everyone in its batch: replicated, or why not.
-type WaitAnswer = Result<bool, String>;
+type WaitAnswer = Result<bool, Unavailable>;
 
 /// What a waiting purchase's record must say on the node that answers its
 /// WAIT: the outcome this attempt made or saw there.
@@ -82,30 +85,34 @@ struct SlotWaits {
     probe: Option<String>,
 }
 
-/// The batches of every slot. A std mutex: held only to push or take.
-#[derive(Default)]
+/// The batches of every slot, and the connection their WAITs go out on.
+#[derive(Clone)]
 pub(crate) struct WaitBatches {
-    slots: Mutex<HashMap<u16, SlotWaits>>,
+    cluster: Arc<Cluster>,
+    /// A std mutex: held only to push or take.
+    slots: Arc<Mutex<HashMap<u16, SlotWaits>>>,
 }
 
 impl WaitBatches {
+    /// Batches whose WAITs go out on `cluster`'s shared connection (the one
+    /// the purchases wrote on).
+    pub(crate) fn new(cluster: Arc<Cluster>) -> Self {
+        WaitBatches {
+            cluster,
+            slots: Arc::default(),
+        }
+    }
+
     /// The per-slot state; a poisoned lock is still usable (plain data).
     fn lock(&self) -> MutexGuard<'_, HashMap<u16, SlotWaits>> {
         self.slots.lock().unwrap_or_else(|p| p.into_inner())
     }
-}
 
-impl Engine {
-    /// Resolves once a WAIT sent after this call returns: true when a replica
-    /// acknowledged every write made before it on the slot's master and
-    /// that master's `record` says `expect`.
-    pub(crate) async fn replicated(&self, slot: u16, record: &str, expect: Expect) -> WaitAnswer {
-        self.replicated_field(slot, record, "", expect).await
-    }
-
-    /// [`Engine::replicated`] for a hash field (`field` non-empty) or a
-    /// string key (`field` empty).
-    pub(crate) async fn replicated_field(
+    /// Resolves once a WAIT sent after this call returns: true when a
+    /// replica acknowledged every write made before it on the slot's master
+    /// and that master's `record` (a string key when `field` is empty, else
+    /// that hash field) says `expect`.
+    pub(crate) async fn replicated(
         &self,
         slot: u16,
         record: &str,
@@ -114,7 +121,7 @@ impl Engine {
     ) -> WaitAnswer {
         let (tx, rx) = oneshot::channel();
         let start_driver = {
-            let mut slots = self.inner.waits.lock();
+            let mut slots = self.lock();
             let s = slots.entry(slot).or_default();
             s.next_batch.push(Waiter {
                 record: record.to_owned(),
@@ -125,18 +132,18 @@ impl Engine {
             !std::mem::replace(&mut s.driving, true)
         };
         if start_driver {
-            let engine = self.clone();
-            tokio::spawn(async move { engine.drive_waits(slot).await });
+            let batches = self.clone();
+            tokio::spawn(async move { batches.drive(slot).await });
         }
         rx.await
-            .unwrap_or_else(|_| Err("replication wait abandoned".into()))
+            .unwrap_or_else(|_| Err(Unavailable::unconfirmed("replication wait abandoned")))
     }
 
     /// Sends WAITs for `slot` while anyone is queued, one per batch.
-    async fn drive_waits(&self, slot: u16) {
+    async fn drive(&self, slot: u16) {
         loop {
             let (batch, probe) = {
-                let mut slots = self.inner.waits.lock();
+                let mut slots = self.lock();
                 let Some(s) = slots.get_mut(&slot) else {
                     return;
                 };
@@ -151,23 +158,82 @@ impl Engine {
                 .iter()
                 .map(|w| (w.record.as_str(), w.field.as_str()))
                 .collect();
-            match self
-                .wait_replicated(slot, &probe, &keys, WAIT_TIMEOUT_MS)
-                .await
-            {
+            match self.wait_round(slot, &probe, &keys).await {
                 Ok((acked, records)) => {
                     for (w, record) in batch.into_iter().zip(records) {
                         let _ = w.tx.send(Ok(acked && w.expect.held_by(&record)));
                     }
                 }
                 Err(e) => {
-                    let e = e.to_string();
+                    let e = Unavailable::from(e);
                     for w in batch {
                         let _ = w.tx.send(Err(e.clone()));
                     }
                 }
             }
         }
+    }
+
+    /// One group-commit round for `slot`: `lua/ack.lua` (probe write, then
+    /// each record read) and `WAIT 1 timeout`, pipelined on one connection
+    /// to the slot's master. `records` are (key, hash field or ""). Returns
+    /// whether a replica acknowledged everything written on that node before
+    /// the WAIT, and each value on that node ("" if missing).
+    async fn wait_round(
+        &self,
+        slot: u16,
+        probe: &str,
+        records: &[(&str, &str)],
+    ) -> Result<(bool, Vec<String>), RedisError> {
+        let script = &self.cluster.scripts().ack;
+        let mut pipe = redis::pipe();
+        let eval = pipe
+            .cmd("EVALSHA")
+            .arg(&script.sha)
+            .arg(1 + records.len())
+            .arg(probe);
+        for (key, _) in records {
+            eval.arg(*key);
+        }
+        eval.arg(60_000);
+        for (_, field) in records {
+            eval.arg(*field);
+        }
+        pipe.cmd("WAIT").arg(1).arg(WAIT_TIMEOUT_MS);
+        let route = SingleNodeRoutingInfo::SpecificNode(Route::new(slot, SlotAddr::Master));
+        let replies = match self.cluster.conn().route_pipeline(pipe, 0, 2, route).await {
+            Ok(r) => r,
+            Err(e) => {
+                if classify(&e) == Recovery::ReloadScript {
+                    // The caller retries; the script is there by then.
+                    let _ = self.cluster.reload_on(script, slot).await;
+                }
+                return Err(e);
+            }
+        };
+        // An error comes back inline in a pipeline: NOSCRIPT (a promoted
+        // replica never had the script) is reloaded for the caller's next
+        // round; any other error, or anything but the records, acks nobody.
+        if let Some(Value::ServerError(e)) = replies.first() {
+            let e = RedisError::from(e.clone());
+            if classify(&e) == Recovery::ReloadScript {
+                let _ = self.cluster.reload_on(script, slot).await;
+            }
+            return Err(e);
+        }
+        let values: Vec<String> = match replies.first() {
+            Some(Value::Array(items)) if items.len() == records.len() => items
+                .iter()
+                .map(|v| match v {
+                    Value::BulkString(b) => String::from_utf8_lossy(b).into_owned(),
+                    Value::SimpleString(s) => s.clone(),
+                    _ => String::new(),
+                })
+                .collect(),
+            _ => return Ok((false, vec![String::new(); records.len()])),
+        };
+        let acked = matches!(replies.get(1), Some(Value::Int(n)) if *n >= 1);
+        Ok((acked, values))
     }
 }
 

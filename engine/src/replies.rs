@@ -6,6 +6,8 @@
 
 use redis::Value;
 
+use crate::scripts::{self, refusal};
+
 /// Why a bucket, or a whole request, was refused. The numbers are the
 /// scripts' codes, stored in request records as they are.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -22,17 +24,17 @@ impl Refusal {
     /// The script code of this refusal.
     pub fn code(self) -> i64 {
         match self {
-            Refusal::SoldOut => -1,
-            Refusal::Ended => -4,
-            Refusal::Closed => -5,
+            Refusal::SoldOut => refusal::SOLD_OUT,
+            Refusal::Ended => refusal::ENDED,
+            Refusal::Closed => refusal::CLOSED,
         }
     }
 
     fn from_code(code: i64) -> Option<Refusal> {
         match code {
-            -1 => Some(Refusal::SoldOut),
-            -4 => Some(Refusal::Ended),
-            -5 => Some(Refusal::Closed),
+            refusal::SOLD_OUT => Some(Refusal::SoldOut),
+            refusal::ENDED => Some(Refusal::Ended),
+            refusal::CLOSED => Some(Refusal::Closed),
             _ => None,
         }
     }
@@ -259,6 +261,26 @@ pub enum CreateMetaReply {
     Mismatch,
 }
 
+/// `create_bucket.lua`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CreateBucketReply {
+    /// The bucket was created now (code 1).
+    Created,
+    /// It existed; nothing changed (code 0).
+    Existed,
+}
+
+/// `ledger_snapshot.lua`: one bucket's ledger at one instant.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LedgerSnapshot {
+    /// Every unit ever put in the bucket.
+    pub initial: u64,
+    /// Units left.
+    pub stock: i64,
+    /// The stream's last generated id, as (ms, seq).
+    pub last_id: (i64, i64),
+}
+
 fn array(script: &'static str, v: Value, len: usize) -> Result<Vec<Value>, BadReply> {
     match v {
         Value::Array(items) if items.len() == len => Ok(items),
@@ -292,22 +314,23 @@ pub fn purchase(v: Value) -> Result<PurchaseReply, BadReply> {
     const S: &str = "purchase";
     let items = array(S, v, 3)?;
     let (code, n) = (int(S, &items[0])?, int(S, &items[2])?);
+    use scripts::purchase as code;
     Ok(match code {
-        1 => PurchaseReply::Confirmed {
+        code::CONFIRMED => PurchaseReply::Confirmed {
             order_id: text(S, &items[1])?,
             bucket: bucket(S, n)?,
         },
-        2 => PurchaseReply::Replayed {
+        code::REPLAYED => PurchaseReply::Replayed {
             order_id: text(S, &items[1])?,
             bucket: bucket(S, n)?,
         },
-        3 => PurchaseReply::FallThrough { home_stock: n },
-        4 => PurchaseReply::Pending { home_stock: n },
-        -2 => PurchaseReply::LimitReached { used: n },
-        -3 => PurchaseReply::NotStarted,
-        -6 => PurchaseReply::UnknownSale,
-        -7 => PurchaseReply::BadArgs,
-        -8 => PurchaseReply::Mismatch,
+        code::FALL_THROUGH => PurchaseReply::FallThrough { home_stock: n },
+        code::PENDING => PurchaseReply::Pending { home_stock: n },
+        code::LIMIT_REACHED => PurchaseReply::LimitReached { used: n },
+        code::NOT_STARTED => PurchaseReply::NotStarted,
+        code::UNKNOWN_SALE => PurchaseReply::UnknownSale,
+        code::BAD_ARGS => PurchaseReply::BadArgs,
+        code::MISMATCH => PurchaseReply::Mismatch,
         c => match Refusal::from_code(c) {
             Some(why) => PurchaseReply::Refused { why, home_stock: n },
             None => return Err(bad(S, format!("code {c}"))),
@@ -320,16 +343,17 @@ pub fn take(v: Value) -> Result<TakeReply, BadReply> {
     const S: &str = "take";
     let items = array(S, v, 3)?;
     let (code, n) = (int(S, &items[0])?, int(S, &items[2])?);
+    use scripts::take as code;
     Ok(match code {
-        1 | 2 => TakeReply::Taken {
+        code::TAKEN | code::REPLAYED => TakeReply::Taken {
             order_id: text(S, &items[1])?,
             bucket: bucket(S, n)?,
-            replayed: code == 2,
+            replayed: code == code::REPLAYED,
         },
-        -6 => TakeReply::UnknownSale,
-        -7 => TakeReply::BadArgs,
-        -8 => TakeReply::Mismatch,
-        -9 => TakeReply::Lost,
+        code::UNKNOWN_SALE => TakeReply::UnknownSale,
+        code::BAD_ARGS => TakeReply::BadArgs,
+        code::MISMATCH => TakeReply::Mismatch,
+        code::LOST => TakeReply::Lost,
         c => match Refusal::from_code(c) {
             Some(why) => TakeReply::Refused { why, stock: n },
             None => return Err(bad(S, format!("code {c}"))),
@@ -342,8 +366,8 @@ pub fn settle(v: Value) -> Result<SettleReply, BadReply> {
     const S: &str = "settle";
     let items = array(S, v, 2)?;
     let settled = match int(S, &items[0])? {
-        1 => true,
-        0 => false,
+        scripts::settle::SETTLED => true,
+        scripts::settle::ALREADY => false,
         c => return Err(bad(S, format!("code {c}"))),
     };
     let raw = text(S, &items[1])?;
@@ -356,14 +380,15 @@ pub fn restock(v: Value) -> Result<RestockReply, BadReply> {
     const S: &str = "restock";
     let items = array(S, v, 2)?;
     let (code, n) = (int(S, &items[0])?, int(S, &items[1])?);
+    use scripts::restock as code;
     Ok(match code {
-        1 => RestockReply::Applied,
-        2 => RestockReply::AlreadyApplied,
-        -5 => RestockReply::Closed,
-        -6 => RestockReply::UnknownSale,
-        -7 => RestockReply::BadArgs,
-        -8 => RestockReply::Mismatch { units: n },
-        -9 => RestockReply::TooLarge,
+        code::APPLIED => RestockReply::Applied,
+        code::ALREADY_APPLIED => RestockReply::AlreadyApplied,
+        code::CLOSED => RestockReply::Closed,
+        code::UNKNOWN_SALE => RestockReply::UnknownSale,
+        code::BAD_ARGS => RestockReply::BadArgs,
+        code::MISMATCH => RestockReply::Mismatch { units: n },
+        code::TOO_LARGE => RestockReply::TooLarge,
         c => return Err(bad(S, format!("code {c}"))),
     })
 }
@@ -373,18 +398,153 @@ pub fn create_meta(v: Value) -> Result<CreateMetaReply, BadReply> {
     const S: &str = "create_meta";
     let items = array(S, v, 3)?;
     let created = text(S, &items[2])? == "1";
+    use scripts::create_meta as code;
     Ok(match int(S, &items[0])? {
-        1 => CreateMetaReply::Claimed,
-        2 => CreateMetaReply::Resumed { created },
-        3 => CreateMetaReply::Taken { created },
-        4 => CreateMetaReply::Mismatch,
+        code::CLAIMED => CreateMetaReply::Claimed,
+        code::RESUMED => CreateMetaReply::Resumed { created },
+        code::TAKEN => CreateMetaReply::Taken { created },
+        code::MISMATCH => CreateMetaReply::Mismatch,
         c => return Err(bad(S, format!("code {c}"))),
     })
+}
+
+/// Decodes a `create_bucket.lua` reply.
+pub fn created_bucket(v: Value) -> Result<CreateBucketReply, BadReply> {
+    const S: &str = "create_bucket";
+    match int(S, &v)? {
+        scripts::create_bucket::CREATED => Ok(CreateBucketReply::Created),
+        scripts::create_bucket::EXISTED => Ok(CreateBucketReply::Existed),
+        c => Err(bad(S, format!("code {c}"))),
+    }
+}
+
+/// Decodes a `ledger_snapshot.lua` reply.
+pub fn ledger_snapshot(v: Value) -> Result<LedgerSnapshot, BadReply> {
+    const S: &str = "ledger_snapshot";
+    let items = array(S, v, 3)?;
+    let initial = int(S, &items[0])?.max(0) as u64;
+    let stock = int(S, &items[1])?;
+    let last = text(S, &items[2])?;
+    let last_id = last
+        .split_once('-')
+        .and_then(|(ms, seq)| Some((ms.parse().ok()?, seq.parse().ok()?)))
+        .ok_or_else(|| bad(S, format!("stream id {last:?}")))?;
+    Ok(LedgerSnapshot {
+        initial,
+        stock,
+        last_id,
+    })
+}
+
+/// `lock_acquire.lua` on one node.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LockAcquireReply {
+    /// This node granted the lock.
+    pub granted: bool,
+    /// The lock's remaining ttl on this node, ms (when not granted).
+    pub pttl: i64,
+    /// The node's fencing counter (the grant's token on a single node).
+    pub fence: u64,
+}
+
+/// Decodes a `lock_acquire.lua` reply.
+pub fn lock_acquire(v: &Value) -> Result<LockAcquireReply, BadReply> {
+    const S: &str = "lock_acquire";
+    let Value::Array(items) = v else {
+        return Err(bad(S, format!("{v:?}")));
+    };
+    let [code, pttl, fence] = items.as_slice() else {
+        return Err(bad(S, format!("{} items", items.len())));
+    };
+    let granted = match int(S, code)? {
+        scripts::lock::DONE => true,
+        scripts::lock::NOT_HELD => false,
+        c => return Err(bad(S, format!("code {c}"))),
+    };
+    let fence = match fence {
+        Value::Int(i) => u64::try_from(*i).ok(),
+        other => text(S, other)?.parse().ok(),
+    }
+    .ok_or_else(|| bad(S, format!("fence {fence:?}")))?;
+    Ok(LockAcquireReply {
+        granted,
+        pttl: int(S, pttl)?,
+        fence,
+    })
+}
+
+/// Decodes a `lock_release.lua` or `lock_extend.lua` reply: true when done,
+/// false when this grant does not hold the lock.
+pub fn lock_done(v: &Value) -> Result<bool, BadReply> {
+    const S: &str = "lock_release/lock_extend";
+    match int(S, v)? {
+        scripts::lock::DONE => Ok(true),
+        scripts::lock::NOT_HELD => Ok(false),
+        c => Err(bad(S, format!("code {c}"))),
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn every_lock_reply_shape_decodes() {
+        let reply =
+            |code: i64, fence: Value| Value::Array(vec![Value::Int(code), Value::Int(-2), fence]);
+        assert_eq!(
+            lock_acquire(&reply(1, Value::BulkString(b"17".to_vec()))),
+            Ok(LockAcquireReply {
+                granted: true,
+                pttl: -2,
+                fence: 17
+            })
+        );
+        assert_eq!(
+            lock_acquire(&reply(0, Value::Int(5))).map(|r| (r.granted, r.fence)),
+            Ok((false, 5))
+        );
+        assert!(lock_acquire(&reply(2, Value::Int(5))).is_err());
+        assert!(lock_acquire(&reply(1, Value::Int(-5))).is_err());
+        assert!(lock_acquire(&reply(1, Value::BulkString(b"x".to_vec()))).is_err());
+        assert!(lock_acquire(&Value::Array(vec![Value::Int(1)])).is_err());
+        assert_eq!(lock_done(&Value::Int(1)), Ok(true));
+        assert_eq!(lock_done(&Value::Int(0)), Ok(false));
+        assert!(lock_done(&Value::Int(3)).is_err());
+        assert!(lock_done(&Value::Nil).is_err());
+    }
+
+    #[test]
+    fn every_create_bucket_and_ledger_reply_shape_decodes() {
+        assert_eq!(
+            created_bucket(Value::Int(1)),
+            Ok(CreateBucketReply::Created)
+        );
+        assert_eq!(
+            created_bucket(Value::Int(0)),
+            Ok(CreateBucketReply::Existed)
+        );
+        assert!(created_bucket(Value::Int(7)).is_err());
+        assert!(created_bucket(Value::Nil).is_err());
+        let snap = |last: &str| {
+            Value::Array(vec![
+                Value::Int(10),
+                Value::Int(-2),
+                Value::BulkString(last.as_bytes().to_vec()),
+            ])
+        };
+        assert_eq!(
+            ledger_snapshot(snap("17-3")),
+            Ok(LedgerSnapshot {
+                initial: 10,
+                stock: -2,
+                last_id: (17, 3)
+            })
+        );
+        assert!(ledger_snapshot(snap("17")).is_err());
+        assert!(ledger_snapshot(snap("a-b")).is_err());
+        assert!(ledger_snapshot(Value::Array(vec![Value::Int(1)])).is_err());
+    }
 
     fn reply(code: i64, s: &str, n: i64) -> Value {
         Value::Array(vec![

@@ -1,6 +1,8 @@
-//! The Lua scripts of `lua/`, compiled in, with their SHA1 digests. Loading
-//! them on the masters is the engine's job; this module only names them, so
-//! the hot path never hashes or copies script text.
+//! The Lua scripts of `lua/`, compiled in, with their SHA1 digests, and the
+//! codes each script's reply starts with, named once, next to the script
+//! (the Lua header says the same; `replies.rs` turns the codes into enums).
+//! Loading them on the masters is the cluster's job; this module only names
+//! them, so the hot path never hashes or copies script text.
 
 /// One script: its file name, its text and the SHA1 that `EVALSHA` uses.
 #[derive(Debug, Clone)]
@@ -23,7 +25,141 @@ impl LuaScript {
     }
 }
 
-/// Every script the engine runs.
+/// The refusals that purchase.lua and take.lua answer with and that request
+/// records store; named once, shared by both scripts.
+pub mod refusal {
+    /// Not enough stock.
+    pub const SOLD_OUT: i64 = -1;
+    /// The sale's window is over.
+    pub const ENDED: i64 = -4;
+    /// The sale was closed.
+    pub const CLOSED: i64 = -5;
+}
+
+/// `lua/purchase.lua`: the whole purchase in the buyer's home bucket.
+const PURCHASE_LUA: &str = include_str!("../../lua/purchase.lua");
+/// Reply codes of `purchase.lua` (besides the [`refusal`]s).
+pub mod purchase {
+    /// Confirmed now.
+    pub const CONFIRMED: i64 = 1;
+    /// Confirmed before; this is the replay.
+    pub const REPLAYED: i64 = 2;
+    /// Home bucket short: reserved, walk the others.
+    pub const FALL_THROUGH: i64 = 3;
+    /// Already pending from an earlier attempt: walk again.
+    pub const PENDING: i64 = 4;
+    /// Past the per-user limit.
+    pub const LIMIT_REACHED: i64 = -2;
+    /// Window not open yet.
+    pub const NOT_STARTED: i64 = -3;
+    /// No such sale.
+    pub const UNKNOWN_SALE: i64 = -6;
+    /// Arguments refused.
+    pub const BAD_ARGS: i64 = -7;
+    /// The request id was used with another qty.
+    pub const MISMATCH: i64 = -8;
+}
+
+/// `lua/take.lua`: take stock for a pending request from another bucket.
+const TAKE_LUA: &str = include_str!("../../lua/take.lua");
+/// Reply codes of `take.lua` (besides the [`refusal`]s).
+pub mod take {
+    /// Taken now.
+    pub const TAKEN: i64 = 1;
+    /// Taken before by this request.
+    pub const REPLAYED: i64 = 2;
+    /// No such sale.
+    pub const UNKNOWN_SALE: i64 = -6;
+    /// Arguments refused.
+    pub const BAD_ARGS: i64 = -7;
+    /// The request id was used with another qty.
+    pub const MISMATCH: i64 = -8;
+    /// A replay check found no order here (a failover took it back).
+    pub const LOST: i64 = -9;
+}
+
+/// `lua/settle.lua`: close a pending request in the home bucket.
+const SETTLE_LUA: &str = include_str!("../../lua/settle.lua");
+/// Reply codes of `settle.lua`.
+pub mod settle {
+    /// This call settled the record.
+    pub const SETTLED: i64 = 1;
+    /// It was settled already.
+    pub const ALREADY: i64 = 0;
+}
+
+/// `lua/create_bucket.lua`: create one bucket unless it exists.
+const CREATE_BUCKET_LUA: &str = include_str!("../../lua/create_bucket.lua");
+/// Reply codes of `create_bucket.lua`.
+pub mod create_bucket {
+    /// Created now.
+    pub const CREATED: i64 = 1;
+    /// It existed; nothing changed.
+    pub const EXISTED: i64 = 0;
+}
+
+/// `lua/restock.lua`: add units to one bucket, once per operation.
+const RESTOCK_LUA: &str = include_str!("../../lua/restock.lua");
+/// Reply codes of `restock.lua`.
+pub mod restock {
+    /// Applied now.
+    pub const APPLIED: i64 = 1;
+    /// Applied before under this operation id.
+    pub const ALREADY_APPLIED: i64 = 2;
+    /// The sale is closed.
+    pub const CLOSED: i64 = -5;
+    /// No such bucket.
+    pub const UNKNOWN_SALE: i64 = -6;
+    /// Arguments refused.
+    pub const BAD_ARGS: i64 = -7;
+    /// This operation id was used with other units.
+    pub const MISMATCH: i64 = -8;
+    /// The bucket would pass 2^53-1 units.
+    pub const TOO_LARGE: i64 = -9;
+}
+
+/// `lua/create_meta.lua`: claim a SKU and record a sale's plan.
+const CREATE_META_LUA: &str = include_str!("../../lua/create_meta.lua");
+/// Reply codes of `create_meta.lua`.
+pub mod create_meta {
+    /// This operation claimed the SKU now.
+    pub const CLAIMED: i64 = 1;
+    /// This operation claimed it before.
+    pub const RESUMED: i64 = 2;
+    /// Another operation claimed it.
+    pub const TAKEN: i64 = 3;
+    /// This operation claimed it before with another plan.
+    pub const MISMATCH: i64 = 4;
+}
+
+/// `lua/ledger_snapshot.lua`: one bucket's ledger at one instant
+/// (`{initial, stock, last_id}`, no code).
+const LEDGER_SNAPSHOT_LUA: &str = include_str!("../../lua/ledger_snapshot.lua");
+
+/// `lua/ack.lua`: probe write and record reads before a group commit's
+/// WAIT (the records themselves, no code).
+const ACK_LUA: &str = include_str!("../../lua/ack.lua");
+
+/// `lua/lock_acquire.lua`: SET NX PX on one lock node, with its fence.
+const LOCK_ACQUIRE_LUA: &str = include_str!("../../lua/lock_acquire.lua");
+/// `lua/lock_fence.lua`: raise a node's fencing counter (replies the counter).
+const LOCK_FENCE_LUA: &str = include_str!("../../lua/lock_fence.lua");
+/// `lua/lock_release.lua`: release if this grant holds the lock.
+const LOCK_RELEASE_LUA: &str = include_str!("../../lua/lock_release.lua");
+/// `lua/lock_extend.lua`: renew if this grant holds the lock.
+const LOCK_EXTEND_LUA: &str = include_str!("../../lua/lock_extend.lua");
+/// `lua/lock_waiting.lua`: count a waiter in or out (replies the count).
+const LOCK_WAITING_LUA: &str = include_str!("../../lua/lock_waiting.lua");
+/// Reply codes of the lock scripts.
+pub mod lock {
+    /// lock_acquire: taken on this node; release/extend: done.
+    pub const DONE: i64 = 1;
+    /// lock_acquire: held by another grant; release/extend: this token does
+    /// not hold it.
+    pub const NOT_HELD: i64 = 0;
+}
+
+/// Every script the engine runs on the inventory cluster.
 #[derive(Debug, Clone)]
 pub struct Scripts {
     /// `lua/purchase.lua`: the whole purchase in the buyer's home bucket.
@@ -49,19 +185,13 @@ impl Scripts {
     pub fn new() -> Self {
         Scripts {
             purchase: LuaScript::new("purchase", purchase_code()),
-            take: LuaScript::new("take", include_str!("../../lua/take.lua")),
-            settle: LuaScript::new("settle", include_str!("../../lua/settle.lua")),
-            create_bucket: LuaScript::new(
-                "create_bucket",
-                include_str!("../../lua/create_bucket.lua"),
-            ),
-            restock: LuaScript::new("restock", include_str!("../../lua/restock.lua")),
-            create_meta: LuaScript::new("create_meta", include_str!("../../lua/create_meta.lua")),
-            ledger_snapshot: LuaScript::new(
-                "ledger_snapshot",
-                include_str!("../../lua/ledger_snapshot.lua"),
-            ),
-            ack: LuaScript::new("ack", include_str!("../../lua/ack.lua")),
+            take: LuaScript::new("take", TAKE_LUA),
+            settle: LuaScript::new("settle", SETTLE_LUA),
+            create_bucket: LuaScript::new("create_bucket", CREATE_BUCKET_LUA),
+            restock: LuaScript::new("restock", RESTOCK_LUA),
+            create_meta: LuaScript::new("create_meta", CREATE_META_LUA),
+            ledger_snapshot: LuaScript::new("ledger_snapshot", LEDGER_SNAPSHOT_LUA),
+            ack: LuaScript::new("ack", ACK_LUA),
         }
     }
 
@@ -80,10 +210,44 @@ impl Scripts {
     }
 }
 
+/// The scripts of the lock nodes.
+#[derive(Debug, Clone)]
+pub struct LockScripts {
+    /// `lua/lock_acquire.lua`.
+    pub acquire: LuaScript,
+    /// `lua/lock_fence.lua`.
+    pub fence: LuaScript,
+    /// `lua/lock_release.lua`.
+    pub release: LuaScript,
+    /// `lua/lock_extend.lua`.
+    pub extend: LuaScript,
+    /// `lua/lock_waiting.lua`.
+    pub waiting: LuaScript,
+}
+
+impl LockScripts {
+    /// The lock scripts of this build.
+    pub fn new() -> Self {
+        LockScripts {
+            acquire: LuaScript::new("lock_acquire", LOCK_ACQUIRE_LUA),
+            fence: LuaScript::new("lock_fence", LOCK_FENCE_LUA),
+            release: LuaScript::new("lock_release", LOCK_RELEASE_LUA),
+            extend: LuaScript::new("lock_extend", LOCK_EXTEND_LUA),
+            waiting: LuaScript::new("lock_waiting", LOCK_WAITING_LUA),
+        }
+    }
+}
+
+impl Default for LockScripts {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
 /// The text of `lua/purchase.lua` (in a `planted-bugs` build, possibly
 /// broken on purpose; see `crate::planted`).
 fn purchase_code() -> &'static str {
-    let code = include_str!("../../lua/purchase.lua");
+    let code = PURCHASE_LUA;
     #[cfg(feature = "planted-bugs")]
     if crate::planted::active(crate::planted::Plant::NoStockCheck) {
         // Leaked once per engine: only planted test builds ever get here.

@@ -14,7 +14,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use serde::Serialize;
 
 use crate::engine::Engine;
-use crate::error::PurchaseError;
+use crate::error::{AdminError, PurchaseError, Unavailable};
 use crate::keys;
 use crate::purchase::{RequestKey, TakeMode};
 use crate::replies::RequestRecord;
@@ -40,10 +40,10 @@ impl Engine {
     /// every sale. Safe beside live buyers and other sweepers; the order
     /// writer runs it on a timer.
     pub async fn settle_abandoned(&self) -> Result<SweepReport, PurchaseError> {
-        let skus = self
-            .list_sales()
-            .await
-            .map_err(|e| PurchaseError::Unavailable(e.to_string()))?;
+        let skus = self.list_sales().await.map_err(|e| match e {
+            AdminError::Unavailable(u) => PurchaseError::Unavailable(u),
+            other => PurchaseError::Unavailable(Unavailable::unconfirmed(other.to_string())),
+        })?;
         let age = self.config().pending_timeout;
         let mut report = SweepReport::default();
         for sku in skus {
@@ -82,6 +82,7 @@ impl Engine {
             .unwrap_or(0);
         let cutoff = now_ms.saturating_sub(age.as_millis() as u64);
         let members: Vec<String> = self
+            .cluster()
             .run_cmd(
                 redis::cmd("ZRANGEBYSCORE")
                     .arg(&home.keys.pending)
@@ -91,21 +92,21 @@ impl Engine {
                     .arg(0)
                     .arg(BATCH),
             )
-            .await
-            .map_err(|e| PurchaseError::Unavailable(e.to_string()))?;
+            .await?;
         for member in members {
             report.found += 1;
             let Some((user, request_id)) = keys::parse_pending_member(&member) else {
                 tracing::warn!(member, "pending index entry of an unknown shape; removed");
                 let _: Result<i64, _> = self
+                    .cluster()
                     .run_cmd(redis::cmd("ZREM").arg(&home.keys.pending).arg(&member))
                     .await;
                 continue;
             };
             let record: Option<String> = self
+                .cluster()
                 .run_cmd(redis::cmd("GET").arg(home.keys.request(user, request_id)))
-                .await
-                .map_err(|e| PurchaseError::Unavailable(e.to_string()))?;
+                .await?;
             // Whatever the record says, settle.lua decides again atomically;
             // the qty only has to name the same request in the other buckets.
             let qty = match record.as_deref().and_then(RequestRecord::parse) {
@@ -116,7 +117,7 @@ impl Engine {
                 user,
                 request_id,
                 qty,
-                conn_gen: self.conn_generation(),
+                conn_gen: self.cluster().generation(),
             };
             let settled = match self.walk(sale, home, request, "-", TakeMode::Refuse).await {
                 Ok(walk) => self

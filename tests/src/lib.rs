@@ -11,6 +11,7 @@ use std::time::{Duration, Instant};
 use tempfile::TempDir;
 
 pub mod chaos;
+pub mod fixture;
 pub mod pg;
 pub mod proxy;
 pub mod serve;

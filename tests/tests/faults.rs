@@ -6,8 +6,54 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use flashsale::{PurchaseError, PurchaseRequest, SaleSpec};
+use std::sync::atomic::AtomicBool;
+
+use flashsale::{Confirmed, Engine, PurchaseError, PurchaseRequest, SaleSpec};
 use flashsale_tests::{engine_on, RedisCluster};
+use tokio::sync::mpsc::UnboundedReceiver;
+use tokio::task::JoinHandle;
+
+/// One buyer's answer: its request id, when the answer came, the answer.
+type Answer = (String, Instant, Result<Confirmed, PurchaseError>);
+
+/// Buyers `{prefix}{i}` (user and request id alike), one unit each of `sku`,
+/// at most `in_flight` at once, until `stop` is set or 20,000 were sent.
+/// Every answer arrives on the receiver; the handle ends once the last
+/// buyer was sent (answers may still be on their way).
+fn spawn_buyers(
+    engine: &Engine,
+    sku: &str,
+    prefix: &'static str,
+    in_flight: usize,
+    stop: Arc<AtomicBool>,
+) -> (JoinHandle<()>, UnboundedReceiver<Answer>) {
+    let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+    let (engine, sku) = (engine.clone(), sku.to_owned());
+    let sender = tokio::spawn(async move {
+        let sem = Arc::new(tokio::sync::Semaphore::new(in_flight));
+        for i in 0..20_000u64 {
+            if stop.load(Ordering::Relaxed) {
+                break;
+            }
+            let permit = sem.clone().acquire_owned().await.expect("semaphore");
+            let (engine, tx, sku) = (engine.clone(), tx.clone(), sku.clone());
+            tokio::spawn(async move {
+                let id = format!("{prefix}{i}");
+                let r = engine
+                    .purchase(PurchaseRequest {
+                        sku: &sku,
+                        user: &id,
+                        qty: 1,
+                        request_id: &id,
+                    })
+                    .await;
+                let _ = tx.send((id, Instant::now(), r));
+                drop(permit);
+            });
+        }
+    });
+    (sender, rx)
+}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn script_flush_mid_sale_is_invisible_to_buyers() {
@@ -98,34 +144,8 @@ async fn kill_a_master_mid_sale(ack: flashsale::Ack) -> FailoverRun {
         .await
         .expect("create");
     let victim = cluster.master_of_slot(status.buckets[0].slot);
-    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
-    let buyers = {
-        let (engine, stop, sku) = (engine.clone(), stop.clone(), sku.clone());
-        tokio::spawn(async move {
-            let sem = Arc::new(tokio::sync::Semaphore::new(IN_FLIGHT));
-            for i in 0..20_000u64 {
-                if stop.load(Ordering::Relaxed) {
-                    break;
-                }
-                let permit = sem.clone().acquire_owned().await.expect("semaphore");
-                let (engine, tx, sku) = (engine.clone(), tx.clone(), sku.clone());
-                tokio::spawn(async move {
-                    let id = format!("b{i}");
-                    let r = engine
-                        .purchase(PurchaseRequest {
-                            sku: &sku,
-                            user: &id,
-                            qty: 1,
-                            request_id: &id,
-                        })
-                        .await;
-                    let _ = tx.send((id, Instant::now(), r));
-                    drop(permit);
-                });
-            }
-        })
-    };
+    let stop = Arc::new(AtomicBool::new(false));
+    let (buyers, mut rx) = spawn_buyers(&engine, &sku, "b", IN_FLIGHT, stop.clone());
 
     let mut answers = Vec::new();
     while answers.len() < 300 {
@@ -153,13 +173,12 @@ async fn kill_a_master_mid_sale(ack: flashsale::Ack) -> FailoverRun {
     tokio::task::block_in_place(|| cluster.wait_healthy(Duration::from_secs(120)));
     // Bucket 0 sells again after the failover: 20 confirmations there.
     let deadline = Instant::now() + Duration::from_secs(180);
-    let resumed =
-        |answers: &Vec<(String, Instant, Result<flashsale::Confirmed, PurchaseError>)>| {
-            answers
-                .iter()
-                .filter(|(_, t, r)| *t > failed_over && matches!(r, Ok(c) if c.bucket == 0))
-                .count()
-        };
+    let resumed = |answers: &Vec<Answer>| {
+        answers
+            .iter()
+            .filter(|(_, t, r)| *t > failed_over && matches!(r, Ok(c) if c.bucket == 0))
+            .count()
+    };
     while resumed(&answers) < 20 {
         assert!(
             Instant::now() < deadline,
@@ -425,7 +444,7 @@ async fn replicated_ack_confirms_only_what_a_replica_holds() {
         })
         .await;
     assert!(
-        matches!(r, Err(PurchaseError::Unavailable(ref m)) if m.contains("replica")),
+        matches!(r, Err(PurchaseError::Unavailable(flashsale::Unavailable::Unconfirmed(ref m))) if m.contains("replica")),
         "{r:?}"
     );
 }
@@ -450,34 +469,8 @@ async fn migrating_a_bucket_slot_mid_sale_neither_oversells_nor_doubles() {
         .find(|p| *p != from)
         .expect("another master");
 
-    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
-    let buyers = {
-        let (engine, stop) = (engine.clone(), stop.clone());
-        tokio::spawn(async move {
-            let sem = Arc::new(tokio::sync::Semaphore::new(32));
-            for i in 0..20_000u32 {
-                if stop.load(Ordering::Relaxed) {
-                    break;
-                }
-                let permit = sem.clone().acquire_owned().await.expect("semaphore");
-                let (engine, tx) = (engine.clone(), tx.clone());
-                tokio::spawn(async move {
-                    let id = format!("m{i}");
-                    let r = engine
-                        .purchase(PurchaseRequest {
-                            sku: "moving",
-                            user: &id,
-                            qty: 1,
-                            request_id: &id,
-                        })
-                        .await;
-                    let _ = tx.send((Instant::now(), r));
-                    drop(permit);
-                });
-            }
-        })
-    };
+    let stop = Arc::new(AtomicBool::new(false));
+    let (buyers, mut rx) = spawn_buyers(&engine, "moving", "m", 32, stop.clone());
     let mut answers = Vec::new();
     while answers.len() < 300 {
         answers.push(rx.recv().await.expect("answers flow"));
@@ -491,10 +484,10 @@ async fn migrating_a_bucket_slot_mid_sale_neither_oversells_nor_doubles() {
         "keys of the slot were on both nodes mid-move: {on_both:?}"
     );
     let migration = (started, Instant::now());
-    let after = |answers: &Vec<(Instant, Result<flashsale::Confirmed, PurchaseError>)>| {
+    let after = |answers: &Vec<Answer>| {
         answers
             .iter()
-            .filter(|(t, r)| *t > migration.1 && r.is_ok())
+            .filter(|(_, t, r)| *t > migration.1 && r.is_ok())
             .count()
     };
     let deadline = Instant::now() + Duration::from_secs(120);
@@ -512,7 +505,7 @@ async fn migrating_a_bucket_slot_mid_sale_neither_oversells_nor_doubles() {
     }
     let during = answers
         .iter()
-        .filter(|(t, _)| *t > migration.0 && *t < migration.1)
+        .filter(|(_, t, _)| *t > migration.0 && *t < migration.1)
         .count();
     let confirmed_after = after(&answers);
     assert!(
@@ -521,7 +514,7 @@ async fn migrating_a_bucket_slot_mid_sale_neither_oversells_nor_doubles() {
     );
     let others: Vec<_> = answers
         .iter()
-        .filter_map(|(_, a)| a.as_ref().err())
+        .filter_map(|(_, _, a)| a.as_ref().err())
         .collect();
     assert!(
         others.is_empty(),
@@ -530,7 +523,7 @@ async fn migrating_a_bucket_slot_mid_sale_neither_oversells_nor_doubles() {
     );
     let confirmed: HashSet<String> = answers
         .iter()
-        .filter_map(|(_, a)| a.as_ref().ok())
+        .filter_map(|(_, _, a)| a.as_ref().ok())
         .map(|c| c.order_id.clone())
         .collect();
 

@@ -856,3 +856,52 @@ fn secrets_stay_hidden_in_every_form_of_url_and_error() {
         "fifteen blanks and a letter are not a 16-character token"
     );
 }
+
+/// An error's cause is printed once: the binary prints the whole chain of
+/// an error, so an error whose message already holds its cause must not
+/// also name it as its source (a review found `reading X: No such file…: No
+/// such file…`, and the same for config, connect and admin errors).
+#[test]
+fn cli_errors_say_each_cause_once() {
+    let out = config_check("", &[("FLASHSALE_ADMIN_TOKEN", "short")]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert_eq!(err.matches("non-blank characters").count(), 1, "{err}");
+    let out = config_check("", &[("FLASHSALE_CLUSTER_NODES", "redis://127.0.0.1:1")]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let out = Command::new(flashsale_tests::flashsale_bin())
+        .env_remove("FLASHSALE_CONFIG")
+        .args(["--config", "/nonexistent/flashsale.toml", "config", "check"])
+        .output()
+        .expect("run");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert_eq!(err.matches("No such file").count(), 1, "{err}");
+    // A cluster nobody listens on: the connect error, once.
+    let port = flashsale_tests::free_port().to_string();
+    let out = Command::new(flashsale_tests::flashsale_bin())
+        .env_remove("FLASHSALE_CONFIG")
+        .env(
+            "FLASHSALE_CLUSTER_NODES",
+            format!("redis://127.0.0.1:{port}"),
+        )
+        .env("FLASHSALE_LOCK_NODES", "")
+        .args(["sale", "list"])
+        .output()
+        .expect("run");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    let lines: Vec<&str> = err.lines().filter(|l| l.starts_with("error:")).collect();
+    assert_eq!(lines.len(), 1, "{err}");
+    let line = lines[0];
+    let parts: Vec<&str> = line.split(": ").collect();
+    let mut seen = std::collections::HashSet::new();
+    assert!(
+        parts.iter().skip(1).all(|p| seen.insert(*p)),
+        "a cause repeats: {line}"
+    );
+}

@@ -7,8 +7,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use flashsale::{Engine, PurchaseRequest, SaleSpec};
+use flashsale_tests::fixture::Fixture;
 use flashsale_tests::{
-    db_order_ids, engine_on, fast_writer, wait_for_db_orders, PgDb, RedisCluster, TcpProxy,
+    db_order_ids, fast_writer, wait_for_db_orders, PgDb, RedisCluster, TcpProxy,
 };
 
 /// `n` purchases of one unit each at a concurrency of 100; returns the
@@ -99,17 +100,19 @@ async fn pending_entries(cluster: &RedisCluster, engine: &Engine, sku: &str) -> 
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn ten_thousand_orders_reach_postgres_exactly_once() {
-    let cluster = RedisCluster::start(3, 0);
-    let pg = PgDb::create();
-    let pool = flashsale::db::pool(&pg.url(), 4).expect("pool");
-    let engine = engine_on(&cluster).await;
-    engine
-        .create_sale(SaleSpec {
+    let Fixture {
+        cluster: _cluster,
+        pg: _pg,
+        pool,
+        engine,
+        ..
+    } = Fixture::builder()
+        .sale(SaleSpec {
             buckets: 3,
             ..SaleSpec::new("tenk", 10_000)
         })
-        .await
-        .expect("create");
+        .build()
+        .await;
     let writer = engine
         .spawn_order_writer(pool.clone(), fast_writer(Duration::from_secs(5)))
         .await
@@ -175,17 +178,19 @@ async fn ten_thousand_orders_reach_postgres_exactly_once() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn writer_killed_mid_batch_loses_and_duplicates_nothing() {
-    let cluster = RedisCluster::start(3, 0);
-    let pg = PgDb::create();
-    let pool = flashsale::db::pool(&pg.url(), 4).expect("pool");
-    let engine = engine_on(&cluster).await;
-    engine
-        .create_sale(SaleSpec {
+    let Fixture {
+        cluster,
+        pg,
+        pool,
+        engine,
+        ..
+    } = Fixture::builder()
+        .sale(SaleSpec {
             buckets: 3,
             ..SaleSpec::new("crash", 3000)
         })
-        .await
-        .expect("create");
+        .build()
+        .await;
     let confirmed = buy(&engine, "crash", 3000, "c").await;
 
     // The first writer reaches PostgreSQL through a proxy the test cuts
@@ -237,17 +242,20 @@ async fn writer_killed_mid_batch_loses_and_duplicates_nothing() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_writers_at_once_write_everything_once() {
-    let cluster = RedisCluster::start(3, 0);
-    let pg = PgDb::create();
-    let pool = flashsale::db::pool(&pg.url(), 8).expect("pool");
-    let engine = engine_on(&cluster).await;
-    engine
-        .create_sale(SaleSpec {
+    let Fixture {
+        cluster,
+        pg,
+        pool,
+        engine,
+        ..
+    } = Fixture::builder()
+        .pool_size(8)
+        .sale(SaleSpec {
             buckets: 3,
             ..SaleSpec::new("twin", 4000)
         })
-        .await
-        .expect("create");
+        .build()
+        .await;
     // Writer A reaches PostgreSQL through a proxy that is cut once A has
     // started: it reads a batch and cannot write it. Writer B (1 ms claim
     // threshold) steals A's entries and writes them. Then A's database comes
@@ -295,18 +303,21 @@ async fn two_writers_at_once_write_everything_once() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn postgres_outage_backs_up_the_streams_then_drains() {
-    let cluster = RedisCluster::start(3, 0);
-    let pg = PgDb::create();
-    let (proxy, pool) = pool_through_proxy(&pg, 4).await;
-    let direct = flashsale::db::pool(&pg.url(), 2).expect("pool");
-    let engine = engine_on(&cluster).await;
-    engine
-        .create_sale(SaleSpec {
+    let Fixture {
+        cluster: _cluster,
+        pg,
+        pool: direct,
+        engine,
+        ..
+    } = Fixture::builder()
+        .pool_size(2)
+        .sale(SaleSpec {
             buckets: 3,
             ..SaleSpec::new("outage", 5000)
         })
-        .await
-        .expect("create");
+        .build()
+        .await;
+    let (proxy, pool) = pool_through_proxy(&pg, 4).await;
     let writer = engine
         .spawn_order_writer(pool.clone(), fast_writer(Duration::from_secs(5)))
         .await
@@ -354,14 +365,17 @@ async fn postgres_outage_backs_up_the_streams_then_drains() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn poison_entry_is_dead_lettered_and_later_orders_still_written() {
-    let cluster = RedisCluster::start(3, 0);
-    let pg = PgDb::create();
-    let pool = flashsale::db::pool(&pg.url(), 4).expect("pool");
-    let engine = engine_on(&cluster).await;
-    let status = engine
-        .create_sale(SaleSpec::new("poison", 100))
-        .await
-        .expect("create");
+    let Fixture {
+        cluster,
+        pg: _pg,
+        pool,
+        engine,
+        sale,
+    } = Fixture::builder()
+        .sale(SaleSpec::new("poison", 100))
+        .build()
+        .await;
+    let status = sale.expect("sale");
     let b = &status.buckets[0];
     let node = cluster.node(cluster.master_of_slot(b.slot));
     let _: String = node.cmd(&["XADD", &b.stream, "*", "order_id", "evil", "qty", "lots"]);
@@ -396,14 +410,17 @@ async fn poison_entry_is_dead_lettered_and_later_orders_still_written() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn reconcile_reports_orders_their_stream_lost() {
-    let cluster = RedisCluster::start(3, 0);
-    let pg = PgDb::create();
-    let pool = flashsale::db::pool(&pg.url(), 4).expect("pool");
-    let engine = engine_on(&cluster).await;
-    let status = engine
-        .create_sale(SaleSpec::new("lost", 10))
-        .await
-        .expect("create");
+    let Fixture {
+        cluster,
+        pg: _pg,
+        pool,
+        engine,
+        sale,
+    } = Fixture::builder()
+        .sale(SaleSpec::new("lost", 10))
+        .build()
+        .await;
+    let status = sale.expect("sale");
     let confirmed = buy(&engine, "lost", 3, "l").await;
     let writer = engine
         .spawn_order_writer(pool.clone(), fast_writer(Duration::from_secs(5)))
@@ -431,14 +448,17 @@ async fn reconcile_reports_orders_their_stream_lost() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn order_postgres_refuses_is_dead_lettered_and_other_skus_still_flow() {
-    let cluster = RedisCluster::start(3, 0);
-    let pg = PgDb::create();
-    let pool = flashsale::db::pool(&pg.url(), 4).expect("pool");
-    let engine = engine_on(&cluster).await;
-    let status = engine
-        .create_sale(SaleSpec::new("refused", 100))
-        .await
-        .expect("create");
+    let Fixture {
+        cluster,
+        pg: _pg,
+        pool,
+        engine,
+        sale,
+    } = Fixture::builder()
+        .sale(SaleSpec::new("refused", 100))
+        .build()
+        .await;
+    let status = sale.expect("sale");
     engine
         .create_sale(SaleSpec::new("bystander", 100))
         .await
@@ -487,14 +507,17 @@ async fn order_postgres_refuses_is_dead_lettered_and_other_skus_still_flow() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn trimming_keeps_entries_another_consumer_group_has_not_read() {
-    let cluster = RedisCluster::start(3, 0);
-    let pg = PgDb::create();
-    let pool = flashsale::db::pool(&pg.url(), 4).expect("pool");
-    let engine = engine_on(&cluster).await;
-    let status = engine
-        .create_sale(SaleSpec::new("audited", 100))
-        .await
-        .expect("create");
+    let Fixture {
+        cluster,
+        pg: _pg,
+        pool,
+        engine,
+        sale,
+    } = Fixture::builder()
+        .sale(SaleSpec::new("audited", 100))
+        .build()
+        .await;
+    let status = sale.expect("sale");
     let b = &status.buckets[0];
     let node = cluster.node(cluster.master_of_slot(b.slot));
     let _: () = node.cmd(&["XGROUP", "CREATE", &b.stream, "audit", "0", "MKSTREAM"]);

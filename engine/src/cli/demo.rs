@@ -7,8 +7,9 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use anyhow::Result;
-use flashsale::{Engine, PurchaseError, PurchaseRequest, SaleSpec};
+use flashsale::{Engine, PurchaseError, PurchaseRequest, SaleSpec, Settings};
 use serde::Serialize;
+use std::process::ExitCode;
 use tokio::sync::Semaphore;
 
 /// Demo knobs, from the command line.
@@ -70,6 +71,28 @@ pub struct DemoReport {
     pub answers_per_second: f64,
     /// Orders of this sale in PostgreSQL once the writer drained (= sold).
     pub orders_in_db: u64,
+}
+
+/// The `demo` command: runs the sale, prints the report (JSON or a table),
+/// and fails unless nothing was oversold and every order reached PostgreSQL.
+pub async fn command(settings: Settings, args: DemoArgs) -> Result<ExitCode> {
+    let config = settings.engine;
+    let pool = flashsale::db::pool(&config.postgres_url, 4)?;
+    let engine = Engine::connect(config).await?;
+    let json = args.json;
+    let report = run(engine, pool, args).await?;
+    if json {
+        println!("{}", serde_json::to_string(&report)?);
+    } else {
+        print(&report);
+    }
+    let sound =
+        report.oversold == 0 && report.unmatched_orders == 0 && report.orders_in_db == report.sold;
+    Ok(if sound {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    })
 }
 
 /// Runs the demo on `engine`.

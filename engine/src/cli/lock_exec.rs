@@ -34,8 +34,20 @@ pub struct LockExecArgs {
     pub command: Vec<String>,
 }
 
+/// A `--ttl` or `--wait` that cannot be used; says what is accepted.
+#[derive(Debug, PartialEq, Eq, thiserror::Error)]
+#[error("{given:?}: {expected}")]
+pub struct BadDuration {
+    given: String,
+    expected: &'static str,
+}
+
 /// Parses `250ms`, `10s`, `2m` or a plain number of seconds.
-pub fn parse_duration(s: &str) -> Result<Duration, String> {
+pub fn parse_duration(s: &str) -> Result<Duration, BadDuration> {
+    let bad = |expected| BadDuration {
+        given: s.trim().to_owned(),
+        expected,
+    };
     let s = s.trim();
     let (num, unit) = match s.find(|c: char| !c.is_ascii_digit()) {
         Some(i) => s.split_at(i),
@@ -43,16 +55,16 @@ pub fn parse_duration(s: &str) -> Result<Duration, String> {
     };
     let n: u64 = num
         .parse()
-        .map_err(|_| format!("{s:?}: expected e.g. 500ms, 10s, 2m"))?;
+        .map_err(|_| bad("expected e.g. 500ms, 10s, 2m"))?;
     let d = match unit {
         "ms" => Some(Duration::from_millis(n)),
         "s" => Some(Duration::from_secs(n)),
         "m" => n.checked_mul(60).map(Duration::from_secs),
-        _ => return Err(format!("{s:?}: unit must be ms, s or m")),
+        _ => return Err(bad("unit must be ms, s or m")),
     };
     match d {
         Some(d) if d <= MAX_DURATION => Ok(d),
-        _ => Err(format!("{s:?}: at most 24h (1440m)")),
+        _ => Err(bad("at most 24h (1440m)")),
     }
 }
 
@@ -64,6 +76,20 @@ const MAX_DURATION: Duration = Duration::from_secs(24 * 3600);
 pub const EXIT_NOT_FOUND: u8 = 127;
 /// Exit code of a command that was found but could not be executed.
 pub const EXIT_NOT_EXECUTABLE: u8 = 126;
+
+/// Subcommands of `flashsale lock`.
+#[derive(clap::Subcommand)]
+pub enum LockCommand {
+    /// Run a command while holding a lock (exit 75: not acquired, 79: lost).
+    Exec(LockExecArgs),
+}
+
+/// Runs one lock command.
+pub async fn command(lock_nodes: &[String], cmd: LockCommand) -> Result<ExitCode> {
+    match cmd {
+        LockCommand::Exec(args) => run(lock_nodes, args).await,
+    }
+}
 
 /// Runs the command under the lock.
 pub async fn run(lock_nodes: &[String], args: LockExecArgs) -> Result<ExitCode> {

@@ -3,7 +3,8 @@
 
 use std::sync::Arc;
 
-use super::{Held, LockClient};
+use super::client::Held;
+use super::LockClient;
 
 /// A held lock. Unlock it with [`LockGuard::unlock`]; dropping it releases
 /// it in the background.

@@ -39,9 +39,10 @@ impl std::fmt::Display for NodeError {
 
 impl LockNode {
     /// A node at `url` (`redis://host:port`); connects on first use.
-    pub fn new(url: &str) -> Result<LockNode, String> {
+    pub fn new(url: &str) -> Result<LockNode, super::LockError> {
         let addr = crate::redact::host_port(url);
-        let client = redis::Client::open(url).map_err(|e| format!("{addr}: {e}"))?;
+        let client = redis::Client::open(url)
+            .map_err(|e| super::LockError::Config(format!("{addr}: {e}")))?;
         Ok(LockNode {
             addr,
             client,

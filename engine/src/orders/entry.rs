@@ -43,25 +43,23 @@ impl RawEntry {
     }
 
     /// Parses the entry, or says why it cannot be an order.
-    pub fn to_order(&self) -> Result<OrderRow, String> {
-        let text = |k: &'static str| -> Result<String, String> {
+    pub fn to_order(&self) -> Result<OrderRow, BadEntry> {
+        let text = |k: &'static str| -> Result<String, BadEntry> {
             match self.get(k) {
                 Some(v) if !v.is_empty() => Ok(v.to_owned()),
-                _ => Err(format!("missing field {k}")),
+                _ => Err(BadEntry::Missing(k)),
             }
         };
-        let int = |k: &'static str| -> Result<i64, String> {
-            text(k)?
-                .parse::<i64>()
-                .map_err(|_| format!("field {k} is not an integer"))
+        let int = |k: &'static str| -> Result<i64, BadEntry> {
+            text(k)?.parse::<i64>().map_err(|_| BadEntry::NotInteger(k))
         };
         let qty = int("qty")?;
         if !(1..=i64::from(i32::MAX)).contains(&qty) {
-            return Err(format!("qty {qty} out of range"));
+            return Err(BadEntry::OutOfRange("qty", qty));
         }
         let bucket = int("bucket")?;
         if !(0..=i64::from(i32::MAX)).contains(&bucket) {
-            return Err(format!("bucket {bucket} out of range"));
+            return Err(BadEntry::OutOfRange("bucket", bucket));
         }
         Ok(OrderRow {
             order_id: text("order_id")?,
@@ -74,6 +72,20 @@ impl RawEntry {
             created_ms: int("ts")?,
         })
     }
+}
+
+/// Why a stream entry cannot be an order (it is dead-lettered with this).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum BadEntry {
+    /// A field is missing or empty.
+    #[error("missing field {0}")]
+    Missing(&'static str),
+    /// A field that must be an integer is not.
+    #[error("field {0} is not an integer")]
+    NotInteger(&'static str),
+    /// An integer field is out of its range.
+    #[error("{0} {1} out of range")]
+    OutOfRange(&'static str, i64),
 }
 
 fn text(v: &Value) -> Option<String> {
@@ -165,14 +177,11 @@ mod tests {
         let row = good.to_order().expect("parses");
         assert_eq!((row.qty, row.bucket, row.stream_id.as_str()), (2, 1, "5-1"));
         assert_eq!(
-            entry(&[("junk", "1")]).to_order().unwrap_err(),
+            entry(&[("junk", "1")]).to_order().unwrap_err().to_string(),
             "missing field qty"
         );
         let bad_qty = entry(&[("order_id", "o"), ("qty", "many")]);
-        assert_eq!(
-            bad_qty.to_order().unwrap_err(),
-            "field qty is not an integer"
-        );
+        assert_eq!(bad_qty.to_order().unwrap_err(), BadEntry::NotInteger("qty"));
     }
 
     #[test]

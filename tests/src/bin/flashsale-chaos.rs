@@ -134,7 +134,7 @@ async fn run(cli: Cli) -> ExitCode {
     };
     let outcome = tokio::select! {
         r = chaos::run(options.clone()) => r,
-        () = interrupted => Err("interrupted; everything it started was stopped".into()),
+        () = interrupted => Err(anyhow::anyhow!("interrupted; everything it started was stopped")),
     };
     let result = match outcome {
         Ok(r) => r,
@@ -165,11 +165,15 @@ async fn run(cli: Cli) -> ExitCode {
     }
 }
 
-fn options(cli: &Cli) -> Result<chaos::Options, String> {
+fn options(cli: &Cli) -> anyhow::Result<chaos::Options> {
     let ack = match cli.ack.as_str() {
         "leader" => flashsale::Ack::Leader,
         "replicated" => flashsale::Ack::Replicated,
-        other => return Err(format!("--ack must be leader or replicated, not {other:?}")),
+        other => {
+            return Err(anyhow::anyhow!(
+                "--ack must be leader or replicated, not {other:?}"
+            ))
+        }
     };
     let faults = match cli.faults.as_str() {
         "all" => Fault::ALL.iter().map(|&(_, f)| f).collect(),
@@ -177,12 +181,13 @@ fn options(cli: &Cli) -> Result<chaos::Options, String> {
         list => list
             .split(',')
             .map(|n| {
-                Fault::from_name(n.trim()).ok_or_else(|| format!("unknown fault {n:?} in --faults"))
+                Fault::from_name(n.trim())
+                    .ok_or_else(|| anyhow::anyhow!("unknown fault {n:?} in --faults"))
             })
             .collect::<Result<Vec<_>, _>>()?,
     };
     if cli.engines == 0 || cli.engines > 16 {
-        return Err("--engines must be 1 to 16".into());
+        return Err(anyhow::anyhow!("--engines must be 1 to 16"));
     }
     if let Some(p) = &cli.plant {
         check_plant(p)?;
@@ -198,8 +203,8 @@ fn options(cli: &Cli) -> Result<chaos::Options, String> {
     })
 }
 
-fn parse_duration(s: &str) -> Result<Duration, String> {
-    let bad = || format!("--duration: {s:?} is not like 60s, 10m or 90");
+fn parse_duration(s: &str) -> anyhow::Result<Duration> {
+    let bad = || anyhow::anyhow!("--duration: {s:?} is not like 60s, 10m or 90");
     let (num, unit) = match s.strip_suffix('s') {
         Some(n) => (n, 1),
         None => match s.strip_suffix('m') {
@@ -210,7 +215,7 @@ fn parse_duration(s: &str) -> Result<Duration, String> {
     let n: u64 = num.trim().parse().map_err(|_| bad())?;
     let secs = n.checked_mul(unit).ok_or_else(bad)?;
     if secs == 0 || secs > 24 * 3600 {
-        return Err("--duration must be between 1 s and 24 h".into());
+        return Err(anyhow::anyhow!("--duration must be between 1 s and 24 h"));
     }
     Ok(Duration::from_secs(secs))
 }
@@ -223,13 +228,13 @@ fn random_seed() -> u64 {
 }
 
 /// The engine config a run wrote for its children (a file path).
-fn parse_config(path: &str) -> Result<flashsale::Config, String> {
-    let json = std::fs::read_to_string(path).map_err(|e| format!("config {path}: {e}"))?;
-    serde_json::from_str(&json).map_err(|e| format!("config {path}: {e}"))
+fn parse_config(path: &str) -> anyhow::Result<flashsale::Config> {
+    let json = std::fs::read_to_string(path).map_err(|e| anyhow::anyhow!("config {path}: {e}"))?;
+    serde_json::from_str(&json).map_err(|e| anyhow::anyhow!("config {path}: {e}"))
 }
 
 #[cfg(feature = "planted-bugs")]
-fn check_plant(name: &str) -> Result<(), String> {
+fn check_plant(name: &str) -> anyhow::Result<()> {
     flashsale::planted::Plant::from_name(name)
         .map(|_| ())
         .ok_or_else(|| {
@@ -237,16 +242,18 @@ fn check_plant(name: &str) -> Result<(), String> {
                 .iter()
                 .map(|(n, _)| *n)
                 .collect();
-            format!("unknown planted bug {name:?}; one of {}", names.join(", "))
+            anyhow::anyhow!("unknown planted bug {name:?}; one of {}", names.join(", "))
         })
 }
 
 #[cfg(not(feature = "planted-bugs"))]
-fn check_plant(_: &str) -> Result<(), String> {
-    Err("this build has no planted bugs: build with `--features planted-bugs`".into())
+fn check_plant(_: &str) -> anyhow::Result<()> {
+    Err(anyhow::anyhow!(
+        "this build has no planted bugs: build with `--features planted-bugs`"
+    ))
 }
 
-fn apply_plant(name: Option<&str>) -> Result<(), String> {
+fn apply_plant(name: Option<&str>) -> anyhow::Result<()> {
     let Some(name) = name else { return Ok(()) };
     check_plant(name)?;
     #[cfg(feature = "planted-bugs")]

@@ -81,12 +81,12 @@ pub struct RunResult {
 /// Runs one experiment. An `Err` means the run itself could not be carried
 /// out (a topology that would not start or heal), not that the checker
 /// found a violation.
-pub async fn run(options: Options) -> Result<RunResult, String> {
+pub async fn run(options: Options) -> anyhow::Result<RunResult> {
     let topo = Topology::start().await?;
     let config = topo.engine_config(options.ack);
     let controller = flashsale::Engine::connect(config.clone())
         .await
-        .map_err(|e| format!("controller engine: {e}"))?;
+        .map_err(|e| anyhow::anyhow!("controller engine: {e}"))?;
     let mut workload = Workload::new(options.seed, options.engines);
     let mut bucket_slots = Vec::new();
     for s in &workload.sales {
@@ -97,13 +97,13 @@ pub async fn run(options: Options) -> Result<RunResult, String> {
                 ..flashsale::SaleSpec::new(&s.sku, s.stock)
             })
             .await
-            .map_err(|e| format!("create {}: {e}", s.sku))?;
+            .map_err(|e| anyhow::anyhow!("create {}: {e}", s.sku))?;
         bucket_slots.extend(status.buckets.iter().map(|b| b.slot));
     }
     // In a file, not on the command line: `ps` shows arguments to everyone.
     let config_path = topo.dir.path().join("engine-config.json");
-    let config_json = serde_json::to_string(&config).map_err(|e| e.to_string())?;
-    std::fs::write(&config_path, &config_json).map_err(|e| e.to_string())?;
+    let config_json = serde_json::to_string(&config)?;
+    std::fs::write(&config_path, &config_json)?;
     let config_json = config_path.display().to_string();
     let plant_args: Vec<String> = options
         .plant
@@ -124,9 +124,7 @@ pub async fn run(options: Options) -> Result<RunResult, String> {
             args,
             log: topo.dir.path().join(format!("engine-{i}.log")),
         };
-        engines.push(Arc::new(
-            ChildProc::start(spec).await.map_err(|e| e.to_string())?,
-        ));
+        engines.push(Arc::new(ChildProc::start(spec).await?));
     }
     let mut writer_args = vec!["writer".to_owned(), "--config".into(), config_json];
     writer_args.extend(plant_args.iter().cloned());
@@ -134,11 +132,10 @@ pub async fn run(options: Options) -> Result<RunResult, String> {
         args: writer_args,
         log: topo.dir.path().join("writer.log"),
     })
-    .await
-    .map_err(|e| e.to_string())?;
+    .await?;
 
     let history = Arc::new(History::new());
-    let pool = flashsale::db::pool(&topo.pg_direct_url(), 4).map_err(|e| e.to_string())?;
+    let pool = flashsale::db::pool(&topo.pg_direct_url(), 4)?;
     let targets = Targets {
         topo: &topo,
         engines: &engines,
@@ -178,7 +175,7 @@ pub async fn run(options: Options) -> Result<RunResult, String> {
     if let Some(path) = &options.history {
         history
             .write_to(path)
-            .map_err(|e| format!("write history: {e}"))?;
+            .map_err(|e| anyhow::anyhow!("write history: {e}"))?;
     }
     Ok(RunResult {
         options,
@@ -355,7 +352,7 @@ async fn drain(
     pool: &deadpool_postgres::Pool,
     history: &History,
     workload: &Workload,
-) -> Result<BTreeMap<String, bool>, String> {
+) -> anyhow::Result<BTreeMap<String, bool>> {
     const STUCK: Duration = Duration::from_secs(10);
     let skus: Vec<String> = workload.sales.iter().map(|s| s.sku.clone()).collect();
     let start = Instant::now();
@@ -390,7 +387,9 @@ async fn drain(
                     .collect());
             }
         } else if start.elapsed() > Duration::from_secs(120) {
-            return Err(format!("reconcile failed after healing: {reports:?}"));
+            return Err(anyhow::anyhow!(
+                "reconcile failed after healing: {reports:?}"
+            ));
         }
         tokio::time::sleep(Duration::from_millis(250)).await;
     }
@@ -401,17 +400,17 @@ async fn drain(
 async fn ledger_end(
     controller: &flashsale::Engine,
     workload: &Workload,
-) -> Result<BTreeMap<String, checker::EndLedger>, String> {
+) -> anyhow::Result<BTreeMap<String, checker::EndLedger>> {
     let mut conn = controller
         .dedicated_connection()
         .await
-        .map_err(|e| format!("connection: {e}"))?;
+        .map_err(|e| anyhow::anyhow!("connection: {e}"))?;
     let mut out = BTreeMap::new();
     for s in &workload.sales {
         let status = controller
             .sale_status(&s.sku)
             .await
-            .map_err(|e| format!("status {}: {e}", s.sku))?;
+            .map_err(|e| anyhow::anyhow!("status {}: {e}", s.sku))?;
         let mut in_streams = Vec::new();
         for b in &status.buckets {
             let v: redis::Value = redis::cmd("XRANGE")
@@ -420,7 +419,7 @@ async fn ledger_end(
                 .arg("+")
                 .query_async(&mut conn)
                 .await
-                .map_err(|e| format!("XRANGE {}: {e}", b.stream))?;
+                .map_err(|e| anyhow::anyhow!("XRANGE {}: {e}", b.stream))?;
             for e in flashsale::orders::entry::parse_entries(&v) {
                 let field = |k: &str| {
                     e.fields
@@ -446,12 +445,11 @@ async fn ledger_end(
     Ok(out)
 }
 
-async fn db_orders(pool: &deadpool_postgres::Pool) -> Result<Vec<checker::DbOrder>, String> {
-    let c = pool.get().await.map_err(|e| e.to_string())?;
+async fn db_orders(pool: &deadpool_postgres::Pool) -> anyhow::Result<Vec<checker::DbOrder>> {
+    let c = pool.get().await?;
     let rows = c
         .query("SELECT order_id, sku, user_id, qty FROM orders", &[])
-        .await
-        .map_err(|e| e.to_string())?;
+        .await?;
     Ok(rows
         .iter()
         .map(|r| checker::DbOrder {

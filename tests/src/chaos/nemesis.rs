@@ -96,7 +96,7 @@ pub async fn run(
     mut rng: StdRng,
     until: Instant,
     history: &History,
-) -> Result<Vec<(Fault, u64)>, String> {
+) -> anyhow::Result<Vec<(Fault, u64)>> {
     let mut counts: Vec<(Fault, u64)> = enabled.iter().map(|&f| (f, 0)).collect();
     if enabled.is_empty() {
         tokio::time::sleep_until(until.into()).await;
@@ -129,7 +129,7 @@ pub async fn run(
             if fault == Fault::Migrate {
                 // A migration that failed half-way may have split a slot's
                 // data: what follows would not test the engine.
-                return Err(format!("migrate fault failed: {detail}"));
+                return Err(anyhow::anyhow!("migrate fault failed: {detail}"));
             }
             continue;
         }
@@ -141,7 +141,7 @@ pub async fn run(
 }
 
 /// Applies one fault and heals it; `pick` chooses the victim.
-async fn inject(t: &Targets<'_>, fault: Fault, pick: usize) -> Result<String, String> {
+async fn inject(t: &Targets<'_>, fault: Fault, pick: usize) -> anyhow::Result<String> {
     let topo = t.topo;
     match fault {
         Fault::Kill => {
@@ -198,7 +198,7 @@ async fn inject(t: &Targets<'_>, fault: Fault, pick: usize) -> Result<String, St
         }
         Fault::Migrate => {
             if t.bucket_slots.is_empty() {
-                return Err("no bucket slots".into());
+                return Err(anyhow::anyhow!("no bucket slots"));
             }
             let slot = t.bucket_slots[pick % t.bucket_slots.len()];
             topo.with_cluster(move |c| {
@@ -227,7 +227,7 @@ async fn inject(t: &Targets<'_>, fault: Fault, pick: usize) -> Result<String, St
             let proxy = topo
                 .proxies
                 .get(&m)
-                .ok_or_else(|| format!("no proxy announced as {m}"))?;
+                .ok_or_else(|| anyhow::anyhow!("no proxy announced as {m}"))?;
             proxy.cut();
             tokio::time::sleep(Duration::from_millis(3000)).await;
             proxy.restore();
@@ -235,16 +235,13 @@ async fn inject(t: &Targets<'_>, fault: Fault, pick: usize) -> Result<String, St
         }
         Fault::EngineKill => {
             let i = pick % t.engines.len();
-            t.engines[i]
-                .kill_and_restart()
-                .await
-                .map_err(|e| e.to_string())?;
+            t.engines[i].kill_and_restart().await?;
             Ok(format!("engine {i} killed and restarted"))
         }
         Fault::WriterKill => {
             t.writer.kill().await;
             tokio::time::sleep(Duration::from_millis(1000)).await;
-            t.writer.ensure_running().await.map_err(|e| e.to_string())?;
+            t.writer.ensure_running().await?;
             Ok("order writer killed, restarted after 1 s".into())
         }
         Fault::PgDown => {
@@ -275,7 +272,7 @@ async fn inject(t: &Targets<'_>, fault: Fault, pick: usize) -> Result<String, St
     }
 }
 
-async fn pick_master(topo: &Topology, pick: usize) -> Result<u16, String> {
+async fn pick_master(topo: &Topology, pick: usize) -> anyhow::Result<u16> {
     topo.with_cluster(move |c| {
         let masters = c.master_ports();
         masters[pick % masters.len()]
@@ -288,15 +285,15 @@ async fn pick_master(topo: &Topology, pick: usize) -> Result<u16, String> {
 async fn wait_cluster(
     topo: &Topology,
     ok: impl Fn(&mut crate::RedisCluster) -> bool + Send + Sync + Clone + 'static,
-) -> Result<(), String> {
+) -> anyhow::Result<()> {
     let start = Instant::now();
     loop {
         let ok = ok.clone();
-        if topo.with_cluster(move |c| ok(c)).await == Ok(true) {
+        if topo.with_cluster(move |c| ok(c)).await.unwrap_or(false) {
             return Ok(());
         }
         if start.elapsed() > HEAL_TIMEOUT {
-            return Err(format!("cluster not healed after {HEAL_TIMEOUT:?}"));
+            return Err(anyhow::anyhow!("cluster not healed after {HEAL_TIMEOUT:?}"));
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
@@ -304,7 +301,7 @@ async fn wait_cluster(
 
 /// Brings every node back (SIGCONT, restart of a dead one, proxies open)
 /// and waits until the cluster is whole again.
-pub async fn heal_cluster(topo: &Topology) -> Result<(), String> {
+pub async fn heal_cluster(topo: &Topology) -> anyhow::Result<()> {
     for p in topo.proxies.values() {
         p.restore();
     }
@@ -322,17 +319,17 @@ pub async fn heal_cluster(topo: &Topology) -> Result<(), String> {
     if open.is_empty() {
         Ok(())
     } else {
-        Err(format!("slots left half-migrated: {open:?}"))
+        Err(anyhow::anyhow!("slots left half-migrated: {open:?}"))
     }
 }
 
 /// Heals everything: the cluster, PostgreSQL's proxy, every process.
-pub async fn heal_all(t: &Targets<'_>) -> Result<(), String> {
+pub async fn heal_all(t: &Targets<'_>) -> anyhow::Result<()> {
     t.topo.pg_proxy.restore();
     for e in t.engines {
         e.signal(libc::SIGCONT);
-        e.ensure_running().await.map_err(|e| e.to_string())?;
+        e.ensure_running().await?;
     }
-    t.writer.ensure_running().await.map_err(|e| e.to_string())?;
+    t.writer.ensure_running().await?;
     heal_cluster(t.topo).await
 }

@@ -34,7 +34,7 @@ pub struct Topology {
 
 impl Topology {
     /// Starts it all and waits until the cluster is healthy.
-    pub async fn start() -> Result<Topology, String> {
+    pub async fn start() -> anyhow::Result<Topology> {
         let mut ports = Vec::new();
         let mut proxies = HashMap::new();
         for _ in 0..MASTERS * 2 {
@@ -46,18 +46,16 @@ impl Topology {
         let cluster = tokio::task::spawn_blocking(move || {
             std::panic::catch_unwind(|| RedisCluster::start_on(MASTERS, 1, ports))
         })
-        .await
-        .map_err(|e| e.to_string())?
-        .map_err(|_| "the Redis Cluster did not start".to_owned())?;
+        .await?
+        .map_err(|_| anyhow::anyhow!("the Redis Cluster did not start"))?;
         let (lock_nodes, resource, pg) = tokio::task::spawn_blocking(|| {
             std::panic::catch_unwind(|| {
                 let locks: Vec<RedisServer> = (0..3).map(|_| RedisServer::start()).collect();
                 (locks, RedisServer::start(), PgDb::create())
             })
         })
-        .await
-        .map_err(|e| e.to_string())?
-        .map_err(|_| "lock nodes or the database did not start".to_owned())?;
+        .await?
+        .map_err(|_| anyhow::anyhow!("lock nodes or the database did not start"))?;
         let pg_proxy = TcpProxy::start("127.0.0.1:5432").await;
         Ok(Topology {
             cluster: Arc::new(Mutex::new(cluster)),
@@ -66,7 +64,7 @@ impl Topology {
             resource,
             pg,
             pg_proxy,
-            dir: tempfile::TempDir::new().map_err(|e| e.to_string())?,
+            dir: tempfile::TempDir::new()?,
         })
     }
 
@@ -102,18 +100,17 @@ impl Topology {
     pub async fn with_cluster<T: Send + 'static>(
         &self,
         f: impl FnOnce(&mut RedisCluster) -> T + Send + 'static,
-    ) -> Result<T, String> {
+    ) -> anyhow::Result<T> {
         let cluster = self.cluster.clone();
         tokio::task::spawn_blocking(move || {
             let mut guard = cluster
                 .lock()
-                .map_err(|_| "cluster lock poisoned".to_owned())?;
+                .map_err(|_| anyhow::anyhow!("cluster lock poisoned"))?;
             let c: &mut RedisCluster = &mut guard;
             std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| f(c)))
-                .map_err(|p| panic_text(&p))
+                .map_err(|p| anyhow::anyhow!(panic_text(&p)))
         })
-        .await
-        .map_err(|e| e.to_string())?
+        .await?
     }
 }
 

@@ -29,15 +29,14 @@ redis.call('HSET', KEYS[1], 'token', ARGV[1], 'owner', ARGV[2])
 return 1";
 
 /// Runs an engine process until stdin closes.
-pub async fn run_engine(config: flashsale::Config, resource_url: String) -> Result<(), String> {
+pub async fn run_engine(config: flashsale::Config, resource_url: String) -> anyhow::Result<()> {
     let engine = flashsale::Engine::connect(config)
         .await
-        .map_err(|e| format!("engine: {e}"))?;
-    let resource = redis::Client::open(resource_url)
-        .map_err(|e| e.to_string())?
+        .map_err(|e| anyhow::anyhow!("engine: {e}"))?;
+    let resource = redis::Client::open(resource_url)?
         .get_multiplexed_async_connection()
         .await
-        .map_err(|e| format!("fenced resource: {e}"))?;
+        .map_err(|e| anyhow::anyhow!("fenced resource: {e}"))?;
     let (tx, mut rx) = mpsc::unbounded_channel::<Reply>();
     let out = tokio::spawn(async move {
         let mut stdout = tokio::io::stdout();
@@ -123,7 +122,7 @@ pub fn purchase_outcome(r: Result<flashsale::Confirmed, PurchaseError>) -> Outco
                 bucket: c.bucket,
             },
         },
-        Err(PurchaseError::Unavailable(why)) => Outcome::unknown(why),
+        Err(PurchaseError::Unavailable(why)) => Outcome::unknown(why.to_string()),
         Err(e) => Outcome::fail(e.code()),
     }
 }
@@ -131,7 +130,8 @@ pub fn purchase_outcome(r: Result<flashsale::Confirmed, PurchaseError>) -> Outco
 fn admin_outcome(r: Result<OkValue, AdminError>) -> Outcome {
     match r {
         Ok(value) => Outcome::Ok { value },
-        Err(AdminError::Unavailable(why)) | Err(AdminError::Lock(why)) => Outcome::unknown(why),
+        Err(AdminError::Unavailable(why)) => Outcome::unknown(why.to_string()),
+        Err(AdminError::Lock(why)) => Outcome::unknown(why.to_string()),
         Err(e) => Outcome::fail(admin_code(&e)),
     }
 }
@@ -195,15 +195,15 @@ async fn lock(
 }
 
 /// Runs an order writer process until it is killed or stdin closes.
-pub async fn run_writer(config: flashsale::Config) -> Result<(), String> {
+pub async fn run_writer(config: flashsale::Config) -> anyhow::Result<()> {
     let engine = flashsale::Engine::connect(config.clone())
         .await
-        .map_err(|e| format!("engine: {e}"))?;
-    let pool = flashsale::db::pool(&config.postgres_url, 4).map_err(|e| e.to_string())?;
+        .map_err(|e| anyhow::anyhow!("engine: {e}"))?;
+    let pool = flashsale::db::pool(&config.postgres_url, 4)?;
     let writer = engine
         .spawn_order_writer(pool, writer_config())
         .await
-        .map_err(|e| format!("writer: {e}"))?;
+        .map_err(|e| anyhow::anyhow!("writer: {e}"))?;
     let mut lines = BufReader::new(tokio::io::stdin()).lines();
     while let Ok(Some(_)) = lines.next_line().await {}
     writer.abort();

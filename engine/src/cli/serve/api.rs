@@ -1,17 +1,21 @@
 //! The HTTP API under `/v1`: JSON in and out, every error as
-//! `{"error": "<code>", "message": "..."}` with a fitting status. Handlers
-//! only translate between HTTP and the library.
+//! `{"error": "<code>", "message": "..."}` with a fitting status. Errors map
+//! to answers in one place ([`ApiError`]); bodies come in through one
+//! extractor ([`ApiJson`]) and go out as typed structs; admin routes sit
+//! behind one layer ([`require_admin`]). Handlers only translate between HTTP
+//! and the library.
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use axum::extract::rejection::JsonRejection;
-use axum::extract::{Path, State};
+use axum::extract::{FromRequest, Path, Request, State};
 use axum::http::{HeaderMap, StatusCode};
+use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use flashsale::{AdminError, PurchaseError, PurchaseRequest, SaleSpec};
-use serde::Deserialize;
-use serde_json::json;
+use serde::de::DeserializeOwned;
+use serde::{Deserialize, Serialize};
 
 use super::AppState;
 
@@ -54,35 +58,41 @@ impl ApiError {
     }
 }
 
+/// The body of every error answer.
+#[derive(Serialize)]
+struct ErrorBody<'a> {
+    error: &'static str,
+    message: &'a str,
+}
+
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
-        (
-            self.status,
-            Json(json!({"error": self.code, "message": self.message})),
-        )
-            .into_response()
+        let body = ErrorBody {
+            error: self.code,
+            message: &self.message,
+        };
+        (self.status, Json(body)).into_response()
     }
 }
 
 impl From<PurchaseError> for ApiError {
+    /// The code is [`PurchaseError::code`], the same name the purchase
+    /// metrics use; only the status is chosen here.
     fn from(e: PurchaseError) -> Self {
-        let (status, code) = match &e {
-            PurchaseError::SoldOut => (StatusCode::CONFLICT, "sold_out"),
-            PurchaseError::LimitExceeded { .. } => {
-                (StatusCode::TOO_MANY_REQUESTS, "limit_exceeded")
+        let status = match &e {
+            PurchaseError::SoldOut
+            | PurchaseError::NotStarted
+            | PurchaseError::Ended
+            | PurchaseError::Closed => StatusCode::CONFLICT,
+            PurchaseError::LimitExceeded { .. } => StatusCode::TOO_MANY_REQUESTS,
+            PurchaseError::UnknownSale(_) => StatusCode::NOT_FOUND,
+            PurchaseError::Invalid(_) | PurchaseError::RequestMismatch => {
+                StatusCode::UNPROCESSABLE_ENTITY
             }
-            PurchaseError::NotStarted => (StatusCode::CONFLICT, "not_started"),
-            PurchaseError::Ended => (StatusCode::CONFLICT, "ended"),
-            PurchaseError::Closed => (StatusCode::CONFLICT, "closed"),
-            PurchaseError::UnknownSale(_) => (StatusCode::NOT_FOUND, "unknown_sale"),
-            PurchaseError::Invalid(_) => (StatusCode::UNPROCESSABLE_ENTITY, "invalid"),
-            PurchaseError::RequestMismatch => {
-                (StatusCode::UNPROCESSABLE_ENTITY, "request_mismatch")
-            }
-            PurchaseError::Unavailable(_) => (StatusCode::SERVICE_UNAVAILABLE, "unavailable"),
-            _ => (StatusCode::INTERNAL_SERVER_ERROR, "internal"),
+            PurchaseError::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
+            _ => StatusCode::INTERNAL_SERVER_ERROR,
         };
-        ApiError::new(status, code, e.to_string())
+        ApiError::new(status, e.code(), e.to_string())
     }
 }
 
@@ -105,11 +115,10 @@ impl From<AdminError> for ApiError {
     }
 }
 
-/// The JSON body, or the extractor's rejection as a JSON error: a body past
-/// the size limit is 413, a wrong content type 415, anything else about the
-/// JSON 422.
-fn body<T>(r: Result<Json<T>, JsonRejection>) -> Result<T, ApiError> {
-    r.map(|Json(v)| v).map_err(|e| {
+/// A body past the size limit is 413, a wrong content type 415, anything
+/// else about the JSON 422.
+impl From<JsonRejection> for ApiError {
+    fn from(e: JsonRejection) -> Self {
         let (status, code) = match e.status() {
             StatusCode::PAYLOAD_TOO_LARGE => (StatusCode::PAYLOAD_TOO_LARGE, "payload_too_large"),
             StatusCode::UNSUPPORTED_MEDIA_TYPE => {
@@ -118,10 +127,33 @@ fn body<T>(r: Result<Json<T>, JsonRejection>) -> Result<T, ApiError> {
             _ => (StatusCode::UNPROCESSABLE_ENTITY, "invalid"),
         };
         ApiError::new(status, code, e.body_text())
-    })
+    }
 }
 
-/// Admin routes need `Authorization: Bearer <server.admin_token>`.
+/// The one JSON body extractor: axum's `Json`, with its rejection answered
+/// as an [`ApiError`].
+pub struct ApiJson<T>(pub T);
+
+impl<S: Send + Sync, T: DeserializeOwned> FromRequest<S> for ApiJson<T> {
+    type Rejection = ApiError;
+
+    async fn from_request(req: Request, state: &S) -> Result<Self, ApiError> {
+        let Json(v) = Json::<T>::from_request(req, state).await?;
+        Ok(ApiJson(v))
+    }
+}
+
+/// The layer in front of every admin route: `Authorization: Bearer
+/// <server.admin_token>`, checked before the handler reads anything.
+pub async fn require_admin(
+    State(state): State<AppState>,
+    req: Request,
+    next: Next,
+) -> Result<Response, ApiError> {
+    authorize(&state, req.headers())?;
+    Ok(next.run(req).await)
+}
+
 fn authorize(state: &AppState, headers: &HeaderMap) -> Result<(), ApiError> {
     let Some(expected) = state.admin_token.as_deref() else {
         return Err(ApiError::new(
@@ -212,10 +244,8 @@ fn operation_id(headers: &HeaderMap) -> Result<String, ApiError> {
 pub async fn create_sale(
     State(state): State<AppState>,
     headers: HeaderMap,
-    req: Result<Json<CreateSale>, JsonRejection>,
+    ApiJson(c): ApiJson<CreateSale>,
 ) -> Result<Response, ApiError> {
-    authorize(&state, &headers)?;
-    let c = body(req)?;
     let op = operation_id(&headers)?;
     let spec = SaleSpec {
         sku: c.sku,
@@ -247,10 +277,8 @@ pub async fn restock(
     State(state): State<AppState>,
     Path(sku): Path<String>,
     headers: HeaderMap,
-    req: Result<Json<Restock>, JsonRejection>,
+    ApiJson(r): ApiJson<Restock>,
 ) -> Result<Response, ApiError> {
-    authorize(&state, &headers)?;
-    let r = body(req)?;
     let op = operation_id(&headers)?;
     Ok(Json(state.engine.restock_op(&sku, r.qty, &op).await?).into_response())
 }
@@ -258,9 +286,7 @@ pub async fn restock(
 pub async fn close(
     State(state): State<AppState>,
     Path(sku): Path<String>,
-    headers: HeaderMap,
 ) -> Result<Response, ApiError> {
-    authorize(&state, &headers)?;
     Ok(Json(state.engine.close_sale(&sku).await?).into_response())
 }
 
@@ -273,12 +299,20 @@ pub struct Purchase {
     request_id: String,
 }
 
+/// A confirmed purchase, as the buyer's client sees it.
+#[derive(Serialize)]
+pub struct PurchaseAnswer {
+    order_id: String,
+    sku: String,
+    bucket: u32,
+    replayed: bool,
+}
+
 pub async fn purchase(
     State(state): State<AppState>,
     Path(sku): Path<String>,
-    req: Result<Json<Purchase>, JsonRejection>,
-) -> Result<Response, ApiError> {
-    let p = body(req)?;
+    ApiJson(p): ApiJson<Purchase>,
+) -> Result<Json<PurchaseAnswer>, ApiError> {
     // Validated before the rate limiter: a request that changes nothing
     // spends nobody's allowance, and the limiter only ever holds user ids
     // of a bounded, valid shape.
@@ -303,21 +337,28 @@ pub async fn purchase(
             request_id: &p.request_id,
         })
         .await?;
-    Ok(Json(json!({
-        "order_id": c.order_id,
-        "sku": sku,
-        "bucket": c.bucket,
-        "replayed": c.replayed,
+    Ok(Json(PurchaseAnswer {
+        order_id: c.order_id,
+        sku,
+        bucket: c.bucket,
+        replayed: c.replayed,
     }))
-    .into_response())
 }
 
 pub async fn healthz() -> &'static str {
     "ok"
 }
 
+/// `/readyz`: each dependency's state, "ok" or what is wrong.
+#[derive(Serialize)]
+struct Readiness {
+    ready: bool,
+    redis: String,
+    postgres: String,
+}
+
 pub async fn readyz(State(state): State<AppState>) -> Response {
-    let redis = state.engine.readiness().await;
+    let redis = state.engine.readiness().await.map_err(|e| e.to_string());
     let pg = match flashsale::db::client(&state.pool).await {
         Ok(c) => c
             .simple_query("SELECT 1")
@@ -327,11 +368,11 @@ pub async fn readyz(State(state): State<AppState>) -> Response {
         Err(e) => Err(e.to_string()),
     };
     let ok = redis.is_ok() && pg.is_ok();
-    let body = json!({
-        "ready": ok,
-        "redis": redis.err().unwrap_or_else(|| "ok".into()),
-        "postgres": pg.err().unwrap_or_else(|| "ok".into()),
-    });
+    let body = Readiness {
+        ready: ok,
+        redis: redis.err().unwrap_or_else(|| "ok".into()),
+        postgres: pg.err().unwrap_or_else(|| "ok".into()),
+    };
     let status = if ok {
         StatusCode::OK
     } else {

@@ -25,18 +25,14 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::Router;
 use deadpool_postgres::Pool;
-use flashsale::{Config, Engine};
+use flashsale::{Engine, Settings};
 use http_body_util::BodyExt;
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
+use std::process::ExitCode;
 use tokio::net::TcpListener;
 use tokio::sync::Semaphore;
 
 use flashsale::ratelimit::RateLimiter;
-
-/// HTTP requests answered, by `route` and `status`.
-const HTTP_REQUESTS: &str = "flashsale_http_requests_total";
-/// HTTP request latency by `route`, seconds.
-const HTTP_SECONDS: &str = "flashsale_http_request_duration_seconds";
 
 /// What every handler shares.
 #[derive(Clone)]
@@ -105,11 +101,19 @@ fn install_metrics() -> Result<PrometheusHandle> {
 }
 
 fn router(state: AppState) -> Router {
-    Router::new()
+    // Every route here needs the admin token; the layer checks it before the
+    // handler runs (route_layer: an unknown path is still 404, not 401).
+    let admin = Router::new()
         .route("/v1/sales", post(api::create_sale))
-        .route("/v1/sales/{sku}", get(api::sale_status))
         .route("/v1/sales/{sku}/restock", post(api::restock))
         .route("/v1/sales/{sku}/close", post(api::close))
+        .route_layer(middleware::from_fn_with_state(
+            state.clone(),
+            api::require_admin,
+        ));
+    Router::new()
+        .merge(admin)
+        .route("/v1/sales/{sku}", get(api::sale_status))
         .route("/v1/sales/{sku}/purchase", post(api::purchase))
         .route("/healthz", get(api::healthz))
         .route("/readyz", get(api::readyz))
@@ -165,8 +169,9 @@ async fn guard(State(state): State<AppState>, req: Request, next: Next) -> Respo
     };
     let resp = json_errors(resp);
     let status = resp.status().as_u16().to_string();
-    metrics::counter!(HTTP_REQUESTS, "route" => route.clone(), "status" => status).increment(1);
-    metrics::histogram!(HTTP_SECONDS, "route" => route).record(started.elapsed().as_secs_f64());
+    metrics::counter!(flashsale::metrics::HTTP_REQUESTS, "route" => route.clone(), "status" => status).increment(1);
+    metrics::histogram!(flashsale::metrics::HTTP_SECONDS, "route" => route)
+        .record(started.elapsed().as_secs_f64());
     resp
 }
 
@@ -398,26 +403,29 @@ fn connections_within_file_limit(wanted: usize) -> usize {
 
 /// The `serve` command.
 pub async fn command(
-    mut config: Config,
+    settings: Settings,
     args: ServeArgs,
     shutdown: impl Future<Output = ()> + Send + 'static,
-) -> Result<()> {
+) -> Result<ExitCode> {
+    let Settings {
+        engine: config,
+        mut server,
+    } = settings;
     if let Some(l) = args.listen {
-        config.server.listen = l;
+        server.listen = l;
     }
     if let Some(t) = args.admin_token {
-        config.server.admin_token = Some(t);
+        server.admin_token = Some(t);
     }
     // One rule with `config check`: unset, empty or blank turns admin off.
-    config.server.admin_token = config.server.admin_token().map(str::to_owned);
+    server.admin_token = server.admin_token().map(str::to_owned);
     if args.no_order_writer {
-        config.server.order_writer = false;
+        server.order_writer = false;
     }
-    config
+    server
         .validate()
         .map_err(|e| anyhow::anyhow!("config: {e}"))?;
     let prometheus = install_metrics()?;
-    let server = config.server.clone();
     let pool = flashsale::db::pool(&config.postgres_url, 8)?;
     let engine = Engine::connect(config).await?;
     if let Err(e) = flashsale::db::migrate(&pool).await {
@@ -468,7 +476,7 @@ pub async fn command(
         let report = w.drain(Duration::from_secs(30)).await?;
         eprintln!("order writer drained: {} written", report.written);
     }
-    Ok(())
+    Ok(ExitCode::SUCCESS)
 }
 
 /// Prometheus upkeep and the periodic ledger check (which exports the

@@ -1,0 +1,145 @@
+//! The targets a bench run is judged by, and the per-row medians over
+//! repetitions. Pure functions of the figures: nothing here runs anything.
+
+use crate::lockbench;
+use crate::report::{RunResult, Target};
+
+/// The row of `scenario` and `strategy`.
+pub fn find<'a>(rs: &'a [RunResult], scenario: &str, strategy: &str) -> Option<&'a RunResult> {
+    rs.iter()
+        .find(|r| r.scenario == scenario && r.strategy == strategy)
+}
+
+/// The figure each target judges, from one repetition, in `TARGETS` order.
+fn target_figures(results: &[RunResult], locks: &[lockbench::LockResult]) -> [Option<f64>; 7] {
+    let tp = |sc: &str, st: &str| find(results, sc, st).map(|r| r.throughput);
+    let ratio = |a: Option<f64>, b: Option<f64>| a.zip(b).map(|(a, b)| a / b.max(1e-9));
+    let mut lock_ratio: Option<f64> = None;
+    for l in locks.iter().filter(|l| l.implementation == "flashsale") {
+        if let Some(r) = locks
+            .iter()
+            .find(|r| r.implementation == "rslock" && r.nodes == l.nodes && r.tasks == l.tasks)
+        {
+            let x = l.pairs_per_second / r.pairs_per_second.max(1e-9);
+            lock_ratio = Some(lock_ratio.map_or(x, |w| w.min(x)));
+        }
+    }
+    let handoff = locks
+        .iter()
+        .filter(|l| l.implementation == "flashsale")
+        .filter_map(|l| l.handoff_p99_ms)
+        .fold(None, |m: Option<f64>, x| Some(m.map_or(x, |m| m.max(x))));
+    [
+        ratio(tp("hot1", "engine"), tp("hot1", "anchor")),
+        ratio(tp("hotB", "engine"), tp("hot1", "engine")),
+        ratio(tp("hot1", "lock"), tp("hot1", "engine")),
+        find(results, "hot1", "naive").map(|r| r.oversold as f64),
+        lock_ratio,
+        handoff,
+        find(results, "hot1", "engine@80%").map(|r| r.p99_ms),
+    ]
+}
+
+/// A target: its name, its goal as text, and the test of a measured figure.
+type TargetSpec = (&'static str, &'static str, fn(f64) -> bool);
+
+/// Name, goal and test of each target, in `target_figures` order.
+const TARGETS: [TargetSpec; 7] = [
+    ("hot1: engine / anchor", ">= 0.8", |x| x >= 0.8),
+    ("hotB engine / hot1 engine", ">= 1.3", |x| x >= 1.3),
+    ("lock / engine (hot1)", "<= 0.1", |x| x <= 0.1),
+    ("naive oversold units", "> 0 (shown, not hidden)", |x| {
+        x > 0.0
+    }),
+    (
+        "lock pairs/s: flashsale / rslock (worst case)",
+        ">= 2",
+        |x| x >= 2.0,
+    ),
+    (
+        "lock hand-off p99 ms (flashsale, worst)",
+        "well under the 10 s TTL (< 100 ms)",
+        |x| x < 100.0,
+    ),
+    ("p99 ms at 80% of peak (hot1 engine@80%)", "< 5", |x| {
+        x < 5.0
+    }),
+];
+
+/// Each target judged on the median over repetitions of its figure, each
+/// figure computed within one repetition (so a ratio compares runs made
+/// minutes apart, not the medians of different moments).
+pub fn targets(runs: &[(Vec<RunResult>, Vec<lockbench::LockResult>)]) -> Vec<Target> {
+    let per_rep: Vec<[Option<f64>; 7]> = runs.iter().map(|(r, l)| target_figures(r, l)).collect();
+    TARGETS
+        .iter()
+        .enumerate()
+        .map(|(k, (name, goal, ok))| {
+            let mut xs: Vec<f64> = per_rep.iter().filter_map(|f| f[k]).collect();
+            xs.sort_by(f64::total_cmp);
+            let measured = xs.get(xs.len() / 2).copied();
+            Target {
+                name: (*name).into(),
+                measured,
+                goal: (*goal).into(),
+                met: measured.map(ok),
+            }
+        })
+        .collect()
+}
+
+/// Per row (scenario and strategy; lock implementation, nodes and tasks),
+/// the repetition with the median throughput.
+pub fn medians(
+    runs: Vec<(Vec<RunResult>, Vec<lockbench::LockResult>)>,
+) -> (Vec<RunResult>, Vec<lockbench::LockResult>) {
+    fn median<T: Clone>(mut xs: Vec<T>, key: impl Fn(&T) -> f64) -> Option<T> {
+        xs.sort_by(|a, b| key(a).total_cmp(&key(b)));
+        xs.get(xs.len() / 2).cloned()
+    }
+    let Some((first_r, first_l)) = runs.first().cloned() else {
+        return (Vec::new(), Vec::new());
+    };
+    let results = first_r
+        .iter()
+        .filter_map(|r| {
+            let same: Vec<RunResult> = runs
+                .iter()
+                .filter_map(|(rs, _)| {
+                    rs.iter()
+                        .find(|x| x.scenario == r.scenario && x.strategy == r.strategy)
+                        .cloned()
+                })
+                .collect();
+            // Never let the median hide a bad repetition: oversell is the
+            // worst seen, errors are all of them.
+            let oversold = same.iter().map(|x| x.oversold).max().unwrap_or(0);
+            let errors = same.iter().map(|x| x.errors).sum();
+            median(same, |x| x.throughput).map(|m| RunResult {
+                oversold,
+                errors,
+                ..m
+            })
+        })
+        .collect();
+    let locks = first_l
+        .iter()
+        .filter_map(|l| {
+            let same: Vec<lockbench::LockResult> = runs
+                .iter()
+                .filter_map(|(_, ls)| {
+                    ls.iter()
+                        .find(|x| {
+                            x.implementation == l.implementation
+                                && x.nodes == l.nodes
+                                && x.tasks == l.tasks
+                        })
+                        .cloned()
+                })
+                .collect();
+            let errors = same.iter().map(|x| x.errors).sum();
+            median(same, |x| x.pairs_per_second).map(|m| lockbench::LockResult { errors, ..m })
+        })
+        .collect();
+    (results, locks)
+}

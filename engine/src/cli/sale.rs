@@ -1,0 +1,153 @@
+//! `flashsale sale ...`: create, inspect, restock, repair, close and list
+//! sales, and print what the cluster holds afterwards.
+
+use std::process::ExitCode;
+use std::time::{Duration, SystemTime};
+
+use anyhow::Result;
+use clap::Subcommand;
+use flashsale::{Engine, SaleSpec, SaleStatus, Settings};
+
+#[derive(Subcommand)]
+pub enum SaleCommand {
+    /// Create a sale.
+    Create {
+        /// The SKU.
+        #[arg(long)]
+        sku: String,
+        /// Units on sale.
+        #[arg(long)]
+        stock: u64,
+        /// Buckets (spread over masters).
+        #[arg(long, default_value_t = 1)]
+        buckets: u32,
+        /// Most units per user (0 = no limit).
+        #[arg(long, default_value_t = 0)]
+        per_user_limit: u32,
+        /// Open the sale this many seconds from now (default: now).
+        #[arg(long)]
+        starts_in: Option<u64>,
+        /// End the sale this many seconds from now (default: never).
+        #[arg(long)]
+        ends_in: Option<u64>,
+        /// Operation id: run the same command again with the same id (after
+        /// a timeout, say) and it finishes the first create instead of
+        /// failing with "already exists". Default: a fresh one.
+        #[arg(long)]
+        op_id: Option<String>,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Show a sale's buckets: key, tag, slot, master, remaining.
+    Status {
+        /// The SKU.
+        #[arg(long)]
+        sku: String,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Add units to an open sale.
+    Restock {
+        /// The SKU.
+        #[arg(long)]
+        sku: String,
+        /// Units to add.
+        #[arg(long)]
+        qty: u64,
+        /// Operation id: a retry with the same id adds the units once.
+        /// Default: a fresh one.
+        #[arg(long)]
+        op_id: Option<String>,
+    },
+    /// Finish whatever a crash left half-done on a sale (a create, a
+    /// restock, a close). Safe to run at any time.
+    Repair {
+        /// The SKU.
+        #[arg(long)]
+        sku: String,
+    },
+    /// Close a sale: no purchase confirms after this.
+    Close {
+        /// The SKU.
+        #[arg(long)]
+        sku: String,
+    },
+    /// List every SKU with a sale.
+    List,
+}
+
+/// Runs one sale command.
+pub async fn run(settings: Settings, cmd: SaleCommand) -> Result<ExitCode> {
+    let engine = Engine::connect(settings.engine).await?;
+    let status = match cmd {
+        SaleCommand::Create {
+            sku,
+            stock,
+            buckets,
+            per_user_limit,
+            starts_in,
+            ends_in,
+            op_id,
+            json,
+        } => {
+            let at = |field: &str, s: Option<u64>| -> Result<Option<SystemTime>> {
+                s.map(|s| {
+                    SystemTime::now()
+                        .checked_add(Duration::from_secs(s))
+                        .ok_or_else(|| anyhow::anyhow!("{field}: {s} seconds is too far away"))
+                })
+                .transpose()
+            };
+            let spec = SaleSpec {
+                buckets,
+                per_user_limit,
+                starts_at: at("--starts-in", starts_in)?,
+                ends_at: at("--ends-in", ends_in)?,
+                ..SaleSpec::new(sku, stock)
+            };
+            let op = op_id.unwrap_or_else(flashsale::admin::new_operation_id);
+            (engine.create_sale_op(spec, &op).await?, json)
+        }
+        SaleCommand::Status { sku, json } => (engine.sale_status(&sku).await?, json),
+        SaleCommand::Restock { sku, qty, op_id } => {
+            let op = op_id.unwrap_or_else(flashsale::admin::new_operation_id);
+            (engine.restock_op(&sku, qty, &op).await?, false)
+        }
+        SaleCommand::Repair { sku } => (engine.repair_sale(&sku).await?, false),
+        SaleCommand::Close { sku } => (engine.close_sale(&sku).await?, false),
+        SaleCommand::List => {
+            for sku in engine.list_sales().await? {
+                println!("{sku}");
+            }
+            return Ok(ExitCode::SUCCESS);
+        }
+    };
+    let (st, json) = status;
+    print(&st, json)?;
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Prints a sale's status: JSON, or a table of its buckets.
+fn print(st: &SaleStatus, json: bool) -> Result<()> {
+    if json {
+        println!("{}", serde_json::to_string_pretty(st)?);
+    } else {
+        println!(
+            "sale {} [{}] initial {} remaining {} limit/user {}",
+            st.sku, st.state, st.initial, st.remaining, st.per_user_limit
+        );
+        println!(
+            "{:>3} {:<28} {:>5} {:<16} {:>9} {:>7}",
+            "#", "key", "slot", "master", "remaining", "stream"
+        );
+        for b in &st.buckets {
+            println!(
+                "{:>3} {:<28} {:>5} {:<16} {:>9} {:>7}",
+                b.index, b.key, b.slot, b.master, b.remaining, b.stream_len
+            );
+        }
+    }
+    Ok(())
+}

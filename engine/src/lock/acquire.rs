@@ -1,0 +1,327 @@
+//! Acquiring a lock: reentry for the same owner, the per-process FIFO gate,
+//! one attempt on every node, and the grant (fencing round, watchdog start)
+//! once a majority said yes within the lock's validity.
+
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use tokio::sync::{watch, Semaphore};
+
+use super::client::*;
+use super::fence;
+use super::{LockClient, LockError, LockGuard, LockOptions};
+use crate::metrics as m;
+
+/// The result of one attempt on every node.
+pub(super) enum Attempt {
+    Granted(Arc<Held>),
+    Busy { retry_in: Duration },
+    NoQuorum { reachable: usize, detail: String },
+}
+
+/// Where a new grant's fencing token comes from.
+pub(super) enum FenceSource {
+    /// The single lock node already chose and stored it.
+    Settled(u64),
+    /// Pick it above the highest counter seen and raise a majority to it.
+    Raise {
+        /// Highest counter the answering nodes reported.
+        highest_seen: u64,
+    },
+}
+
+impl LockClient {
+    /// Takes `name`, waiting up to `opts.wait` while someone else holds it.
+    pub async fn lock(&self, name: &str, opts: &LockOptions) -> Result<LockGuard, LockError> {
+        self.acquire(name, opts, opts.wait).await
+    }
+
+    /// Takes `name` if it is free now (one attempt on every node).
+    pub async fn try_lock(
+        &self,
+        name: &str,
+        opts: &LockOptions,
+    ) -> Result<Option<LockGuard>, LockError> {
+        match self.acquire(name, opts, Duration::ZERO).await {
+            Ok(g) => Ok(Some(g)),
+            Err(LockError::Timeout { .. }) => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+
+    pub(super) async fn acquire(
+        &self,
+        name: &str,
+        opts: &LockOptions,
+        wait: Duration,
+    ) -> Result<LockGuard, LockError> {
+        validate(name, &opts.owner)?;
+        let started = Instant::now();
+        if let Some(g) = self.reenter(name, &opts.owner) {
+            return Ok(g);
+        }
+        let timeout = || LockError::Timeout {
+            name: name.to_owned(),
+            waited: started.elapsed(),
+        };
+        // Queue behind the other tasks of this process first: only the head
+        // of the queue talks to the lock nodes, and a local hand-off costs no
+        // failed attempts on Redis.
+        let gate = self.gate(name);
+        let mut permit = Some(if wait.is_zero() {
+            gate.try_acquire_owned().map_err(|_| timeout())?
+        } else {
+            match tokio::time::timeout(wait, gate.acquire_owned()).await {
+                Ok(Ok(p)) => p,
+                _ => return Err(timeout()),
+            }
+        });
+        // Register before the first attempt so a release between the attempt
+        // and the wait is not missed.
+        let wake = self.inner.waiters.register(name);
+        let mut counted = false;
+        let result = loop {
+            let notified = wake.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            let last = self.attempt(name, opts).await;
+            let remaining = wait.saturating_sub(started.elapsed());
+            match last {
+                Attempt::Granted(held) => {
+                    *held.gate.lock().unwrap_or_else(|p| p.into_inner()) = permit.take();
+                    metrics::histogram!(m::LOCK_ACQUIRE_SECONDS)
+                        .record(started.elapsed().as_secs_f64());
+                    break Ok(LockGuard {
+                        client: self.clone(),
+                        held,
+                        released: false,
+                    });
+                }
+                Attempt::NoQuorum { reachable, detail } if remaining.is_zero() => {
+                    break Err(LockError::NoQuorum {
+                        name: name.to_owned(),
+                        reachable,
+                        nodes: self.inner.nodes.len(),
+                        quorum: self.quorum(),
+                        detail,
+                    });
+                }
+                Attempt::Busy { .. } if remaining.is_zero() => break Err(timeout()),
+                Attempt::Busy { .. } if !counted => {
+                    // Count ourselves among the waiters so releases publish,
+                    // then look again at once: a release that came before the
+                    // count published nothing.
+                    metrics::counter!(m::LOCK_WAITS).increment(1);
+                    self.count_waiter(name, 1, wait).await;
+                    counted = true;
+                }
+                Attempt::Busy { retry_in } => {
+                    let pause = retry_in.min(remaining) + self.jitter();
+                    tokio::select! {
+                        _ = &mut notified => {
+                            // Every waiter hears the same release; with several
+                            // nodes, rushing in together splits the vote so
+                            // nobody wins a majority. Spread them out.
+                            if self.inner.nodes.len() > 1 {
+                                tokio::time::sleep(self.inner.config.wake_spread.mul_f64(rand::random::<f64>())).await;
+                            }
+                        }
+                        _ = tokio::time::sleep(pause.min(remaining)) => {}
+                    }
+                }
+                Attempt::NoQuorum { .. } => {
+                    tokio::time::sleep(
+                        (self.inner.config.node_timeout + self.jitter()).min(remaining),
+                    )
+                    .await;
+                }
+            }
+        };
+        if counted {
+            // Off the caller's path: the count only decides who gets woken.
+            let (client, name) = (self.clone(), name.to_owned());
+            tokio::spawn(async move { client.count_waiter(&name, -1, wait).await });
+        }
+        result
+    }
+
+    /// Adds `delta` to the waiter count of `name` on every node; the count
+    /// expires a little after the longest wait, so a waiter that died only
+    /// costs extra wake-ups until then.
+    pub(super) async fn count_waiter(&self, name: &str, delta: i64, wait: Duration) {
+        let key = waiters_key(name);
+        let ttl = (wait + Duration::from_secs(5)).as_millis().to_string();
+        let delta = delta.to_string();
+        self.on_all_nodes(&self.inner.scripts.waiting, &[&key], &[&delta, &ttl])
+            .await;
+    }
+
+    /// The gate of `name`, created on first use.
+    pub(super) fn gate(&self, name: &str) -> Arc<Semaphore> {
+        let mut gates = self.inner.gates.lock().unwrap_or_else(|p| p.into_inner());
+        gates
+            .entry(name.to_owned())
+            .or_insert_with(|| Arc::new(Semaphore::new(1)))
+            .clone()
+    }
+
+    /// Drops the gate of `name` when nobody holds or waits on it (every
+    /// permit and waiter keeps a clone, and clones are made under this lock).
+    pub(super) fn forget_gate(&self, name: &str) {
+        let mut gates = self.inner.gates.lock().unwrap_or_else(|p| p.into_inner());
+        if gates.get(name).is_some_and(|g| Arc::strong_count(g) == 1) {
+            gates.remove(name);
+        }
+    }
+
+    pub(super) fn jitter(&self) -> Duration {
+        self.inner
+            .config
+            .retry_jitter
+            .mul_f64(rand::random::<f64>())
+    }
+
+    /// The same owner taking a lock it holds: count it, no network trip.
+    pub(super) fn reenter(&self, name: &str, owner: &str) -> Option<LockGuard> {
+        let map = self.inner.held.lock().unwrap_or_else(|p| p.into_inner());
+        let held = map.get(&(name.to_owned(), owner.to_owned()))?.clone();
+        drop(map);
+        let valid =
+            !*held.lost.borrow() && self.now_ms() < held.valid_until_ms.load(Ordering::SeqCst);
+        if !valid {
+            return None;
+        }
+        held.count.fetch_add(1, Ordering::SeqCst);
+        Some(LockGuard {
+            client: self.clone(),
+            held,
+            released: false,
+        })
+    }
+
+    /// One Redlock round: SET NX PX on every node in parallel; on a majority
+    /// within validity, raise the fencing counters and keep the grant;
+    /// otherwise release what was taken.
+    pub(super) async fn attempt(&self, name: &str, opts: &LockOptions) -> Attempt {
+        let token = format!("{:032x}", rand::random::<u128>());
+        let ttl = opts.lease.unwrap_or(self.inner.config.watchdog_ttl);
+        let ttl_ms = ttl.as_millis().max(1) as u64;
+        let started = Instant::now();
+        let (lkey, fkey) = (lock_key(name), fence_key(name));
+        let ttl_s = ttl_ms.to_string();
+        let single = self.inner.nodes.len() == 1;
+        let clock = fence::next_token(0, self.inner.config.token_clock.since_epoch()).to_string();
+        let replies = self
+            .on_all_nodes(
+                &self.inner.scripts.acquire,
+                &[&lkey, &fkey],
+                &[&token, &ttl_s, if single { "1" } else { "0" }, &clock],
+            )
+            .await;
+        let mut granted = Vec::new();
+        let mut reachable = 0;
+        let mut highest_fence = 0u64;
+        let mut shortest_pttl: Option<i64> = None;
+        let mut detail = String::new();
+        for (i, r) in replies.iter().enumerate() {
+            match r.as_ref().map(crate::replies::lock_acquire) {
+                Ok(Ok(a)) => {
+                    reachable += 1;
+                    highest_fence = highest_fence.max(a.fence);
+                    if a.granted {
+                        granted.push(i);
+                    } else if a.pttl > 0 {
+                        shortest_pttl = Some(shortest_pttl.map_or(a.pttl, |p| p.min(a.pttl)));
+                    }
+                }
+                Ok(Err(e)) => detail = e.to_string(),
+                Err(e) => detail = format!("{}: {e}", self.inner.nodes[i].addr),
+            }
+        }
+        if granted.len() >= self.quorum() {
+            // On a single node the script settled the token in the same step.
+            let fence = if single {
+                FenceSource::Settled(highest_fence)
+            } else {
+                FenceSource::Raise {
+                    highest_seen: highest_fence,
+                }
+            };
+            if let Some(held) = self
+                .grant(name, opts, token.clone(), ttl, started, fence)
+                .await
+            {
+                return Attempt::Granted(held);
+            }
+            self.release_token(name, &token, None).await;
+        } else if !granted.is_empty() {
+            // Give back the minority we got; nodes that refused hold nothing of ours.
+            self.release_token(name, &token, Some(&granted)).await;
+        }
+        if reachable < self.quorum() {
+            return Attempt::NoQuorum { reachable, detail };
+        }
+        let retry_in = Duration::from_millis(shortest_pttl.unwrap_or(10).max(1) as u64);
+        Attempt::Busy { retry_in }
+    }
+
+    /// Completes a majority grant: picks the fencing token, raises the
+    /// counters of a majority to it, and checks the validity left.
+    pub(super) async fn grant(
+        &self,
+        name: &str,
+        opts: &LockOptions,
+        token: String,
+        ttl: Duration,
+        started: Instant,
+        fence: FenceSource,
+    ) -> Option<Arc<Held>> {
+        let fence = match fence {
+            FenceSource::Settled(f) => f,
+            FenceSource::Raise { highest_seen } => {
+                let fence =
+                    fence::next_token(highest_seen, self.inner.config.token_clock.since_epoch());
+                let fkey = fence_key(name);
+                let fence_s = fence.to_string();
+                let raised = self
+                    .on_all_nodes(&self.inner.scripts.fence, &[&fkey], &[&fence_s])
+                    .await;
+                if raised.iter().filter(|r| r.is_ok()).count() < self.quorum() {
+                    return None;
+                }
+                fence
+            }
+        };
+        let drift = ttl / 100 + Duration::from_millis(2);
+        let validity = ttl.checked_sub(started.elapsed() + drift)?;
+        if validity.is_zero() {
+            return None;
+        }
+        let (lost, _) = watch::channel(false);
+        let held = Arc::new(Held {
+            name: name.to_owned(),
+            owner: opts.owner.clone(),
+            token,
+            fence,
+            ttl,
+            count: AtomicU32::new(1),
+            valid_until_ms: AtomicU64::new(self.now_ms() + validity.as_millis() as u64),
+            lost,
+            keeper: Mutex::new(None),
+            gate: Mutex::new(None),
+        });
+        let keeper = if opts.lease.is_some() {
+            self.spawn_lease_timer(held.clone())
+        } else {
+            self.spawn_watchdog(held.clone())
+        };
+        *held.keeper.lock().unwrap_or_else(|p| p.into_inner()) = Some(keeper);
+        self.inner
+            .held
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert((held.name.clone(), held.owner.clone()), held.clone());
+        Some(held)
+    }
+}

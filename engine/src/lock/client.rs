@@ -1,0 +1,162 @@
+//! The lock client and its quorum: the nodes, the scripts, the state of
+//! what this process holds, and the one place a script runs on every node
+//! in parallel under the per-node timeout.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU32, AtomicU64};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use futures_util::future::join_all;
+use redis::Value;
+use tokio::sync::{watch, OwnedSemaphorePermit, Semaphore};
+use tokio::task::JoinHandle;
+
+use super::node::{LockNode, NodeError};
+use super::waiters::Waiters;
+use super::{LockConfig, LockError};
+use crate::metrics as m;
+use crate::scripts::{LockScripts, LuaScript};
+
+/// A lock held by this client: shared by the guards of a reentrant owner.
+pub(super) struct Held {
+    pub(super) name: String,
+    pub(super) owner: String,
+    pub(super) token: String,
+    pub(super) fence: u64,
+    pub(super) ttl: Duration,
+    pub(super) count: AtomicU32,
+    /// Engine-independent ms timestamp (since client start) until which the
+    /// grant is valid; pushed forward by the watchdog.
+    pub(super) valid_until_ms: AtomicU64,
+    pub(super) lost: watch::Sender<bool>,
+    pub(super) keeper: Mutex<Option<JoinHandle<()>>>,
+    /// This process's gate for the name, held as long as the grant: other
+    /// tasks of the process queue on it instead of on Redis.
+    pub(super) gate: Mutex<Option<OwnedSemaphorePermit>>,
+}
+
+pub(super) struct Inner {
+    pub(super) nodes: Vec<LockNode>,
+    pub(super) scripts: LockScripts,
+    pub(super) config: LockConfig,
+    pub(super) waiters: Arc<Waiters>,
+    pub(super) listeners: Vec<JoinHandle<()>>,
+    pub(super) held: Mutex<HashMap<(String, String), Arc<Held>>>,
+    /// One permit per lock name: tasks of this process wait here, in FIFO
+    /// order, so only one of them at a time asks the lock nodes.
+    pub(super) gates: Mutex<HashMap<String, Arc<Semaphore>>>,
+    pub(super) epoch: Instant,
+}
+
+impl Drop for Inner {
+    fn drop(&mut self) {
+        for l in &self.listeners {
+            l.abort();
+        }
+    }
+}
+
+/// A handle on the lock nodes; cheap to clone.
+#[derive(Clone)]
+pub struct LockClient {
+    pub(super) inner: Arc<Inner>,
+}
+
+pub(super) fn lock_key(name: &str) -> String {
+    format!("flashsale:lock:{name}")
+}
+
+pub(super) fn waiters_key(name: &str) -> String {
+    format!("flashsale:waiters:{name}")
+}
+
+pub(super) fn fence_key(name: &str) -> String {
+    format!("flashsale:fence:{name}")
+}
+
+pub(super) fn validate(name: &str, owner: &str) -> Result<(), LockError> {
+    if name.is_empty() || name.len() > 200 {
+        return Err(LockError::Invalid("lock name (1-200 bytes)"));
+    }
+    if owner.is_empty() || owner.len() > 200 {
+        return Err(LockError::Invalid("owner (1-200 bytes)"));
+    }
+    Ok(())
+}
+impl LockClient {
+    /// A client over `urls` (`redis://host:port`, independent instances).
+    /// Connections open on first use, so a node that is down now does not
+    /// stop the others from serving a majority. Needs a tokio runtime.
+    pub fn new(urls: &[String], config: LockConfig) -> Result<LockClient, LockError> {
+        if urls.is_empty() {
+            return Err(LockError::Config("no lock nodes configured".into()));
+        }
+        let nodes: Vec<LockNode> = urls
+            .iter()
+            .map(|u| LockNode::new(u))
+            .collect::<Result<_, _>>()?;
+        let waiters = Arc::new(Waiters::default());
+        let listeners = nodes
+            .iter()
+            .map(|n| Waiters::listen(&waiters, n.client().clone()))
+            .collect();
+        Ok(LockClient {
+            inner: Arc::new(Inner {
+                nodes,
+                scripts: LockScripts::new(),
+                config,
+                waiters,
+                listeners,
+                held: Mutex::new(HashMap::new()),
+                gates: Mutex::new(HashMap::new()),
+                epoch: Instant::now(),
+            }),
+        })
+    }
+
+    /// Nodes needed for a grant: a majority.
+    pub fn quorum(&self) -> usize {
+        self.inner.nodes.len() / 2 + 1
+    }
+
+    pub(super) fn now_ms(&self) -> u64 {
+        self.inner.epoch.elapsed().as_millis() as u64
+    }
+
+    pub(super) async fn on_all_nodes(
+        &self,
+        script: &LuaScript,
+        keys: &[&str],
+        args: &[&str],
+    ) -> Vec<Result<Value, NodeError>> {
+        self.on_nodes(script, keys, args, None).await
+    }
+
+    /// Runs `script` on every node (or only the nodes at the indexes in
+    /// `only`) in parallel, each within the per-node timeout, counting errors.
+    pub(super) async fn on_nodes(
+        &self,
+        script: &LuaScript,
+        keys: &[&str],
+        args: &[&str],
+        only: Option<&[usize]>,
+    ) -> Vec<Result<Value, NodeError>> {
+        let timeout = self.inner.config.node_timeout;
+        let chosen: Vec<&LockNode> = self
+            .inner
+            .nodes
+            .iter()
+            .enumerate()
+            .filter(|(i, _)| only.is_none_or(|o| o.contains(i)))
+            .map(|(_, n)| n)
+            .collect();
+        let replies = join_all(chosen.iter().map(|n| n.eval(script, keys, args, timeout))).await;
+        for (n, r) in chosen.iter().zip(&replies) {
+            if r.is_err() {
+                metrics::counter!(m::LOCK_NODE_ERRORS, "node" => n.addr.clone()).increment(1);
+            }
+        }
+        replies
+    }
+}

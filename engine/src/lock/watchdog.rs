@@ -1,0 +1,116 @@
+//! Keeping and giving back a lock: the watchdog that renews a held lease
+//! every ttl/3 (and reports the loss when a majority stops confirming), the
+//! lease timer without a watchdog, and release on the nodes.
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use tokio::task::JoinHandle;
+
+use super::client::*;
+use super::waiters::CHANNEL;
+use super::LockClient;
+use crate::metrics as m;
+
+impl LockClient {
+    /// Renews every ttl/3 while the grant lives; reports the loss when a
+    /// majority stops confirming or the validity runs out first.
+    pub(super) fn spawn_watchdog(&self, held: Arc<Held>) -> JoinHandle<()> {
+        let client = self.clone();
+        tokio::spawn(async move {
+            let every = held.ttl / 3;
+            let key = lock_key(&held.name);
+            let ttl_s = (held.ttl.as_millis().max(1) as u64).to_string();
+            loop {
+                tokio::time::sleep(every).await;
+                let sent = Instant::now();
+                let replies = client
+                    .on_all_nodes(
+                        &client.inner.scripts.extend,
+                        &[&key],
+                        &[&held.token, &ttl_s],
+                    )
+                    .await;
+                let confirmed = replies
+                    .iter()
+                    .filter(|r| matches!(r.as_ref().map(crate::replies::lock_done), Ok(Ok(true))))
+                    .count();
+                let drift = held.ttl / 100 + Duration::from_millis(2);
+                let still_valid = client.now_ms() < held.valid_until_ms.load(Ordering::SeqCst);
+                if confirmed >= client.quorum() && still_valid {
+                    let validity = held.ttl.saturating_sub(sent.elapsed() + drift);
+                    held.valid_until_ms.store(
+                        client.now_ms() + validity.as_millis() as u64,
+                        Ordering::SeqCst,
+                    );
+                    metrics::counter!(m::LOCK_RENEWALS).increment(1);
+                    continue;
+                }
+                tracing::warn!(lock = %held.name, confirmed, "lock lost: renewal not confirmed by a majority");
+                metrics::counter!(m::LOCK_LOST).increment(1);
+                let _ = held.lost.send(true);
+                return;
+            }
+        })
+    }
+
+    /// With a fixed lease, reports the loss when the lease runs out.
+    pub(super) fn spawn_lease_timer(&self, held: Arc<Held>) -> JoinHandle<()> {
+        let client = self.clone();
+        tokio::spawn(async move {
+            let left = held
+                .valid_until_ms
+                .load(Ordering::SeqCst)
+                .saturating_sub(client.now_ms());
+            tokio::time::sleep(Duration::from_millis(left)).await;
+            metrics::counter!(m::LOCK_LOST).increment(1);
+            let _ = held.lost.send(true);
+        })
+    }
+
+    /// Releases one reentrant hold; the last one stops the watchdog (first,
+    /// so it never renews a released lock) and releases on every node.
+    /// Returns false when no node still had this grant.
+    pub(super) async fn release_held(&self, held: &Arc<Held>) -> bool {
+        if held.count.fetch_sub(1, Ordering::SeqCst) > 1 {
+            return true;
+        }
+        {
+            let mut map = self.inner.held.lock().unwrap_or_else(|p| p.into_inner());
+            let key = (held.name.clone(), held.owner.clone());
+            if map.get(&key).is_some_and(|h| Arc::ptr_eq(h, held)) {
+                map.remove(&key);
+            }
+        }
+        if let Some(k) = held.keeper.lock().unwrap_or_else(|p| p.into_inner()).take() {
+            k.abort();
+        }
+        let released = self.release_token(&held.name, &held.token, None).await > 0;
+        // Only now may the next task of this process go.
+        drop(held.gate.lock().unwrap_or_else(|p| p.into_inner()).take());
+        self.forget_gate(&held.name);
+        released
+    }
+
+    /// Compare-and-delete of `token` on every node (or only on `only`);
+    /// returns how many released.
+    pub(super) async fn release_token(
+        &self,
+        name: &str,
+        token: &str,
+        only: Option<&[usize]>,
+    ) -> usize {
+        let (key, wkey) = (lock_key(name), waiters_key(name));
+        self.on_nodes(
+            &self.inner.scripts.release,
+            &[&key, &wkey],
+            &[token, CHANNEL, name],
+            only,
+        )
+        .await
+        .iter()
+        .filter(|r| matches!(r.as_ref().map(crate::replies::lock_done), Ok(Ok(true))))
+        .count()
+    }
+}
