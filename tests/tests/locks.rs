@@ -593,3 +593,153 @@ async fn reconcile_results_are_written_only_with_the_newest_fencing_token() {
         "the row carries the token the resource accepted"
     );
 }
+
+/// A lock node that answers an attempt too late still runs it: its SET NX
+/// lands after the client gave up on that node. A failed attempt must give
+/// its token back there too, or the node keeps the loser's key for the whole
+/// lease and, with a second such node, blocks every later majority.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_try_lock_leaves_no_key_on_nodes_that_answered_late() {
+    let nodes = servers(3);
+    let loser = LockClient::new(
+        &urls(&nodes),
+        LockConfig {
+            node_timeout: Duration::from_millis(300),
+            ..LockConfig::default()
+        },
+    )
+    .expect("lock client");
+    // Scripts loaded everywhere first (a NOSCRIPT answer would come back at
+    // once, paused or not).
+    loser
+        .lock("warm-up", &LockOptions::new("loser"))
+        .await
+        .expect("warm-up lock")
+        .unlock()
+        .await;
+    // Two of three nodes hold every write: the loser's attempt reaches them,
+    // times out, and runs there once they resume.
+    for n in &nodes[1..] {
+        let _: String = n.node.cmd(&["CLIENT", "PAUSE", "20000", "WRITE"]);
+    }
+    let attempt = loser
+        .try_lock(
+            "late",
+            &LockOptions::new("loser").lease(Duration::from_secs(60)),
+        )
+        .await;
+    assert!(
+        !matches!(attempt, Ok(Some(_))),
+        "no majority answered in time, yet the attempt won"
+    );
+    let before: Vec<u64> = nodes[1..].iter().map(evalsha_calls).collect();
+    for n in &nodes[1..] {
+        let _: String = n.node.cmd(&["CLIENT", "UNPAUSE"]);
+    }
+    // The paused nodes now run the loser's late SET NX; wait until they did
+    // (before the next client asks, or the next client could win the race
+    // there and hide the leftover key).
+    flashsale_tests::wait_until(
+        Duration::from_secs(20),
+        "the paused nodes ran the late attempt",
+        || {
+            let ran = nodes[1..]
+                .iter()
+                .zip(&before)
+                .all(|(n, b)| evalsha_calls(n) > *b);
+            async move { ran }
+        },
+    )
+    .await;
+    // Bounded far below the loser's 60 s lease.
+    let next = client(&nodes, Duration::from_secs(5));
+    let got = next
+        .lock(
+            "late",
+            &LockOptions::new("next").wait(Duration::from_secs(15)),
+        )
+        .await;
+    assert!(
+        got.is_ok(),
+        "the loser's late keys still block a majority: {:?}",
+        got.err()
+    );
+}
+
+/// A caller's timeout around `lock()` drops its future mid-attempt, after
+/// some nodes already granted. Nothing may stay held: the keys are given
+/// back at once, not after the lease.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lock_call_dropped_mid_attempt_leaves_nothing_held() {
+    let nodes = servers(3);
+    let first = LockClient::new(
+        &urls(&nodes),
+        LockConfig {
+            node_timeout: Duration::from_secs(10),
+            ..LockConfig::default()
+        },
+    )
+    .expect("lock client");
+    first
+        .lock("warm-up", &LockOptions::new("first"))
+        .await
+        .expect("warm-up lock")
+        .unlock()
+        .await;
+    // The third node stalls writes, so the attempt waits on it after the
+    // other two granted.
+    let _: String = nodes[2].node.cmd(&["CLIENT", "PAUSE", "30000", "WRITE"]);
+    let attempt = {
+        let first = first.clone();
+        tokio::spawn(async move {
+            first
+                .lock(
+                    "dropped",
+                    &LockOptions::new("first")
+                        .lease(Duration::from_secs(60))
+                        .wait(Duration::from_secs(60)),
+                )
+                .await
+        })
+    };
+    flashsale_tests::wait_until(
+        Duration::from_secs(20),
+        "two nodes granted the first attempt",
+        || {
+            let held = nodes[..2].iter().all(|n| {
+                let exists: i64 = n.node.cmd(&["EXISTS", "flashsale:lock:dropped"]);
+                exists == 1
+            });
+            async move { held }
+        },
+    )
+    .await;
+    attempt.abort();
+    assert!(
+        attempt.await.is_err(),
+        "the attempt was cut off, not finished"
+    );
+    let _: String = nodes[2].node.cmd(&["CLIENT", "UNPAUSE"]);
+    let next = client(&nodes, Duration::from_secs(5));
+    let got = next
+        .lock(
+            "dropped",
+            &LockOptions::new("next").wait(Duration::from_secs(15)),
+        )
+        .await;
+    assert!(
+        got.is_ok(),
+        "the dropped attempt's keys are still held: {:?}",
+        got.err()
+    );
+}
+
+/// EVALSHA calls a node has run so far (`INFO commandstats`).
+fn evalsha_calls(node: &RedisServer) -> u64 {
+    let info: String = node.node.cmd(&["INFO", "commandstats"]);
+    info.lines()
+        .find_map(|l| l.strip_prefix("cmdstat_evalsha:calls="))
+        .and_then(|rest| rest.split(',').next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(0)
+}

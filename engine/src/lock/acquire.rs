@@ -205,6 +205,23 @@ impl LockClient {
     /// otherwise release what was taken.
     pub(super) async fn attempt(&self, name: &str, opts: &LockOptions) -> Attempt {
         let token = format!("{:032x}", rand::random::<u128>());
+        // From the first write on, this attempt owns keys on the nodes; if
+        // the caller drops it half-way (a timeout around `lock()`), the
+        // guard gives them back.
+        let outstanding = Outstanding {
+            client: self.clone(),
+            name: name.to_owned(),
+            token: token.clone(),
+            armed: true,
+        };
+        let result = self.attempt_with(name, opts, token).await;
+        outstanding.disarm();
+        result
+    }
+
+    /// One attempt with `token`: ask every node, then grant, or give back
+    /// whatever nodes may hold of it.
+    async fn attempt_with(&self, name: &str, opts: &LockOptions, token: String) -> Attempt {
         let ttl = opts.lease.unwrap_or(self.inner.config.watchdog_ttl);
         let ttl_ms = ttl.as_millis().max(1) as u64;
         let started = Instant::now();
@@ -220,6 +237,9 @@ impl LockClient {
             )
             .await;
         let mut granted = Vec::new();
+        // Nodes that did not answer (timed out, broken link, a reply we could
+        // not read): they may still run, or have run, our SET NX.
+        let mut unanswered = Vec::new();
         let mut reachable = 0;
         let mut highest_fence = 0u64;
         let mut shortest_pttl: Option<i64> = None;
@@ -235,8 +255,14 @@ impl LockClient {
                         shortest_pttl = Some(shortest_pttl.map_or(a.pttl, |p| p.min(a.pttl)));
                     }
                 }
-                Ok(Err(e)) => detail = e.to_string(),
-                Err(e) => detail = format!("{}: {e}", self.inner.nodes[i].addr),
+                Ok(Err(e)) => {
+                    unanswered.push(i);
+                    detail = e.to_string();
+                }
+                Err(e) => {
+                    unanswered.push(i);
+                    detail = format!("{}: {e}", self.inner.nodes[i].addr);
+                }
             }
         }
         if granted.len() >= self.quorum() {
@@ -255,9 +281,14 @@ impl LockClient {
                 return Attempt::Granted(held);
             }
             self.release_token(name, &token, None).await;
-        } else if !granted.is_empty() {
-            // Give back the minority we got; nodes that refused hold nothing of ours.
-            self.release_token(name, &token, Some(&granted)).await;
+        } else if !granted.is_empty() || !unanswered.is_empty() {
+            // Give back the minority we got, and ask every node that did not
+            // answer too: a node that timed out still runs our SET NX when it
+            // gets to it (the release follows it on the same connection), and
+            // would otherwise keep our token for the whole lease, blocking
+            // the next majority. Nodes that refused hold nothing of ours.
+            let ours: Vec<usize> = granted.iter().chain(&unanswered).copied().collect();
+            self.release_token(name, &token, Some(&ours)).await;
         }
         if reachable < self.quorum() {
             return Attempt::NoQuorum { reachable, detail };
@@ -323,5 +354,46 @@ impl LockClient {
             .unwrap_or_else(|p| p.into_inner())
             .insert((held.name.clone(), held.owner.clone()), held.clone());
         Some(held)
+    }
+}
+
+/// The keys of an attempt in flight. Dropped while armed (the attempt's
+/// future was dropped before it finished), it releases the token on every
+/// node, so a cancelled `lock()` leaves nothing held: without it, the nodes
+/// that granted keep the key, with no guard and no watchdog, until the lease
+/// runs out.
+struct Outstanding {
+    client: LockClient,
+    name: String,
+    token: String,
+    armed: bool,
+}
+
+impl Outstanding {
+    /// The attempt finished: what it holds is a guard's now, or was given
+    /// back already.
+    fn disarm(mut self) {
+        self.armed = false;
+    }
+}
+
+impl Drop for Outstanding {
+    fn drop(&mut self) {
+        if !self.armed {
+            return;
+        }
+        // Drop cannot wait: a task releases. Without a runtime (it is shutting
+        // down) the lease is the only way back, as for a crashed process.
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let client = self.client.clone();
+        let (name, token) = (
+            std::mem::take(&mut self.name),
+            std::mem::take(&mut self.token),
+        );
+        runtime.spawn(async move {
+            client.release_token(&name, &token, None).await;
+        });
     }
 }
