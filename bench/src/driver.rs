@@ -20,6 +20,7 @@ fn row(
     strategy: &str,
     concurrency: usize,
     stats: &load::LoadStats,
+    stock: u64,
     oversold: u64,
     note: String,
 ) -> RunResult {
@@ -29,6 +30,11 @@ fn row(
         ops: stats.done,
         concurrency,
         throughput: stats.throughput(),
+        repetitions: vec![stats.throughput()],
+        throughput_min: stats.throughput(),
+        throughput_max: stats.throughput(),
+        answers_per_s: stats.answers_per_s(),
+        stock,
         p50_ms: stats.pct_ms(0.5),
         p99_ms: stats.pct_ms(0.99),
         p999_ms: Some(stats.pct_ms(0.999)),
@@ -38,6 +44,48 @@ fn row(
         ratio_to_anchor: None,
         note,
     }
+}
+
+/// Entries ever added to `stream` (`XINFO STREAM`'s entries-added; 0 when
+/// the stream does not exist).
+async fn entries_added(
+    conn: &mut redis::cluster_async::ClusterConnection,
+    stream: &str,
+) -> Result<u64> {
+    let info: Value = match redis::cmd("XINFO")
+        .arg("STREAM")
+        .arg(stream)
+        .query_async(conn)
+        .await
+    {
+        Ok(v) => v,
+        Err(_) => return Ok(0),
+    };
+    let pairs: Vec<(Value, Value)> = match info {
+        Value::Map(m) => m,
+        Value::Array(a) => a
+            .chunks(2)
+            .filter_map(|c| Some((c.first()?.clone(), c.get(1)?.clone())))
+            .collect(),
+        _ => Vec::new(),
+    };
+    for (k, v) in pairs {
+        let is_it = matches!(&k, Value::BulkString(b) if b == b"entries-added")
+            || matches!(&k, Value::SimpleString(s) if s == "entries-added");
+        if let (true, Value::Int(n)) = (is_it, v) {
+            return Ok(n.max(0) as u64);
+        }
+    }
+    Err(anyhow!("XINFO STREAM {stream}: no entries-added"))
+}
+
+/// A `door` row counts checks, allowed or not: its throughput is answers/s.
+fn checks_row(mut r: RunResult) -> RunResult {
+    r.throughput = r.answers_per_s;
+    r.repetitions = vec![r.throughput];
+    r.throughput_min = r.throughput;
+    r.throughput_max = r.throughput;
+    r
 }
 
 pub struct Bench {
@@ -52,6 +100,8 @@ pub struct Bench {
     pub run: String,
     pub created: Vec<String>,
     pub plain_keys: Vec<String>,
+    /// Which repetition is running (0-based): decides the run order.
+    pub rep: usize,
     pub bars: MultiProgress,
 }
 
@@ -111,7 +161,8 @@ impl Bench {
     }
 
     /// `ops` purchases through `engine` over `skus` (whose stock adds up to
-    /// at least `ops`, so every call reaches Redis).
+    /// about ops / 2: half the buyers go home empty, and any oversell
+    /// shows).
     async fn engine_run(
         &mut self,
         scenario: &str,
@@ -121,7 +172,6 @@ impl Bench {
         rate: Option<f64>,
         ops: u64,
     ) -> Result<RunResult> {
-        let stock = ops;
         let (engine, skus_arc, run): (Engine, Arc<Vec<String>>, Arc<str>) = (
             engine,
             Arc::new(skus.clone()),
@@ -135,8 +185,10 @@ impl Bench {
             .await;
         let mut sold = 0u64;
         let mut below_zero = 0u64;
+        let mut stock = 0u64;
         for sku in &skus {
             let st = self.engine.sale_status(sku).await?;
+            stock += st.initial;
             sold += st.initial - st.remaining;
             below_zero += st
                 .buckets
@@ -151,58 +203,155 @@ impl Bench {
             label,
             self.args.concurrency,
             &stats,
+            stock,
             oversold,
             match rate {
-                Some(r) => format!("paced at {r:.0}/s"),
-                None => "stock >= ops: every call reaches Redis".into(),
+                Some(r) => format!("paced at {r:.0}/s, latency from when each was due"),
+                None => "stock = ops / 2".into(),
             },
         ))
     }
 
+    /// redis-benchmark EVALSHA of purchase.lua on `skus` sales of `buckets`
+    /// buckets, stock ops / 2 in all: one process per bucket, requests and
+    /// clients split evenly (as the engine's placement spreads buyers), then
+    /// judged by the stock and streams it left behind.
     async fn anchor_run(
         &mut self,
         scenario: &str,
-        name: &str,
+        strategy: &str,
+        pipeline: usize,
         buckets: u32,
         skus: usize,
     ) -> Result<RunResult> {
         let ops = self.args.ops;
-        let mut targets = Vec::new();
-        let mut seen = std::collections::HashSet::new();
-        for k in 0..skus.max(1) {
-            let st = self
-                .sale(&format!("{name}{k}"), ops + 1000, buckets)
-                .await?;
-            for b in &st.buckets {
-                if seen.insert(b.master.clone()) {
-                    targets.push(anchor::Target {
-                        master: b.master.clone(),
-                        tag: b.tag.clone(),
-                    });
-                }
-            }
+        let skus = skus.max(1);
+        let mut sales = Vec::with_capacity(skus);
+        for (k, stock) in anchor::shares(ops / 2, skus).into_iter().enumerate() {
+            let name = format!("{scenario}-{strategy}-{k}").replace(' ', "_");
+            sales.push(self.sale(&name, stock.max(1), buckets).await?);
         }
-        let bar = self.bar(1, format!("{scenario} anchor (redis-benchmark)"));
+        let buckets: Vec<&flashsale::BucketStatus> =
+            sales.iter().flat_map(|s| s.buckets.iter()).collect();
+        // Weighted as the engine's run of this scenario spreads its buyers:
+        // over SKUs evenly (buyer i takes SKU i % n), over the buckets of one
+        // SKU by each buyer's home bucket (CRC16 of the user id).
+        let weights: Vec<u64> = if skus == 1 && buckets.len() > 1 {
+            let mut w = vec![0u64; buckets.len()];
+            for i in 0..ops {
+                let user = format!("{}-{scenario}-engine-u{i}", self.run);
+                w[usize::from(flashsale::placement::tag_slot(&user)) % buckets.len()] += 1;
+            }
+            w
+        } else {
+            vec![1; buckets.len()]
+        };
+        // One connection per bucket when pipelined; else the clients split.
+        let clients = if pipeline > 1 {
+            vec![1; buckets.len()]
+        } else {
+            anchor::weighted(self.args.concurrency as u64, &weights)
+        };
+        let requests = anchor::weighted(ops, &weights);
+        let targets: Vec<anchor::Target> = buckets
+            .iter()
+            .zip(clients.iter().zip(&requests))
+            .map(|(b, (&c, &r))| anchor::Target {
+                master: b.master.clone(),
+                tag: b.tag.clone(),
+                clients: c as usize,
+                requests: r,
+            })
+            .collect();
+        let bar = self.bar(1, format!("{scenario} {strategy} (redis-benchmark)"));
         let sha = flashsale::scripts::Scripts::new().purchase.sha;
-        let a = anchor::run(&targets, &sha, self.args.concurrency, ops).await?;
+        // When the last unit went: polled from the stock keys, since
+        // redis-benchmark shows nothing until it exits.
+        let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let poller = {
+            let keys: Vec<String> = buckets.iter().map(|b| b.key.clone()).collect();
+            let mut conn = self.engine.dedicated_connection().await?;
+            let stop = stop.clone();
+            tokio::spawn(async move {
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    let mut empty = true;
+                    for k in &keys {
+                        let v: Option<i64> = redis::cmd("GET")
+                            .arg(k)
+                            .query_async(&mut conn)
+                            .await
+                            .unwrap_or(Some(1));
+                        if v.unwrap_or(0) > 0 {
+                            empty = false;
+                            break;
+                        }
+                    }
+                    if empty {
+                        return Some(std::time::Instant::now());
+                    }
+                    tokio::time::sleep(Duration::from_millis(1)).await;
+                }
+                None
+            })
+        };
+        let a = anchor::run(&targets, &sha, pipeline).await;
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        let sold_out_at = poller.await.ok().flatten();
+        let a = a?;
         bar.inc(1);
         bar.finish();
+        // What it left behind: units sold, orders ever added to the streams
+        // (entries-added, which trimming by an order writer cannot lower).
+        let (mut stock, mut left, mut below_zero, mut queued) = (0u64, 0u64, 0u64, 0u64);
+        for sale in &sales {
+            let st = self.engine.sale_status(&sale.sku).await?;
+            stock += st.initial;
+            left += st.remaining;
+            for b in &st.buckets {
+                below_zero += b.remaining.min(0).unsigned_abs();
+                queued += entries_added(&mut self.conn, &b.stream).await?;
+            }
+        }
+        let sold = stock - left;
+        let oversold = queued.saturating_sub(stock) + below_zero + queued.abs_diff(sold);
+        // With stock left over, every request that did not queue an order
+        // failed (a sold-out answer was impossible); with none left, the
+        // failures cannot be told from sold-out answers.
+        let errors = if left > 0 {
+            a.requests.saturating_sub(queued)
+        } else {
+            0
+        };
+        let selling = sold_out_at
+            .map(|t| t.saturating_duration_since(a.spawned))
+            .filter(|d| !d.is_zero())
+            .unwrap_or(a.elapsed);
+        let secs = a.elapsed.as_secs_f64().max(1e-9);
+        let throughput = queued as f64 / selling.as_secs_f64().max(1e-9);
+        let pct = |q: f64| a.latency_us.value_at_quantile(q) as f64 / 1000.0;
+        let connections: u64 = targets.iter().map(|t| t.clients as u64).sum();
         Ok(RunResult {
             scenario: scenario.into(),
-            strategy: "anchor".into(),
-            ops: a.ops,
-            concurrency: self.args.concurrency,
-            throughput: a.rps,
-            p50_ms: a.p50_ms,
-            p99_ms: a.p99_ms,
-            p999_ms: None,
-            confirmed: a.ops,
-            oversold: 0,
-            errors: 0,
-            ratio_to_anchor: Some(1.0),
+            strategy: strategy.into(),
+            ops: a.requests,
+            concurrency: connections as usize * pipeline.max(1),
+            throughput,
+            repetitions: vec![throughput],
+            throughput_min: throughput,
+            throughput_max: throughput,
+            answers_per_s: a.requests as f64 / secs,
+            stock,
+            p50_ms: pct(0.5),
+            p99_ms: pct(0.99),
+            p999_ms: Some(pct(0.999)),
+            confirmed: queued,
+            oversold,
+            errors,
+            ratio_to_anchor: None,
             note: format!(
-                "redis-benchmark EVALSHA purchase.lua on {} master(s)",
-                targets.len()
+                "redis-benchmark EVALSHA purchase.lua, {} bucket(s), {connections} connection(s) x {} in flight; checked against stock and streams",
+                targets.len(),
+                pipeline.max(1)
             ),
         })
     }
@@ -238,6 +387,7 @@ impl Bench {
             "naive",
             self.args.concurrency,
             &stats,
+            stock,
             stats.confirmed.saturating_sub(stock),
             format!("stock {stock}, left {left} (below zero = oversold)"),
         ))
@@ -260,14 +410,15 @@ impl Bench {
                 }
             })
             .await;
-        let mut out = vec![row(
+        let mut out = vec![checks_row(row(
             "door",
             "in-process limiter",
             self.args.concurrency,
             &stats,
             0,
+            0,
             "token bucket per user, no I/O".into(),
-        )];
+        ))];
 
         let script = redis::Script::new(include_str!("../../lua/rate_limit.lua"));
         let sha = script.get_hash().to_owned();
@@ -310,14 +461,15 @@ impl Bench {
                 }
             })
             .await;
-        out.push(row(
+        out.push(checks_row(row(
             "door",
             "redis rate_limit.lua",
             self.args.concurrency,
             &stats,
             0,
+            0,
             "fixed window, one EVALSHA per check".into(),
-        ));
+        )));
         Ok(out)
     }
 
@@ -326,26 +478,41 @@ impl Bench {
             return Ok(None);
         }
         let ops = self.args.lock_ops;
-        let key = self.plain_stock("lock", ops).await?;
-        let locks = flashsale::lock::LockClient::new(
-            &self.lock_nodes,
-            flashsale::lock::LockConfig::default(),
-        )?;
+        let stock = ops / 2;
+        let key = self.plain_stock("lock", stock).await?;
+        // The seeds' pattern: a plain SET NX PX lock on one Redis, not
+        // flashsale's own lock (which would measure its fencing and FIFO
+        // gate instead of the pattern).
+        let node = redis::Client::open(self.lock_nodes[0].as_str())?
+            .get_multiplexed_async_connection()
+            .await?;
         let conn = self.conn.clone();
-        let worker = Arc::new(std::sync::atomic::AtomicU64::new(0));
+        let k = key.clone();
         let stats = self
-            .load("hot1 lock (lock,GET,DECR)".into(), ops, None, move |_| {
-                let w = worker.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                strategies::lock_op(locks.clone(), conn.clone(), key.clone(), w)
-            })
+            .load(
+                "hot1 lock (SET NX PX,GET,DECR)".into(),
+                ops,
+                None,
+                move |i| strategies::lock_op(node.clone(), conn.clone(), k.clone(), i),
+            )
             .await;
+        let left: i64 = redis::cmd("GET")
+            .arg(&*key)
+            .query_async(&mut self.conn)
+            .await?;
+        let sold = (stock as i64 - left).max(0) as u64;
+        let oversold = left.min(0).unsigned_abs() + stats.confirmed.abs_diff(sold);
         Ok(Some(row(
             "hot1",
             "lock",
             self.args.concurrency,
             &stats,
-            0,
-            format!("Redlock on {} lock node(s)", self.lock_nodes.len()),
+            stock,
+            oversold,
+            format!(
+                "SET NX PX lock on {}, GET, DECR, compare-and-delete",
+                flashsale::redact::host_port(&self.lock_nodes[0])
+            ),
         )))
     }
 
@@ -355,10 +522,12 @@ impl Bench {
         for sku in std::mem::take(&mut self.created) {
             if let Ok(st) = self.engine.sale_status(&sku).await {
                 for b in &st.buckets {
+                    let keys = flashsale::keys::BucketKeys::new(&b.tag);
                     let _: i64 = redis::cmd("DEL")
                         .arg(&b.key)
                         .arg(&b.stream)
-                        .arg(format!("{{{}}}:sale", b.tag))
+                        .arg(&keys.sale)
+                        .arg(&keys.pending)
                         .query_async(&mut self.conn)
                         .await?;
                 }
@@ -438,23 +607,31 @@ pub async fn machine(
     }
 }
 
-/// Every scenario the arguments ask for, once.
+/// Every scenario the arguments ask for, once. The anchor runs first in
+/// even repetitions and last in odd ones, so neither side always meets a
+/// cold (or a warm) cluster.
 pub async fn measure(b: &mut Bench) -> Result<(Vec<RunResult>, Vec<lockbench::LockResult>)> {
     let ops = b.args.ops;
+    let anchor_first = b.rep % 2 == 0;
     let mut results = Vec::new();
     for sc in b.args.scenarios.clone() {
         match sc.as_str() {
             "hot1" => {
-                results.push(b.anchor_run("hot1", "hot1-anchor", 1, 1).await?);
-                let st = b.sale("hot1", ops, 1).await?;
+                if anchor_first {
+                    results.push(b.anchor_run("hot1", "anchor", 1, 1, 1).await?);
+                    results.push(b.anchor_run("hot1", "anchor P16", 16, 1, 1).await?);
+                }
+                let st = b.sale("hot1", ops / 2, 1).await?;
                 let e = b.engine.clone();
                 let r = b
                     .engine_run("hot1", "engine", e.clone(), vec![st.sku.clone()], None, ops)
                     .await?;
+                // Paced at 80 % of the rate it sold at (the selling phase):
+                // the answer rate would count cheap sold-out answers too.
                 let peak = r.throughput;
                 results.push(r);
                 let paced_ops = ((peak * 0.8) * 5.0).min(ops as f64).max(100.0) as u64;
-                let st = b.sale("hot1-paced", paced_ops, 1).await?;
+                let st = b.sale("hot1-paced", paced_ops / 2, 1).await?;
                 results.push(
                     b.engine_run(
                         "hot1",
@@ -469,7 +646,7 @@ pub async fn measure(b: &mut Bench) -> Result<(Vec<RunResult>, Vec<lockbench::Lo
                 // The durability knob: confirm only once a replica has the
                 // order (needs replicas; without them every WAIT times out).
                 if b.has_replicas {
-                    let st = b.sale("hot1-replicated", ops, 1).await?;
+                    let st = b.sale("hot1-replicated", ops / 2, 1).await?;
                     let r = b.replicated.clone();
                     let label = "engine ack=replicated";
                     results.push(
@@ -481,30 +658,40 @@ pub async fn measure(b: &mut Bench) -> Result<(Vec<RunResult>, Vec<lockbench::Lo
                     results.push(r);
                 }
                 results.push(b.naive_run().await?);
+                if !anchor_first {
+                    results.push(b.anchor_run("hot1", "anchor", 1, 1, 1).await?);
+                    results.push(b.anchor_run("hot1", "anchor P16", 16, 1, 1).await?);
+                }
             }
             "hotB" => {
                 let buckets = b.args.buckets;
-                results.push(b.anchor_run("hotB", "hotB-anchor", buckets, 1).await?);
-                let st = b.sale("hotB", ops, buckets).await?;
+                if anchor_first {
+                    results.push(b.anchor_run("hotB", "anchor", 1, buckets, 1).await?);
+                }
+                let st = b.sale("hotB", ops / 2, buckets).await?;
                 let e = b.engine.clone();
                 results.push(
                     b.engine_run("hotB", "engine", e, vec![st.sku.clone()], None, ops)
                         .await?,
                 );
+                if !anchor_first {
+                    results.push(b.anchor_run("hotB", "anchor", 1, buckets, 1).await?);
+                }
             }
             "many" => {
                 let n = b.args.skus.max(1);
-                results.push(b.anchor_run("many", "many-anchor", 1, n).await?);
+                if anchor_first {
+                    results.push(b.anchor_run("many", "anchor", 1, 1, n).await?);
+                }
                 let mut skus = Vec::with_capacity(n);
-                for k in 0..n {
-                    skus.push(
-                        b.sale(&format!("many{k}"), ops / n as u64 + 1, 1)
-                            .await?
-                            .sku,
-                    );
+                for (k, stock) in anchor::shares(ops / 2, n).into_iter().enumerate() {
+                    skus.push(b.sale(&format!("many{k}"), stock.max(1), 1).await?.sku);
                 }
                 let e = b.engine.clone();
                 results.push(b.engine_run("many", "engine", e, skus, None, ops).await?);
+                if !anchor_first {
+                    results.push(b.anchor_run("many", "anchor", 1, 1, n).await?);
+                }
             }
             "door" => results.extend(b.door_runs().await?),
             "none" => {}

@@ -1,7 +1,9 @@
 //! The load generator: `concurrency` workers pull operation numbers from a
 //! shared counter until `ops` are done or the time cap passes, optionally
 //! paced to a target rate (open loop), and record each operation's latency in
-//! an HDR histogram. Knows nothing about what an operation does.
+//! an HDR histogram. A paced operation's latency runs from when it was due,
+//! not from when a worker got to it, so queueing behind schedule counts.
+//! Knows nothing about what an operation does.
 
 use std::future::Future;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -34,13 +36,25 @@ pub struct LoadStats {
     pub errors: u64,
     /// Wall time.
     pub elapsed: Duration,
-    /// Latency in microseconds.
+    /// From the start to the last confirmation: the selling phase. Past
+    /// it only sold-out answers come, which cost the strategies very
+    /// different amounts (a local flag, a GET, a whole script), so
+    /// throughput is counted over this span.
+    pub selling: Duration,
+    /// Latency of the confirmed operations, µs (sold-out answers and errors
+    /// are not in it: they are cheap, and would dilute the percentiles).
     pub latency_us: Histogram<u64>,
 }
 
 impl LoadStats {
-    /// Operations per second.
+    /// Confirmed purchases (or lock pairs) per second of the selling
+    /// phase: the figure every row is compared on.
     pub fn throughput(&self) -> f64 {
+        self.confirmed as f64 / self.selling.as_secs_f64().max(1e-9)
+    }
+
+    /// Answers of any kind per second of wall time.
+    pub fn answers_per_s(&self) -> f64 {
         self.done as f64 / self.elapsed.as_secs_f64().max(1e-9)
     }
 
@@ -76,22 +90,29 @@ where
             tokio::spawn(async move {
                 let mut h = histogram();
                 let mut counts = [0u64; 3];
+                let mut last_confirmed = Duration::ZERO;
                 loop {
                     let i = next.fetch_add(1, Ordering::Relaxed);
                     if i >= ops || started.elapsed() >= cap {
                         break;
                     }
-                    if let Some(r) = rate {
-                        let due = started + Duration::from_secs_f64(i as f64 / r);
-                        tokio::time::sleep_until(due.into()).await;
-                    }
-                    let t0 = Instant::now();
+                    let t0 = match rate {
+                        Some(r) => {
+                            let due = started + Duration::from_secs_f64(i as f64 / r);
+                            tokio::time::sleep_until(due.into()).await;
+                            due
+                        }
+                        None => Instant::now(),
+                    };
                     let outcome = op(i).await;
-                    let _ = h.record((t0.elapsed().as_micros() as u64).max(1));
+                    if outcome == Outcome::Confirmed {
+                        let _ = h.record((t0.elapsed().as_micros() as u64).max(1));
+                        last_confirmed = started.elapsed();
+                    }
                     counts[outcome as usize] += 1;
                     bar.inc(1);
                 }
-                (h, counts)
+                (h, counts, last_confirmed)
             })
         })
         .collect();
@@ -101,10 +122,12 @@ where
         sold_out: 0,
         errors: 0,
         elapsed: Duration::ZERO,
+        selling: Duration::ZERO,
         latency_us: histogram(),
     };
     for w in workers {
-        if let Ok((h, c)) = w.await {
+        if let Ok((h, c, last)) = w.await {
+            stats.selling = stats.selling.max(last);
             let _ = stats.latency_us.add(&h);
             stats.confirmed += c[0];
             stats.sold_out += c[1];

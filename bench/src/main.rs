@@ -53,7 +53,7 @@ struct Args {
     #[arg(long, default_value_t = 12)]
     skus: usize,
     /// Operations of the `lock` strategy (it is slow by design).
-    #[arg(long, default_value_t = 2_000)]
+    #[arg(long, default_value_t = 10_000)]
     lock_ops: u64,
     /// Acquire+release pairs per lock benchmark run.
     #[arg(long, default_value_t = 2_000)]
@@ -135,6 +135,7 @@ async fn main() -> Result<()> {
         run,
         created: Vec::new(),
         plain_keys: Vec::new(),
+        rep: 0,
         bars: MultiProgress::new(),
     };
     let mut runs = Vec::with_capacity(args.repeat.max(1));
@@ -143,6 +144,7 @@ async fn main() -> Result<()> {
         // Fresh SKUs, users and request ids per repetition: a reused request
         // id would be answered as a replay, not a sale.
         b.run = format!("{base_run}r{rep}");
+        b.rep = rep;
         let result = measure(&mut b).await;
         // Clean up after every repetition, and even when one failed.
         let cleaned = b.cleanup().await;

@@ -15,12 +15,23 @@ pub struct RunResult {
     pub scenario: String,
     /// `anchor`, `engine`, `engine@80%`, `lock`, `naive`.
     pub strategy: String,
-    /// Operations completed.
+    /// Operations completed (requests answered).
     pub ops: u64,
     /// Requests in flight at once.
     pub concurrency: usize,
-    /// Operations per second.
+    /// Confirmed purchases (lock pairs) per second of wall time; across
+    /// repetitions, the median.
     pub throughput: f64,
+    /// Throughput of each repetition, in the order they ran.
+    pub repetitions: Vec<f64>,
+    /// Lowest and highest of `repetitions`.
+    pub throughput_min: f64,
+    /// See `throughput_min`.
+    pub throughput_max: f64,
+    /// Answers of any kind (sold out included) per second of wall time.
+    pub answers_per_s: f64,
+    /// Units put on sale for the run (ops / 2, so oversell shows).
+    pub stock: u64,
     /// Latency percentiles, ms.
     pub p50_ms: f64,
     /// 99th percentile, ms.
@@ -65,6 +76,8 @@ pub struct Target {
     pub goal: String,
     /// Whether it was met (None when not measured in this run).
     pub met: Option<bool>,
+    /// The figure in each repetition; `measured` is their median.
+    pub per_repetition: Vec<f64>,
 }
 
 /// Everything one invocation measured.
@@ -98,20 +111,24 @@ pub fn markdown(r: &Report) -> String {
         "Machine: {} cores ({}), Redis {}, cluster {} masters + {} replicas\n",
         m.cores, m.cpu, m.redis_version, m.masters, m.replicas
     );
-    let _ = writeln!(s, "| scenario | strategy | ops | conc | ops/s | p50 ms | p99 ms | p999 ms | oversold | errors | x anchor | note |");
+    let _ = writeln!(s, "| scenario | strategy | ops | stock | conc | confirmed/s (min-max) | answers/s | p50 ms | p99 ms | p999 ms | oversold | errors | x anchor | note |");
     let _ = writeln!(
         s,
-        "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |"
+        "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |"
     );
     for x in &r.results {
         let _ = writeln!(
             s,
-            "| {} | {} | {} | {} | {:.0} | {:.3} | {:.3} | {} | {} | {} | {} | {} |",
+            "| {} | {} | {} | {} | {} | {:.0} ({:.0}-{:.0}) | {:.0} | {:.3} | {:.3} | {} | {} | {} | {} | {} |",
             x.scenario,
             x.strategy,
             x.ops,
+            x.stock,
             x.concurrency,
             x.throughput,
+            x.throughput_min,
+            x.throughput_max,
+            x.answers_per_s,
             x.p50_ms,
             x.p99_ms,
             opt(x.p999_ms, 3),

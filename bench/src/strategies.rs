@@ -1,13 +1,13 @@
 //! The ways of selling a unit that the harness compares, each as one
 //! operation for the load generator: through the engine (`engine`), the
-//! seeds' lock-based pattern through flashsale's lock module (`lock`), and
+//! seeds' lock-based pattern with a plain `SET NX PX` lock (`lock`), and
 //! GET-then-DECR with no lock at all (`naive`, which oversells and says so).
 
 use std::sync::Arc;
 use std::time::Duration;
 
-use flashsale::lock::{LockClient, LockOptions};
 use flashsale::{Engine, PurchaseError, PurchaseRequest};
+use redis::aio::MultiplexedConnection;
 use redis::cluster_async::ClusterConnection;
 
 use crate::load::Outcome;
@@ -49,21 +49,55 @@ pub async fn naive_op(mut conn: ClusterConnection, key: Arc<str>) -> Outcome {
     get_check_decr(&mut conn, &key).await
 }
 
-/// The seeds' pattern: take the SKU's distributed lock, GET, check, DECR,
-/// unlock. Correct, and as slow as the lock hand-off.
+/// Releases a lock only if this token holds it.
+const UNLOCK: &str = "if redis.call('GET', KEYS[1]) == ARGV[1] then \
+    return redis.call('DEL', KEYS[1]) else return 0 end";
+
+/// The seeds' pattern: `SET lock token NX PX 5000` (retried at once, for up
+/// to 30 s), GET, check, DECR, then a compare-and-delete unlock. Correct
+/// while the lease holds, and as slow as the lock hand-off.
 pub async fn lock_op(
-    locks: LockClient,
+    mut node: MultiplexedConnection,
     mut conn: ClusterConnection,
     key: Arc<str>,
-    worker: u64,
+    i: u64,
 ) -> Outcome {
-    let opts = LockOptions::new(format!("bench-worker-{worker}"))
-        .lease(Duration::from_secs(5))
-        .wait(Duration::from_secs(30));
-    let Ok(guard) = locks.lock(&format!("bench-stock:{key}"), &opts).await else {
-        return Outcome::Error;
-    };
+    let lock = format!("bench-lock:{key}");
+    let token = format!("{i}-{:016x}", rand_u64());
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let taken: Result<Option<String>, _> = redis::cmd("SET")
+            .arg(&lock)
+            .arg(&token)
+            .arg("NX")
+            .arg("PX")
+            .arg(5000)
+            .query_async(&mut node)
+            .await;
+        match taken {
+            Ok(Some(_)) => break,
+            // Retried at once: a timer sleep would wake on tokio's 1 ms
+            // ticks and cap the row at about one hand-off per tick.
+            Ok(None) if std::time::Instant::now() < deadline => tokio::task::yield_now().await,
+            _ => return Outcome::Error,
+        }
+    }
     let outcome = get_check_decr(&mut conn, &key).await;
-    guard.unlock().await;
-    outcome
+    let released: Result<i64, _> = redis::Script::new(UNLOCK)
+        .key(&lock)
+        .arg(&token)
+        .invoke_async(&mut node)
+        .await;
+    match released {
+        Ok(1) => outcome,
+        _ => Outcome::Error,
+    }
+}
+
+/// A random token part; the bench needs no cryptographic randomness.
+fn rand_u64() -> u64 {
+    use std::hash::{BuildHasher, Hasher};
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u64(0);
+    h.finish()
 }

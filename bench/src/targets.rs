@@ -66,23 +66,37 @@ const TARGETS: [TargetSpec; 7] = [
     }),
 ];
 
+/// The median of `xs`: the middle value, or the mean of the two middle
+/// values of an even count (never the upper one).
+pub fn median_of(xs: &[f64]) -> Option<f64> {
+    let mut xs = xs.to_vec();
+    xs.sort_by(f64::total_cmp);
+    let n = xs.len();
+    match n {
+        0 => None,
+        _ if n % 2 == 1 => Some(xs[n / 2]),
+        _ => Some((xs[n / 2 - 1] + xs[n / 2]) / 2.0),
+    }
+}
+
 /// Each target judged on the median over repetitions of its figure, each
 /// figure computed within one repetition (so a ratio compares runs made
-/// minutes apart, not the medians of different moments).
+/// minutes apart, not the medians of different moments). Every
+/// repetition's figure is kept, so the verdict can be recomputed.
 pub fn targets(runs: &[(Vec<RunResult>, Vec<lockbench::LockResult>)]) -> Vec<Target> {
     let per_rep: Vec<[Option<f64>; 7]> = runs.iter().map(|(r, l)| target_figures(r, l)).collect();
     TARGETS
         .iter()
         .enumerate()
         .map(|(k, (name, goal, ok))| {
-            let mut xs: Vec<f64> = per_rep.iter().filter_map(|f| f[k]).collect();
-            xs.sort_by(f64::total_cmp);
-            let measured = xs.get(xs.len() / 2).copied();
+            let xs: Vec<f64> = per_rep.iter().filter_map(|f| f[k]).collect();
+            let measured = median_of(&xs);
             Target {
                 name: (*name).into(),
                 measured,
                 goal: (*goal).into(),
                 met: measured.map(ok),
+                per_repetition: xs,
             }
         })
         .collect()
@@ -112,12 +126,20 @@ pub fn medians(
                 })
                 .collect();
             // Never let the median hide a bad repetition: oversell is the
-            // worst seen, errors are all of them.
+            // worst seen, errors are all of them. The row's other figures
+            // are those of the median repetition; its throughput is the
+            // true median, and every repetition's is kept.
             let oversold = same.iter().map(|x| x.oversold).max().unwrap_or(0);
             let errors = same.iter().map(|x| x.errors).sum();
+            let reps: Vec<f64> = same.iter().map(|x| x.throughput).collect();
+            let mid = median_of(&reps);
             median(same, |x| x.throughput).map(|m| RunResult {
                 oversold,
                 errors,
+                throughput: mid.unwrap_or(m.throughput),
+                throughput_min: reps.iter().copied().fold(f64::INFINITY, f64::min),
+                throughput_max: reps.iter().copied().fold(0.0, f64::max),
+                repetitions: reps,
                 ..m
             })
         })
@@ -142,4 +164,16 @@ pub fn medians(
         })
         .collect();
     (results, locks)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::median_of;
+
+    #[test]
+    fn the_median_of_an_even_count_is_the_mean_of_the_middle_two() {
+        assert_eq!(median_of(&[]), None);
+        assert_eq!(median_of(&[3.0, 1.0, 2.0]), Some(2.0));
+        assert_eq!(median_of(&[4.0, 1.0, 2.0, 3.0]), Some(2.5));
+    }
 }

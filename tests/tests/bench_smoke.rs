@@ -71,6 +71,7 @@ fn every_strategy_runs_and_the_json_is_complete() {
     };
     for (sc, st) in [
         ("hot1", "anchor"),
+        ("hot1", "anchor P16"),
         ("hot1", "engine"),
         ("hot1", "engine@80%"),
         ("hot1", "lock"),
@@ -89,19 +90,44 @@ fn every_strategy_runs_and_the_json_is_complete() {
             r["p99_ms"].as_f64().unwrap_or(-1.0) >= r["p50_ms"].as_f64().unwrap_or(0.0),
             "{sc}/{st} percentiles ordered"
         );
-        // The anchor's and the lock row's oversold are not measured yet
-        // (the anchor does not read its replies; see the batching issue's
-        // fair bench), so nothing is claimed about them here.
-        if st.starts_with("engine") {
-            assert_eq!(r["oversold"], 0, "{sc}/{st} never oversells");
+        // Every strategy but naive runs with stock = ops / 2 and is judged
+        // by what it left behind, the anchors included: no oversell, no
+        // error, the whole stock sold, and the repetitions kept.
+        if st != "naive" {
+            assert_eq!(r["oversold"], 0, "{sc}/{st} never oversells: {r}");
             assert_eq!(r["errors"], 0, "{sc}/{st} had no errors: {r}");
+            assert_eq!(r["confirmed"], r["stock"], "{sc}/{st} sold its stock: {r}");
+            assert!(
+                r["answers_per_s"].as_f64().unwrap_or(0.0)
+                    >= r["throughput"].as_f64().unwrap_or(f64::MAX),
+                "{sc}/{st} answers include the confirmations: {r}"
+            );
         }
+        assert_eq!(
+            r["repetitions"].as_array().map(Vec::len),
+            Some(2),
+            "{sc}/{st} keeps every repetition: {r}"
+        );
     }
-    assert_eq!(
-        find("hot1", "engine")["confirmed"],
-        400,
-        "engine sold one unit per call"
-    );
+    for (sc, st) in [
+        ("hot1", "anchor"),
+        ("hot1", "engine"),
+        ("hotB", "anchor"),
+        ("many", "anchor"),
+    ] {
+        assert_eq!(find(sc, st)["stock"], 200, "{sc}/{st}: stock is ops / 2");
+    }
+    // The anchors split requests and clients over every bucket: all 4 SKUs
+    // of `many`, all 3 buckets of `hotB`, 8 connections in all.
+    assert!(find("many", "anchor")["note"]
+        .as_str()
+        .is_some_and(|n| n.contains("4 bucket(s), 8 connection(s)")));
+    assert!(find("hotB", "anchor")["note"]
+        .as_str()
+        .is_some_and(|n| n.contains("3 bucket(s), 8 connection(s)")));
+    assert!(report["targets"]
+        .as_array()
+        .is_some_and(|t| t.iter().all(|t| t["per_repetition"].is_array())));
     for st in ["in-process limiter", "redis rate_limit.lua"] {
         let r = find("door", st);
         assert!(
