@@ -743,3 +743,69 @@ fn evalsha_calls(node: &RedisServer) -> u64 {
         .and_then(|n| n.parse().ok())
         .unwrap_or(0)
 }
+
+/// The same late node, but stalled longer than the Redis client's own
+/// response timeout (500 ms by default in redis-rs): the client used to give
+/// up on the connection then, so the release went out on a new one that the
+/// stalled node never read in time, while the old one's buffered SET NX ran
+/// when the node resumed. A per-node timeout longer than that must still
+/// leave no key behind.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_stalled_past_the_clients_response_timeout_keeps_no_late_key() {
+    let nodes = servers(3);
+    let loser = LockClient::new(
+        &urls(&nodes),
+        LockConfig {
+            node_timeout: Duration::from_millis(900),
+            ..LockConfig::default()
+        },
+    )
+    .expect("lock client");
+    loser
+        .lock("warm-up", &LockOptions::new("loser"))
+        .await
+        .expect("warm-up lock")
+        .unlock()
+        .await;
+    let before: Vec<u64> = nodes[1..].iter().map(evalsha_calls).collect();
+    for n in &nodes[1..] {
+        n.node.signal("STOP");
+    }
+    let attempt = loser
+        .try_lock(
+            "stalled",
+            &LockOptions::new("loser").lease(Duration::from_secs(60)),
+        )
+        .await;
+    for n in &nodes[1..] {
+        n.node.signal("CONT");
+    }
+    assert!(
+        !matches!(attempt, Ok(Some(_))),
+        "no majority answered in time, yet the attempt won"
+    );
+    flashsale_tests::wait_until(
+        Duration::from_secs(20),
+        "the stalled nodes ran the late attempt",
+        || {
+            let ran = nodes[1..]
+                .iter()
+                .zip(&before)
+                .all(|(n, b)| evalsha_calls(n) > *b);
+            async move { ran }
+        },
+    )
+    .await;
+    let next = client(&nodes, Duration::from_secs(5));
+    let got = next
+        .lock(
+            "stalled",
+            &LockOptions::new("next").wait(Duration::from_secs(15)),
+        )
+        .await;
+    assert!(
+        got.is_ok(),
+        "the stalled nodes kept the loser's late key: {:?}",
+        got.err()
+    );
+}

@@ -55,17 +55,27 @@ impl LockNode {
         &self.client
     }
 
+    /// The node's one connection, opened on first use. Every command to the
+    /// node goes out on it, in order: a release sent after a timed-out
+    /// attempt runs after that attempt's `SET NX`, never before it.
     async fn connection(&self) -> Result<MultiplexedConnection, NodeError> {
         if let Some(c) = self.conn.lock().unwrap_or_else(|p| p.into_inner()).clone() {
             return Ok(c);
         }
+        // No response timeout of the client's own (redis-rs defaults to
+        // 500 ms, then the connection would be given up and a release could
+        // go out on a new one, racing the old one's buffered SET NX): the
+        // per-node timeout is ours, in `eval`, and leaves the connection be.
+        let config = redis::AsyncConnectionConfig::new().set_response_timeout(None);
         let c = self
             .client
-            .get_multiplexed_async_connection()
+            .get_multiplexed_async_connection_with_config(&config)
             .await
             .map_err(|e| NodeError::Redis(e.to_string()))?;
-        *self.conn.lock().unwrap_or_else(|p| p.into_inner()) = Some(c.clone());
-        Ok(c)
+        // Two callers may have connected at once: keep the first stored, so
+        // every command still shares one connection.
+        let mut slot = self.conn.lock().unwrap_or_else(|p| p.into_inner());
+        Ok(slot.get_or_insert(c).clone())
     }
 
     fn forget_connection(&self) {
@@ -114,7 +124,11 @@ impl LockNode {
                     .map_err(|e| NodeError::Redis(e.to_string()))
             }
             Err(e) => {
-                if e.is_io_error() || e.is_connection_dropped() || e.is_unrecoverable_error() {
+                // A slow node is not a broken link: keep the connection, or
+                // what was written on it could run after what follows it.
+                if !e.is_timeout()
+                    && (e.is_io_error() || e.is_connection_dropped() || e.is_unrecoverable_error())
+                {
                     self.forget_connection();
                 }
                 Err(NodeError::Redis(e.to_string()))
