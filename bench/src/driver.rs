@@ -35,6 +35,8 @@ fn row(
         throughput_max: stats.throughput(),
         answers_per_s: stats.answers_per_s(),
         stock,
+        redis_us_per_op: None,
+        projected_ceiling: None,
         p50_ms: stats.pct_ms(0.5),
         p99_ms: stats.pct_ms(0.99),
         p999_ms: Some(stats.pct_ms(0.999)),
@@ -77,6 +79,82 @@ async fn entries_added(
         }
     }
     Err(anyhow!("XINFO STREAM {stream}: no entries-added"))
+}
+
+/// Per master: (script calls, usec of every command but INFO), from
+/// `INFO commandstats`.
+type MasterTime = std::collections::BTreeMap<String, (u64, u64)>;
+
+/// Reads every master's command statistics.
+async fn master_time(
+    engine: &Engine,
+    conn: &mut redis::cluster_async::ClusterConnection,
+) -> Result<MasterTime> {
+    use redis::cluster_routing::{RoutingInfo, SingleNodeRoutingInfo};
+    let mut out = MasterTime::new();
+    for master in engine.slot_map().await?.masters() {
+        let Some((host, port)) = master.rsplit_once(':') else {
+            continue;
+        };
+        let v = conn
+            .route_command(
+                redis::cmd("INFO").arg("commandstats").clone(),
+                RoutingInfo::SingleNode(SingleNodeRoutingInfo::ByAddress {
+                    host: host.to_owned(),
+                    port: port.parse()?,
+                }),
+            )
+            .await?;
+        let text = match v {
+            Value::BulkString(b) => String::from_utf8_lossy(&b).into_owned(),
+            Value::VerbatimString { text, .. } => text,
+            Value::SimpleString(s) => s,
+            other => return Err(anyhow!("INFO commandstats of {master}: {other:?}")),
+        };
+        out.insert(master, commandstats(&text));
+    }
+    Ok(out)
+}
+
+/// (script calls, usec of every command but INFO) from `INFO commandstats`.
+fn commandstats(text: &str) -> (u64, u64) {
+    let (mut scripts, mut usec) = (0u64, 0u64);
+    for line in text.lines() {
+        let Some((name, rest)) = line.trim().split_once(':') else {
+            continue;
+        };
+        let field = |k: &str| -> u64 {
+            rest.split(',')
+                .find_map(|kv| kv.strip_prefix(k))
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(0)
+        };
+        if name == "cmdstat_info" || !name.starts_with("cmdstat_") {
+            continue;
+        }
+        usec += field("usec=");
+        if matches!(name, "cmdstat_evalsha" | "cmdstat_eval") {
+            scripts += field("calls=");
+        }
+    }
+    (scripts, usec)
+}
+
+/// Fills the master-time figures of `row` from snapshots before and after.
+fn with_master_time(mut row: RunResult, before: &MasterTime, after: &MasterTime) -> RunResult {
+    let mut usec = 0u64;
+    let mut ceiling = 0.0;
+    for (m, (calls, us)) in after {
+        let (c0, u0) = before.get(m).copied().unwrap_or((0, 0));
+        let (dc, du) = (calls.saturating_sub(c0), us.saturating_sub(u0));
+        usec += du;
+        if dc > 0 && du > 0 {
+            ceiling += 1e6 / (du as f64 / dc as f64);
+        }
+    }
+    row.redis_us_per_op = Some(usec as f64 / row.ops.max(1) as f64);
+    row.projected_ceiling = (ceiling > 0.0).then_some(ceiling);
+    row
 }
 
 /// A `door` row counts checks, allowed or not: its throughput is answers/s.
@@ -178,11 +256,13 @@ impl Bench {
             // User ids allow no spaces: "engine ack=replicated" -> "engine_ack=replicated".
             format!("{}-{scenario}-{}", self.run, label.replace(' ', "_")).into(),
         );
+        let before = master_time(&self.engine, &mut self.conn).await?;
         let stats = self
             .load(format!("{scenario} {label}"), ops, rate, move |i| {
                 strategies::engine_op(engine.clone(), skus_arc.clone(), run.clone(), i)
             })
             .await;
+        let after = master_time(&self.engine, &mut self.conn).await?;
         let mut sold = 0u64;
         let mut below_zero = 0u64;
         let mut stock = 0u64;
@@ -198,17 +278,21 @@ impl Bench {
         }
         let oversold =
             stats.confirmed.saturating_sub(stock) + below_zero + stats.confirmed.abs_diff(sold);
-        Ok(row(
-            scenario,
-            label,
-            self.args.concurrency,
-            &stats,
-            stock,
-            oversold,
-            match rate {
-                Some(r) => format!("paced at {r:.0}/s, latency from when each was due"),
-                None => "stock = ops / 2".into(),
-            },
+        Ok(with_master_time(
+            row(
+                scenario,
+                label,
+                self.args.concurrency,
+                &stats,
+                stock,
+                oversold,
+                match rate {
+                    Some(r) => format!("paced at {r:.0}/s, latency from when each was due"),
+                    None => "stock = ops / 2".into(),
+                },
+            ),
+            &before,
+            &after,
         ))
     }
 
@@ -294,7 +378,9 @@ impl Bench {
                 None
             })
         };
+        let before = master_time(&self.engine, &mut self.conn).await?;
         let a = anchor::run(&targets, &sha, pipeline).await;
+        let after = master_time(&self.engine, &mut self.conn).await?;
         stop.store(true, std::sync::atomic::Ordering::Relaxed);
         let sold_out_at = poller.await.ok().flatten();
         let a = a?;
@@ -330,7 +416,7 @@ impl Bench {
         let throughput = queued as f64 / selling.as_secs_f64().max(1e-9);
         let pct = |q: f64| a.latency_us.value_at_quantile(q) as f64 / 1000.0;
         let connections: u64 = targets.iter().map(|t| t.clients as u64).sum();
-        Ok(RunResult {
+        let result = RunResult {
             scenario: scenario.into(),
             strategy: strategy.into(),
             ops: a.requests,
@@ -341,6 +427,8 @@ impl Bench {
             throughput_max: throughput,
             answers_per_s: a.requests as f64 / secs,
             stock,
+            redis_us_per_op: None,
+            projected_ceiling: None,
             p50_ms: pct(0.5),
             p99_ms: pct(0.99),
             p999_ms: Some(pct(0.999)),
@@ -353,7 +441,8 @@ impl Bench {
                 targets.len(),
                 pipeline.max(1)
             ),
-        })
+        };
+        Ok(with_master_time(result, &before, &after))
     }
 
     async fn plain_stock(&mut self, name: &str, stock: u64) -> Result<Arc<str>> {
@@ -373,23 +462,29 @@ impl Bench {
         let key = self.plain_stock("naive", stock).await?;
         let conn = self.conn.clone();
         let k = key.clone();
+        let before = master_time(&self.engine, &mut self.conn).await?;
         let stats = self
             .load("hot1 naive (GET, DECR)".into(), ops, None, move |_| {
                 strategies::naive_op(conn.clone(), k.clone())
             })
             .await;
+        let after = master_time(&self.engine, &mut self.conn).await?;
         let left: i64 = redis::cmd("GET")
             .arg(&*key)
             .query_async(&mut self.conn)
             .await?;
-        Ok(row(
-            "hot1",
-            "naive",
-            self.args.concurrency,
-            &stats,
-            stock,
-            stats.confirmed.saturating_sub(stock),
-            format!("stock {stock}, left {left} (below zero = oversold)"),
+        Ok(with_master_time(
+            row(
+                "hot1",
+                "naive",
+                self.args.concurrency,
+                &stats,
+                stock,
+                stats.confirmed.saturating_sub(stock),
+                format!("stock {stock}, left {left} (below zero = oversold)"),
+            ),
+            &before,
+            &after,
         ))
     }
 
@@ -716,4 +811,16 @@ pub async fn measure(b: &mut Bench) -> Result<(Vec<RunResult>, Vec<lockbench::Lo
         bar.finish();
     }
     Ok((results, locks))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::commandstats;
+
+    #[test]
+    fn commandstats_sum_every_command_but_info_and_count_script_calls() {
+        let text = "# Commandstats\r\ncmdstat_evalsha:calls=10,usec=200,usec_per_call=20.00,rejected_calls=0,failed_calls=0\r\ncmdstat_get:calls=5,usec=5,usec_per_call=1.00\r\ncmdstat_info:calls=3,usec=300,usec_per_call=100.00\r\n";
+        assert_eq!(commandstats(text), (10, 205));
+        assert_eq!(commandstats(""), (0, 0));
+    }
 }

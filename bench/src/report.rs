@@ -32,6 +32,14 @@ pub struct RunResult {
     pub answers_per_s: f64,
     /// Units put on sale for the run (ops / 2, so oversell shows).
     pub stock: u64,
+    /// Master CPU time per answered request, µs: the `INFO commandstats`
+    /// usec deltas of every command on every master (our own INFO calls
+    /// excepted), over the requests answered.
+    pub redis_us_per_op: Option<f64>,
+    /// Script calls per second the masters could serve with one core each:
+    /// the sum over masters of 1e6 / (their µs per script call). On 2 shared
+    /// cores this is a projection, not a measurement.
+    pub projected_ceiling: Option<f64>,
     /// Latency percentiles, ms.
     pub p50_ms: f64,
     /// 99th percentile, ms.
@@ -111,15 +119,15 @@ pub fn markdown(r: &Report) -> String {
         "Machine: {} cores ({}), Redis {}, cluster {} masters + {} replicas\n",
         m.cores, m.cpu, m.redis_version, m.masters, m.replicas
     );
-    let _ = writeln!(s, "| scenario | strategy | ops | stock | conc | confirmed/s (min-max) | answers/s | p50 ms | p99 ms | p999 ms | oversold | errors | x anchor | note |");
+    let _ = writeln!(s, "| scenario | strategy | ops | stock | conc | confirmed/s (min-max) | answers/s | master µs/op | 1-core ceiling | p50 ms | p99 ms | p999 ms | oversold | errors | x anchor | note |");
     let _ = writeln!(
         s,
-        "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |"
+        "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |"
     );
     for x in &r.results {
         let _ = writeln!(
             s,
-            "| {} | {} | {} | {} | {} | {:.0} ({:.0}-{:.0}) | {:.0} | {:.3} | {:.3} | {} | {} | {} | {} | {} |",
+            "| {} | {} | {} | {} | {} | {:.0} ({:.0}-{:.0}) | {:.0} | {} | {} | {:.3} | {:.3} | {} | {} | {} | {} | {} |",
             x.scenario,
             x.strategy,
             x.ops,
@@ -129,6 +137,8 @@ pub fn markdown(r: &Report) -> String {
             x.throughput_min,
             x.throughput_max,
             x.answers_per_s,
+            opt(x.redis_us_per_op, 1),
+            opt(x.projected_ceiling, 0),
             x.p50_ms,
             x.p99_ms,
             opt(x.p999_ms, 3),

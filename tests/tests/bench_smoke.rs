@@ -108,6 +108,13 @@ fn every_strategy_runs_and_the_json_is_complete() {
             Some(2),
             "{sc}/{st} keeps every repetition: {r}"
         );
+        // Master CPU per request, from INFO commandstats deltas.
+        if st != "lock" {
+            assert!(
+                r["redis_us_per_op"].as_f64().unwrap_or(0.0) > 0.0,
+                "{sc}/{st} reports master time: {r}"
+            );
+        }
     }
     for (sc, st) in [
         ("hot1", "anchor"),
