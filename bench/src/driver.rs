@@ -48,39 +48,6 @@ fn row(
     }
 }
 
-/// Entries ever added to `stream` (`XINFO STREAM`'s entries-added; 0 when
-/// the stream does not exist).
-async fn entries_added(
-    conn: &mut redis::cluster_async::ClusterConnection,
-    stream: &str,
-) -> Result<u64> {
-    let info: Value = match redis::cmd("XINFO")
-        .arg("STREAM")
-        .arg(stream)
-        .query_async(conn)
-        .await
-    {
-        Ok(v) => v,
-        Err(_) => return Ok(0),
-    };
-    let pairs: Vec<(Value, Value)> = match info {
-        Value::Map(m) => m,
-        Value::Array(a) => a
-            .chunks(2)
-            .filter_map(|c| Some((c.first()?.clone(), c.get(1)?.clone())))
-            .collect(),
-        _ => Vec::new(),
-    };
-    for (k, v) in pairs {
-        let is_it = matches!(&k, Value::BulkString(b) if b == b"entries-added")
-            || matches!(&k, Value::SimpleString(s) if s == "entries-added");
-        if let (true, Value::Int(n)) = (is_it, v) {
-            return Ok(n.max(0) as u64);
-        }
-    }
-    Err(anyhow!("XINFO STREAM {stream}: no entries-added"))
-}
-
 /// Per master: (script calls, usec of every command but INFO), from
 /// `INFO commandstats`.
 type MasterTime = std::collections::BTreeMap<String, (u64, u64)>;
@@ -395,7 +362,9 @@ impl Bench {
             left += st.remaining;
             for b in &st.buckets {
                 below_zero += b.remaining.min(0).unsigned_abs();
-                queued += entries_added(&mut self.conn, &b.stream).await?;
+                queued += flashsale::orders::stream_info(&mut self.conn, &b.stream)
+                    .await
+                    .entries_added;
             }
         }
         let sold = stock - left;

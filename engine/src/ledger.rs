@@ -232,7 +232,9 @@ async fn reconcile_one(
     // them apart, since every order made since has an id up to it.
     let mut lost_from_stream = 0u64;
     for (b, stream_id, qty) in beyond {
-        let last = last_generated_id(&mut conn, &b.keys.orders).await?;
+        let last = crate::orders::stream_info(&mut conn, &b.keys.orders)
+            .await
+            .last_generated_id;
         if crate::orders::stream_cmp_ids(&stream_id, &last) == std::cmp::Ordering::Greater {
             lost_from_stream += qty;
         }
@@ -251,41 +253,6 @@ async fn reconcile_one(
         lost_from_stream,
         conserved,
     })
-}
-
-/// The stream's last generated id now ("0-0" when it has none).
-async fn last_generated_id(
-    conn: &mut redis::cluster_async::ClusterConnection,
-    stream: &str,
-) -> Result<String, redis::RedisError> {
-    let info: Result<Value, _> = redis::cmd("XINFO")
-        .arg("STREAM")
-        .arg(stream)
-        .query_async(conn)
-        .await;
-    let Ok(info) = info else {
-        return Ok("0-0".into());
-    };
-    let pairs: Vec<(Value, Value)> = match info {
-        Value::Map(m) => m,
-        Value::Array(a) => a
-            .chunks(2)
-            .filter_map(|c| Some((c.first()?.clone(), c.get(1)?.clone())))
-            .collect(),
-        _ => Vec::new(),
-    };
-    for (k, v) in pairs {
-        let is_last = matches!(&k, Value::BulkString(b) if b == b"last-generated-id")
-            || matches!(&k, Value::SimpleString(s) if s == "last-generated-id");
-        if is_last {
-            return Ok(match v {
-                Value::BulkString(b) => String::from_utf8_lossy(&b).into_owned(),
-                Value::SimpleString(s) => s,
-                _ => "0-0".into(),
-            });
-        }
-    }
-    Ok("0-0".into())
 }
 
 /// Records `reports` in `ledger_checks`, fenced by the reconcile lock's

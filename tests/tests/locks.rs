@@ -611,12 +611,7 @@ async fn a_failed_try_lock_leaves_no_key_on_nodes_that_answered_late() {
     .expect("lock client");
     // Scripts loaded everywhere first (a NOSCRIPT answer would come back at
     // once, paused or not).
-    loser
-        .lock("warm-up", &LockOptions::new("loser"))
-        .await
-        .expect("warm-up lock")
-        .unlock()
-        .await;
+    warm_up(&loser).await;
     // Two of three nodes hold every write: the loser's attempt reaches them,
     // times out, and runs there once they resume.
     for n in &nodes[1..] {
@@ -639,31 +634,19 @@ async fn a_failed_try_lock_leaves_no_key_on_nodes_that_answered_late() {
     // The paused nodes now run the loser's late SET NX; wait until they did
     // (before the next client asks, or the next client could win the race
     // there and hide the leftover key).
-    flashsale_tests::wait_until(
-        Duration::from_secs(20),
+    wait_for_late_evalsha(
+        &nodes[1..],
+        &before,
         "the paused nodes ran the late attempt",
-        || {
-            let ran = nodes[1..]
-                .iter()
-                .zip(&before)
-                .all(|(n, b)| evalsha_calls(n) > *b);
-            async move { ran }
-        },
     )
     .await;
     // Bounded far below the loser's 60 s lease.
-    let next = client(&nodes, Duration::from_secs(5));
-    let got = next
-        .lock(
-            "late",
-            &LockOptions::new("next").wait(Duration::from_secs(15)),
-        )
-        .await;
-    assert!(
-        got.is_ok(),
-        "the loser's late keys still block a majority: {:?}",
-        got.err()
-    );
+    next_client_gets(
+        &nodes,
+        "late",
+        "the loser's late keys still block a majority",
+    )
+    .await;
 }
 
 /// A caller's timeout around `lock()` drops its future mid-attempt, after
@@ -680,12 +663,7 @@ async fn a_lock_call_dropped_mid_attempt_leaves_nothing_held() {
         },
     )
     .expect("lock client");
-    first
-        .lock("warm-up", &LockOptions::new("first"))
-        .await
-        .expect("warm-up lock")
-        .unlock()
-        .await;
+    warm_up(&first).await;
     // The third node stalls writes, so the attempt waits on it after the
     // other two granted.
     let _: String = nodes[2].node.cmd(&["CLIENT", "PAUSE", "30000", "WRITE"]);
@@ -720,18 +698,12 @@ async fn a_lock_call_dropped_mid_attempt_leaves_nothing_held() {
         "the attempt was cut off, not finished"
     );
     let _: String = nodes[2].node.cmd(&["CLIENT", "UNPAUSE"]);
-    let next = client(&nodes, Duration::from_secs(5));
-    let got = next
-        .lock(
-            "dropped",
-            &LockOptions::new("next").wait(Duration::from_secs(15)),
-        )
-        .await;
-    assert!(
-        got.is_ok(),
-        "the dropped attempt's keys are still held: {:?}",
-        got.err()
-    );
+    next_client_gets(
+        &nodes,
+        "dropped",
+        "the dropped attempt's keys are still held",
+    )
+    .await;
 }
 
 /// EVALSHA calls a node has run so far (`INFO commandstats`).
@@ -761,12 +733,7 @@ async fn a_node_stalled_past_the_clients_response_timeout_keeps_no_late_key() {
         },
     )
     .expect("lock client");
-    loser
-        .lock("warm-up", &LockOptions::new("loser"))
-        .await
-        .expect("warm-up lock")
-        .unlock()
-        .await;
+    warm_up(&loser).await;
     let before: Vec<u64> = nodes[1..].iter().map(evalsha_calls).collect();
     for n in &nodes[1..] {
         n.node.signal("STOP");
@@ -784,28 +751,51 @@ async fn a_node_stalled_past_the_clients_response_timeout_keeps_no_late_key() {
         !matches!(attempt, Ok(Some(_))),
         "no majority answered in time, yet the attempt won"
     );
-    flashsale_tests::wait_until(
-        Duration::from_secs(20),
+    wait_for_late_evalsha(
+        &nodes[1..],
+        &before,
         "the stalled nodes ran the late attempt",
-        || {
-            let ran = nodes[1..]
-                .iter()
-                .zip(&before)
-                .all(|(n, b)| evalsha_calls(n) > *b);
-            async move { ran }
-        },
     )
     .await;
-    let next = client(&nodes, Duration::from_secs(5));
+    next_client_gets(
+        &nodes,
+        "stalled",
+        "the stalled nodes kept the loser's late key",
+    )
+    .await;
+}
+
+/// Loads the lock scripts on every node first: a paused node answers
+/// NOSCRIPT at once, which would make a test about late answers prove nothing.
+async fn warm_up(locks: &LockClient) {
+    locks
+        .lock("warm-up", &LockOptions::new("warm-up"))
+        .await
+        .expect("warm-up lock")
+        .unlock()
+        .await;
+}
+
+/// Waits until each node ran more EVALSHAs than `before` says: the late
+/// attempt ran there, so the next client cannot win the race and hide a
+/// leftover key.
+async fn wait_for_late_evalsha(nodes: &[RedisServer], before: &[u64], what: &str) {
+    flashsale_tests::wait_until(Duration::from_secs(20), what, || {
+        let ran = nodes.iter().zip(before).all(|(n, b)| evalsha_calls(n) > *b);
+        async move { ran }
+    })
+    .await;
+}
+
+/// A fresh client takes `name` within 15 s, far below the 60 s leases of the
+/// attempts that must have left nothing behind.
+async fn next_client_gets(nodes: &[RedisServer], name: &str, why: &str) {
+    let next = client(nodes, Duration::from_secs(5));
     let got = next
         .lock(
-            "stalled",
+            name,
             &LockOptions::new("next").wait(Duration::from_secs(15)),
         )
         .await;
-    assert!(
-        got.is_ok(),
-        "the stalled nodes kept the loser's late key: {:?}",
-        got.err()
-    );
+    assert!(got.is_ok(), "{why}: {:?}", got.err());
 }

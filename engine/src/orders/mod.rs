@@ -26,6 +26,7 @@ pub use handle::WriterHandle;
 pub use sql::write_batch;
 pub use stream::cmp_ids as stream_cmp_ids;
 pub use stream::GROUP;
+pub use stream::{stream_info, StreamInfo};
 pub use writer::OrderWriter;
 
 /// Knobs of the order writer.

@@ -253,12 +253,51 @@ async fn groups(conn: &mut ClusterConnection, key: &str) -> Result<Vec<GroupInfo
     };
     Ok(groups
         .into_iter()
-        .map(|g| GroupInfo(group_fields(g)))
+        .map(|g| GroupInfo(info_fields(g)))
         .collect())
 }
 
-/// The fields of one `XINFO GROUPS` entry, whatever the protocol's shape.
-fn group_fields(g: Value) -> Vec<(String, Value)> {
+/// What `XINFO STREAM` says of a stream that the ledger and the bench need.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StreamInfo {
+    /// The last id the stream ever generated ("0-0" when none).
+    pub last_generated_id: String,
+    /// Entries ever added; trimming never lowers it.
+    pub entries_added: u64,
+}
+
+/// `XINFO STREAM key`. A stream that does not exist (an error reply) reads
+/// as one that never had an entry.
+pub async fn stream_info(conn: &mut ClusterConnection, key: &str) -> StreamInfo {
+    let mut info = StreamInfo {
+        last_generated_id: "0-0".into(),
+        entries_added: 0,
+    };
+    let Ok(reply) = redis::cmd("XINFO")
+        .arg("STREAM")
+        .arg(key)
+        .query_async::<Value>(conn)
+        .await
+    else {
+        return info;
+    };
+    for (k, v) in info_fields(reply) {
+        match (k.as_str(), v) {
+            ("last-generated-id", v) => {
+                if let Some(id) = text(&v) {
+                    info.last_generated_id = id;
+                }
+            }
+            ("entries-added", Value::Int(n)) => info.entries_added = n.max(0) as u64,
+            _ => {}
+        }
+    }
+    info
+}
+
+/// The fields of an `XINFO` reply (a stream, or one group), whatever the
+/// protocol's shape.
+fn info_fields(g: Value) -> Vec<(String, Value)> {
     match g {
         Value::Array(kv) => kv
             .chunks(2)
