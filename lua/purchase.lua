@@ -1,4 +1,14 @@
--- purchase.lua: the whole purchase, atomically, in the buyer's home bucket.
+-- purchase.lua: a batch of purchases in one bucket, each one the whole
+-- purchase, atomically, in its buyer's home bucket.
+--
+-- The engine queues the purchases whose home is this bucket while a call to
+-- it is in flight and sends them as one call (natural batching: no timer, so
+-- at low load a batch holds one purchase). Each purchase is decided on its
+-- own, in order, exactly as if it were sent alone: its checks come before its
+-- writes, a refused purchase changes nothing, and no purchase's answer
+-- depends on another's except through the stock and quota they share. What
+-- a batch shares is read once: the sale hash, TIME, and the stock (kept in a
+-- local as it is taken). The anchor of the bench sends a batch of one.
 --
 -- The home bucket of a buyer is picked by the engine from the user id, so the
 -- buyer's quota and every request record of that buyer live in one slot. When
@@ -8,28 +18,32 @@
 -- process dies), and the engine walks the other buckets with take.lua, then
 -- closes the request with settle.lua.
 --
--- A request is (sku, user, request_id): KEYS[5] is named from all three (the
--- tag implies the sku), so another user's request id is another request.
+-- A request is (sku, user, request_id): its record key is named from all
+-- three (the tag implies the sku), so another user's request id is another
+-- request. Two attempts of one request in one batch: the first decides, the
+-- second replays its answer.
 --
 -- KEYS[1] {tag}:sale         hash: sku, tag, bucket, buckets, state, starts_ms, ends_ms, limit
 -- KEYS[2] {tag}:stock        integer, the units left in this bucket
 -- KEYS[3] {tag}:orders       stream the order writer drains into PostgreSQL
--- KEYS[4] {tag}:q:<user>     integer, units this user has bought or reserved
--- KEYS[5] {tag}:r:<n>:<user>:<request_id>   request record, one of
+-- KEYS[4] {tag}:pending      sorted set of pending requests (score: ms). The member
+--                            is the record key without its "{tag}:r:" prefix,
+--                            "<n>:<user>:<request_id>" (not sent: the hot path
+--                            builds no string it rarely needs)
+-- then, for purchase i = 1..n:
+-- KEYS[3+2i] {tag}:q:<user>  integer, units this user has bought or reserved
+-- KEYS[4+2i] {tag}:r:<n>:<user>:<request_id>   request record, one of
 --                              "C:<qty>:<bucket>:<order_id>"  confirmed
 --                              "P:<qty>"                      pending (home was short)
 --                              "S:<qty>:<code>"               every bucket refused (code -1/-4/-5)
--- KEYS[6] {tag}:pending      sorted set of pending requests (score: ms). The member
---                            is KEYS[5] without its "{tag}:r:" prefix,
---                            "<n>:<user>:<request_id>" (not sent: the hot path
---                            builds no string it rarely needs)
--- ARGV[1] qty (integer 1..2^53-1)
--- ARGV[2] order id to use if this request makes a new order
--- ARGV[3] user id
--- ARGV[4] seconds to keep request records (1..2^31)
--- ARGV[5] "1" when the engine will WAIT for a replica (ack = replicated)
+-- ARGV[1] seconds to keep request records (1..2^31)
+-- ARGV[2] "1" when the engine will WAIT for a replica (ack = replicated)
+-- then, for purchase i = 1..n:
+-- ARGV[3i]   qty (integer 1..2^53-1)
+-- ARGV[3i+1] order id to use if this request makes a new order
+-- ARGV[3i+2] user id
 --
--- Returns {code, order_id, n}:
+-- Returns one {code, order_id, n} per purchase, in the order sent:
 --   { 1, order_id, bucket}   confirmed, new order queued on KEYS[3]
 --   { 2, order_id, bucket}   this request was confirmed before: same answer
 --   { 3, "", stock}          home bucket short: quota reserved, request pending, walk the others
@@ -42,101 +56,135 @@
 --   {-6, "", 0}              no such sale in this bucket
 --   {-7, "", 0}              invalid argument (qty or ttl)
 --   {-8, "", 0}              this request was made before with another qty
+-- A call whose KEYS and ARGV do not describe whole purchases is an error
+-- reply, and changes nothing.
 --
 -- Invariants: stock never goes below zero; an order is queued in the same
--- atomic step that takes its stock; every check comes before the first write,
--- so a refused call changes nothing.
+-- atomic step that takes its stock; every check of a purchase comes before
+-- its first write, so a refused purchase changes nothing.
 
 local MAX = 9007199254740991
+local n = (#KEYS - 4) / 2
+if n < 1 or n ~= math.floor(n) or #ARGV ~= 2 + 3 * n then
+  return redis.error_reply('ERR purchase.lua: KEYS and ARGV do not describe whole purchases')
+end
+local out = {}
 local sale = redis.call('HMGET', KEYS[1], 'state', 'starts_ms', 'ends_ms', 'limit', 'bucket', 'buckets', 'sku', 'tag')
 if not sale[1] then
-  return {-6, '', 0}
-end
-local qty = tonumber(ARGV[1])
-local ttl = tonumber(ARGV[4])
-if not qty or qty < 1 or qty > MAX or qty ~= math.floor(qty)
-   or not ttl or ttl < 1 or ttl > 2147483648 or ttl ~= math.floor(ttl) then
-  return {-7, '', 0}
-end
-
--- A retried request gets its first answer, even after the sale closed.
-local prior = redis.call('GET', KEYS[5])
-if prior then
-  local kind, pqty, rest = string.match(prior, '^(%u):(%d+):?(.*)$')
-  if tonumber(pqty) ~= qty then
-    return {-8, '', 0}
+  for i = 1, n do
+    out[i] = {-6, '', 0}
   end
-  if kind == 'C' then
-    local bucket, order_id = string.match(rest, '^(%d+):(.+)$')
-    if ARGV[5] == '1' then
-      -- Rewrite the record unchanged so this call propagates: the WAIT the
-      -- engine sends next then covers the first attempt's writes too.
-      redis.call('SET', KEYS[5], prior, 'KEEPTTL')
-    end
-    return {2, order_id, tonumber(bucket)}
-  end
-  local stock = tonumber(redis.call('GET', KEYS[2]) or '0')
-  if kind == 'P' then
-    if ARGV[5] == '1' then
-      -- The first attempt's reservation must be on a replica before this
-      -- attempt walks: propagate, so the engine's WAIT covers it.
-      redis.call('SET', KEYS[5], prior, 'KEEPTTL')
-    end
-    return {4, '', stock}
-  end
-  return {tonumber(rest), '', stock}
+  return out
 end
-
-if sale[1] ~= 'open' then
-  return {-5, '', 0}
-end
-local now = redis.call('TIME')
-local now_ms = tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000)
-if now_ms < tonumber(sale[2]) then
-  return {-3, '', 0}
-end
+local ttl = tonumber(ARGV[1])
+local ttl_ok = ttl and ttl >= 1 and ttl <= 2147483648 and ttl == math.floor(ttl)
+local replicated = ARGV[2] == '1'
+local open = sale[1] == 'open'
+local starts_ms = tonumber(sale[2])
 local ends_ms = tonumber(sale[3])
-if ends_ms > 0 and now_ms >= ends_ms then
-  return {-4, '', 0}
-end
-
 local limit = tonumber(sale[4])
-if limit > 0 then
-  local used = tonumber(redis.call('GET', KEYS[4]) or '0')
-  if used + qty > limit then
-    return {-2, '', used}
-  end
-end
-
-local stock = tonumber(redis.call('GET', KEYS[2]) or '0')
+local bucket = tonumber(sale[5])
 local buckets = tonumber(sale[6])
-if stock < qty and buckets <= 1 then
-  return {-1, '', stock}
-end
-
--- Every check is done; the writes follow.
-if limit > 0 then
-  -- The quota lives as long as the sale (plus the retry window after its
-  -- end), never "per request_ttl of inactivity".
-  redis.call('INCRBY', KEYS[4], qty)
-  if ends_ms > 0 then
-    redis.call('PEXPIREAT', KEYS[4], ends_ms + ttl * 1000)
-  end
-end
-if stock >= qty then
-  redis.call('DECRBY', KEYS[2], qty)
-  redis.call('XADD', KEYS[3], '*',
-    'order_id', ARGV[2], 'sku', sale[7], 'user', ARGV[3], 'qty', qty,
-    'bucket', sale[5], 'tag', sale[8], 'ts', now_ms)
-  redis.call('SET', KEYS[5], 'C:' .. qty .. ':' .. sale[5] .. ':' .. ARGV[2], 'EX', ttl)
-  return {1, ARGV[2], tonumber(sale[5])}
-end
-
--- Short here, but other buckets may have stock: the quota stays reserved in
--- this slot while the engine looks elsewhere, so the limit holds across
--- buckets. This bucket never takes for this request from now on.
-redis.call('SET', KEYS[5], 'P:' .. qty, 'EX', ttl)
 -- "{tag}:pending" and "{tag}:r:<member>" share the "{tag}:" prefix.
-local prefix = #KEYS[6] - #'pending'
-redis.call('ZADD', KEYS[6], now_ms, string.sub(KEYS[5], prefix + #'r:' + 1))
-return {3, '', stock}
+local member_from = #KEYS[4] - #'pending' + #'r:' + 1
+
+-- Read once per batch, on first need; the stock is then kept as it is taken.
+local stock, now_ms
+local function current_stock()
+  if not stock then
+    stock = tonumber(redis.call('GET', KEYS[2]) or '0')
+  end
+  return stock
+end
+local function clock_ms()
+  if not now_ms then
+    local now = redis.call('TIME')
+    now_ms = tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000)
+  end
+  return now_ms
+end
+
+local function buy(quota_key, record_key, qty_arg, order_id, user)
+  local qty = tonumber(qty_arg)
+  if not ttl_ok or not qty or qty < 1 or qty > MAX or qty ~= math.floor(qty) then
+    return {-7, '', 0}
+  end
+
+  -- A retried request gets its first answer, even after the sale closed.
+  local prior = redis.call('GET', record_key)
+  if prior then
+    local kind, pqty, rest = string.match(prior, '^(%u):(%d+):?(.*)$')
+    if tonumber(pqty) ~= qty then
+      return {-8, '', 0}
+    end
+    if kind == 'C' then
+      local served_by, prior_order = string.match(rest, '^(%d+):(.+)$')
+      if replicated then
+        -- Rewrite the record unchanged so this call propagates: the WAIT the
+        -- engine sends next then covers the first attempt's writes too.
+        redis.call('SET', record_key, prior, 'KEEPTTL')
+      end
+      return {2, prior_order, tonumber(served_by)}
+    end
+    if kind == 'P' then
+      if replicated then
+        -- The first attempt's reservation must be on a replica before this
+        -- attempt walks: propagate, so the engine's WAIT covers it.
+        redis.call('SET', record_key, prior, 'KEEPTTL')
+      end
+      return {4, '', current_stock()}
+    end
+    return {tonumber(rest), '', current_stock()}
+  end
+
+  if not open then
+    return {-5, '', 0}
+  end
+  local now = clock_ms()
+  if now < starts_ms then
+    return {-3, '', 0}
+  end
+  if ends_ms > 0 and now >= ends_ms then
+    return {-4, '', 0}
+  end
+  if limit > 0 then
+    local used = tonumber(redis.call('GET', quota_key) or '0')
+    if used + qty > limit then
+      return {-2, '', used}
+    end
+  end
+  local have = current_stock()
+  if have < qty and buckets <= 1 then
+    return {-1, '', have}
+  end
+
+  -- Every check of this purchase is done; its writes follow.
+  if limit > 0 then
+    -- The quota lives as long as the sale (plus the retry window after its
+    -- end), never "per request_ttl of inactivity".
+    redis.call('INCRBY', quota_key, qty)
+    if ends_ms > 0 then
+      redis.call('PEXPIREAT', quota_key, ends_ms + ttl * 1000)
+    end
+  end
+  if have >= qty then
+    stock = redis.call('DECRBY', KEYS[2], qty)
+    redis.call('XADD', KEYS[3], '*',
+      'order_id', order_id, 'sku', sale[7], 'user', user, 'qty', qty,
+      'bucket', sale[5], 'tag', sale[8], 'ts', now)
+    redis.call('SET', record_key, 'C:' .. qty .. ':' .. sale[5] .. ':' .. order_id, 'EX', ttl)
+    return {1, order_id, bucket}
+  end
+
+  -- Short here, but other buckets may have stock: the quota stays reserved in
+  -- this slot while the engine looks elsewhere, so the limit holds across
+  -- buckets. This bucket never takes for this request from now on.
+  redis.call('SET', record_key, 'P:' .. qty, 'EX', ttl)
+  redis.call('ZADD', KEYS[4], now, string.sub(record_key, member_from))
+  return {3, '', have}
+end
+
+for i = 1, n do
+  out[i] = buy(KEYS[3 + 2 * i], KEYS[4 + 2 * i], ARGV[3 * i], ARGV[3 * i + 1], ARGV[3 * i + 2])
+end
+return out

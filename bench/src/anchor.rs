@@ -71,15 +71,33 @@ pub struct AnchorStats {
     pub latency_us: Histogram<u64>,
 }
 
+/// What an anchor run sends.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Script {
+    /// `lua/purchase.lua`, a batch of one purchase, in the engine's shapes.
+    Purchase,
+    /// [`FLOOR_LUA`]: the least any Lua purchase can cost.
+    Floor,
+}
+
+/// The `floor` row's script: read the stock, compare, take one unit. No
+/// request record, no quota, no order: a lower bound on what a purchase
+/// script costs the master, not a purchase.
+///
+/// KEYS[1] {tag}:stock. Returns the units left, or -1 when none were.
+pub const FLOOR_LUA: &str = "local s = tonumber(redis.call('GET', KEYS[1]) or '0')\n\
+if s < 1 then return -1 end\n\
+return redis.call('DECRBY', KEYS[1], 1)\n";
+
 /// The redis-benchmark command line for one target, `pipeline` requests in
 /// flight per connection (1 = one call at a time).
-pub fn command_line(t: &Target, sha: &str, pipeline: usize) -> Result<Vec<String>> {
+pub fn command_line(t: &Target, script: Script, sha: &str, pipeline: usize) -> Result<Vec<String>> {
     let (host, port) = t
         .master
         .rsplit_once(':')
         .ok_or_else(|| anyhow!("bad master address {}", t.master))?;
     let k = |suffix: &str| format!("{{{}}}:{suffix}", t.tag);
-    Ok(vec![
+    let mut line: Vec<String> = vec![
         "-h".into(),
         host.into(),
         "-p".into(),
@@ -92,35 +110,48 @@ pub fn command_line(t: &Target, sha: &str, pipeline: usize) -> Result<Vec<String
         pipeline.max(1).to_string(),
         "-r".into(),
         "1000000000".into(),
-        // purchase.lua's KEYS and ARGV in the engine's shapes: a user id as
-        // long as the engine's bench users (30 bytes), a random request id,
-        // a 32-character order id, the bench's 600 s request TTL.
+    ];
+    if script == Script::Floor {
+        line.extend(["EVALSHA".into(), sha.into(), "1".into(), k("stock")]);
+        return Ok(line);
+    }
+    line.extend([
+        // purchase.lua's KEYS and ARGV in the engine's shapes, a batch of
+        // one purchase: a user id as long as the engine's bench users (30
+        // bytes), a random request id, a 32-character order id, the bench's
+        // 600 s request TTL.
         "EVALSHA".into(),
         sha.into(),
         "6".into(),
         k("sale"),
         k("stock"),
         k("orders"),
+        k("pending"),
         k(&format!("q:{USER}")),
         k(&format!("r:{}:{USER}:__rand_int__", USER.len())),
-        k("pending"),
+        "600".into(),
+        "0".into(),
         "1".into(),
         "00000000000000000000__rand_int__".into(),
         USER.into(),
-        "600".into(),
-        "0".into(),
-    ])
+    ]);
+    Ok(line)
 }
 
 /// The anchor's buyer: as long as the engine's bench user ids.
 const USER: &str = "bench-anchor-user-000000000000";
 
 /// Runs one redis-benchmark per target at once and merges what they report.
-pub async fn run(targets: &[Target], sha: &str, pipeline: usize) -> Result<AnchorStats> {
+pub async fn run(
+    targets: &[Target],
+    script: Script,
+    sha: &str,
+    pipeline: usize,
+) -> Result<AnchorStats> {
     let mut children = Vec::with_capacity(targets.len());
     for t in targets.iter().filter(|t| t.requests > 0) {
         let child = Command::new("redis-benchmark")
-            .args(command_line(t, sha, pipeline)?)
+            .args(command_line(t, script, sha, pipeline)?)
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .spawn()

@@ -12,7 +12,7 @@ use indicatif::{MultiProgress, ProgressBar, ProgressStyle};
 use redis::Value;
 
 use crate::report::{Machine, RunResult};
-use crate::{anchor, load, lockbench, strategies, Args};
+use crate::{anchor, load, lockbench, strategies, targets, Args};
 
 /// A result row from the load generator's figures.
 fn row(
@@ -37,6 +37,8 @@ fn row(
         stock,
         redis_us_per_op: None,
         projected_ceiling: None,
+        batch_p50: None,
+        batch_p99: None,
         p50_ms: stats.pct_ms(0.5),
         p99_ms: stats.pct_ms(0.99),
         p999_ms: Some(stats.pct_ms(0.999)),
@@ -139,6 +141,8 @@ pub struct Bench {
     pub conn: redis::cluster_async::ClusterConnection,
     /// The same cluster with `ack = replicated` (WAIT for one replica).
     pub replicated: Engine,
+    /// The same cluster with `batch_max = 1`: one purchase per script call.
+    pub unbatched: Engine,
     /// Whether the masters have replicas.
     pub has_replicas: bool,
     pub lock_nodes: Vec<String>,
@@ -224,12 +228,22 @@ impl Bench {
             format!("{}-{scenario}-{}", self.run, label.replace(' ', "_")).into(),
         );
         let before = master_time(&self.engine, &mut self.conn).await?;
+        let batches_before = engine.stats().purchase_batch_sizes.snapshot();
+        let batch_sizes = engine.clone();
         let stats = self
             .load(format!("{scenario} {label}"), ops, rate, move |i| {
                 strategies::engine_op(engine.clone(), skus_arc.clone(), run.clone(), i)
             })
             .await;
         let after = master_time(&self.engine, &mut self.conn).await?;
+        let batches: Vec<u64> = batch_sizes
+            .stats()
+            .purchase_batch_sizes
+            .snapshot()
+            .iter()
+            .zip(&batches_before)
+            .map(|(a, b)| a.saturating_sub(*b))
+            .collect();
         let mut sold = 0u64;
         let mut below_zero = 0u64;
         let mut stock = 0u64;
@@ -245,7 +259,7 @@ impl Bench {
         }
         let oversold =
             stats.confirmed.saturating_sub(stock) + below_zero + stats.confirmed.abs_diff(sold);
-        Ok(with_master_time(
+        let mut r = with_master_time(
             row(
                 scenario,
                 label,
@@ -260,10 +274,13 @@ impl Bench {
             ),
             &before,
             &after,
-        ))
+        );
+        r.batch_p50 = targets::size_at(&batches, 0.5);
+        r.batch_p99 = targets::size_at(&batches, 0.99);
+        Ok(r)
     }
 
-    /// redis-benchmark EVALSHA of purchase.lua on `skus` sales of `buckets`
+    /// redis-benchmark EVALSHA of `script` on `skus` sales of `buckets`
     /// buckets, stock ops / 2 in all: one process per bucket, requests and
     /// clients split evenly (as the engine's placement spreads buyers), then
     /// judged by the stock and streams it left behind.
@@ -271,6 +288,7 @@ impl Bench {
         &mut self,
         scenario: &str,
         strategy: &str,
+        script: anchor::Script,
         pipeline: usize,
         buckets: u32,
         skus: usize,
@@ -315,7 +333,10 @@ impl Bench {
             })
             .collect();
         let bar = self.bar(1, format!("{scenario} {strategy} (redis-benchmark)"));
-        let sha = flashsale::scripts::Scripts::new().purchase.sha;
+        let sha = match script {
+            anchor::Script::Purchase => flashsale::scripts::Scripts::new().purchase.sha,
+            anchor::Script::Floor => self.load_on_masters(anchor::FLOOR_LUA).await?,
+        };
         // When the last unit went: polled from the stock keys, since
         // redis-benchmark shows nothing until it exits.
         let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
@@ -346,7 +367,7 @@ impl Bench {
             })
         };
         let before = master_time(&self.engine, &mut self.conn).await?;
-        let a = anchor::run(&targets, &sha, pipeline).await;
+        let a = anchor::run(&targets, script, &sha, pipeline).await;
         let after = master_time(&self.engine, &mut self.conn).await?;
         stop.store(true, std::sync::atomic::Ordering::Relaxed);
         let sold_out_at = poller.await.ok().flatten();
@@ -368,6 +389,10 @@ impl Bench {
             }
         }
         let sold = stock - left;
+        if script == anchor::Script::Floor {
+            // The floor queues no orders: what it took is what it sold.
+            queued = sold;
+        }
         let oversold = queued.saturating_sub(stock) + below_zero + queued.abs_diff(sold);
         // With stock left over, every request that did not queue an order
         // failed (a sold-out answer was impossible); with none left, the
@@ -398,6 +423,8 @@ impl Bench {
             stock,
             redis_us_per_op: None,
             projected_ceiling: None,
+            batch_p50: None,
+            batch_p99: None,
             p50_ms: pct(0.5),
             p99_ms: pct(0.99),
             p999_ms: Some(pct(0.999)),
@@ -406,12 +433,35 @@ impl Bench {
             errors,
             ratio_to_anchor: None,
             note: format!(
-                "redis-benchmark EVALSHA purchase.lua, {} bucket(s), {connections} connection(s) x {} in flight; checked against stock and streams",
+                "redis-benchmark EVALSHA {}, {} bucket(s), {connections} connection(s) x {} in flight; checked against stock{}",
+                match script {
+                    anchor::Script::Purchase => "purchase.lua",
+                    anchor::Script::Floor => "of GET/compare/DECRBY (the floor)",
+                },
                 targets.len(),
-                pipeline.max(1)
+                pipeline.max(1),
+                match script {
+                    anchor::Script::Purchase => " and streams",
+                    anchor::Script::Floor => "",
+                },
             ),
         };
         Ok(with_master_time(result, &before, &after))
+    }
+
+    /// Loads `code` on every master; returns its SHA.
+    async fn load_on_masters(&mut self, code: &str) -> Result<String> {
+        use redis::cluster_routing::{MultipleNodeRoutingInfo, ResponsePolicy, RoutingInfo};
+        self.conn
+            .route_command(
+                redis::cmd("SCRIPT").arg("LOAD").arg(code).clone(),
+                RoutingInfo::MultiNode((
+                    MultipleNodeRoutingInfo::AllMasters,
+                    Some(ResponsePolicy::AllSucceeded),
+                )),
+            )
+            .await?;
+        Ok(redis::Script::new(code).get_hash().to_owned())
     }
 
     async fn plain_stock(&mut self, name: &str, stock: u64) -> Result<Arc<str>> {
@@ -671,6 +721,24 @@ pub async fn machine(
     }
 }
 
+/// The hot1 engine row with `batch_max = 1` (one purchase per call).
+pub const UNBATCHED: &str = "engine batch_max=1";
+/// The same, paced at 10 % of the batched engine's peak.
+pub const UNBATCHED_10: &str = "engine@10% batch_max=1";
+const PURCHASE: anchor::Script = anchor::Script::Purchase;
+
+/// The hot1 anchors: purchase.lua one call at a time per connection, the
+/// same pipelined 16 deep on one connection, and the floor script.
+async fn hot1_anchors(b: &mut Bench) -> Result<Vec<RunResult>> {
+    Ok(vec![
+        b.anchor_run("hot1", "anchor", PURCHASE, 1, 1, 1).await?,
+        b.anchor_run("hot1", "anchor P16", PURCHASE, 16, 1, 1)
+            .await?,
+        b.anchor_run("hot1", "floor", anchor::Script::Floor, 1, 1, 1)
+            .await?,
+    ])
+}
+
 /// Every scenario the arguments ask for, once. The anchor runs first in
 /// even repetitions and last in odd ones, so neither side always meets a
 /// cold (or a warm) cluster.
@@ -682,31 +750,55 @@ pub async fn measure(b: &mut Bench) -> Result<(Vec<RunResult>, Vec<lockbench::Lo
         match sc.as_str() {
             "hot1" => {
                 if anchor_first {
-                    results.push(b.anchor_run("hot1", "anchor", 1, 1, 1).await?);
-                    results.push(b.anchor_run("hot1", "anchor P16", 16, 1, 1).await?);
+                    results.extend(hot1_anchors(b).await?);
                 }
                 let st = b.sale("hot1", ops / 2, 1).await?;
                 let e = b.engine.clone();
                 let r = b
                     .engine_run("hot1", "engine", e.clone(), vec![st.sku.clone()], None, ops)
                     .await?;
-                // Paced at 80 % of the rate it sold at (the selling phase):
-                // the answer rate would count cheap sold-out answers too.
+                // Paced at 80 % and 10 % of the rate it sold at (the selling
+                // phase): the answer rate would count cheap sold-out answers
+                // too.
                 let peak = r.throughput;
                 results.push(r);
-                let paced_ops = ((peak * 0.8) * 5.0).min(ops as f64).max(100.0) as u64;
-                let st = b.sale("hot1-paced", paced_ops / 2, 1).await?;
+                // The same engine sending one purchase per call: what
+                // batching gains, and (paced at 10 %) that it adds no latency
+                // when the load is light.
+                let st = b.sale("hot1-unbatched", ops / 2, 1).await?;
+                let u = b.unbatched.clone();
                 results.push(
                     b.engine_run(
                         "hot1",
-                        "engine@80%",
-                        e,
+                        UNBATCHED,
+                        u.clone(),
                         vec![st.sku.clone()],
-                        Some(peak * 0.8),
-                        paced_ops,
+                        None,
+                        ops,
                     )
                     .await?,
                 );
+                for (label, engine, share) in [
+                    ("engine@80%", e.clone(), 0.8),
+                    ("engine@10%", e.clone(), 0.1),
+                    (UNBATCHED_10, u, 0.1),
+                ] {
+                    let rate = peak * share;
+                    let paced_ops = (rate * 5.0).min(ops as f64).max(100.0) as u64;
+                    let name = format!("hot1-paced-{}", label.replace(['@', '%', ' ', '='], ""));
+                    let st = b.sale(&name, paced_ops / 2, 1).await?;
+                    results.push(
+                        b.engine_run(
+                            "hot1",
+                            label,
+                            engine,
+                            vec![st.sku.clone()],
+                            Some(rate),
+                            paced_ops,
+                        )
+                        .await?,
+                    );
+                }
                 // The durability knob: confirm only once a replica has the
                 // order (needs replicas; without them every WAIT times out).
                 if b.has_replicas {
@@ -723,14 +815,16 @@ pub async fn measure(b: &mut Bench) -> Result<(Vec<RunResult>, Vec<lockbench::Lo
                 }
                 results.push(b.naive_run().await?);
                 if !anchor_first {
-                    results.push(b.anchor_run("hot1", "anchor", 1, 1, 1).await?);
-                    results.push(b.anchor_run("hot1", "anchor P16", 16, 1, 1).await?);
+                    results.extend(hot1_anchors(b).await?);
                 }
             }
             "hotB" => {
                 let buckets = b.args.buckets;
                 if anchor_first {
-                    results.push(b.anchor_run("hotB", "anchor", 1, buckets, 1).await?);
+                    results.push(
+                        b.anchor_run("hotB", "anchor", PURCHASE, 1, buckets, 1)
+                            .await?,
+                    );
                 }
                 let st = b.sale("hotB", ops / 2, buckets).await?;
                 let e = b.engine.clone();
@@ -739,13 +833,16 @@ pub async fn measure(b: &mut Bench) -> Result<(Vec<RunResult>, Vec<lockbench::Lo
                         .await?,
                 );
                 if !anchor_first {
-                    results.push(b.anchor_run("hotB", "anchor", 1, buckets, 1).await?);
+                    results.push(
+                        b.anchor_run("hotB", "anchor", PURCHASE, 1, buckets, 1)
+                            .await?,
+                    );
                 }
             }
             "many" => {
                 let n = b.args.skus.max(1);
                 if anchor_first {
-                    results.push(b.anchor_run("many", "anchor", 1, 1, n).await?);
+                    results.push(b.anchor_run("many", "anchor", PURCHASE, 1, 1, n).await?);
                 }
                 let mut skus = Vec::with_capacity(n);
                 for (k, stock) in anchor::shares(ops / 2, n).into_iter().enumerate() {
@@ -754,7 +851,7 @@ pub async fn measure(b: &mut Bench) -> Result<(Vec<RunResult>, Vec<lockbench::Lo
                 let e = b.engine.clone();
                 results.push(b.engine_run("many", "engine", e, skus, None, ops).await?);
                 if !anchor_first {
-                    results.push(b.anchor_run("many", "anchor", 1, 1, n).await?);
+                    results.push(b.anchor_run("many", "anchor", PURCHASE, 1, 1, n).await?);
                 }
             }
             "door" => results.extend(b.door_runs().await?),

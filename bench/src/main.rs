@@ -116,6 +116,12 @@ async fn main() -> Result<()> {
     let replicated = Engine::connect(Config {
         lock_nodes: Vec::new(),
         ack: flashsale::Ack::Replicated,
+        ..config.clone()
+    })
+    .await?;
+    let unbatched = Engine::connect(Config {
+        lock_nodes: Vec::new(),
+        batch_max: 1,
         ..config
     })
     .await?;
@@ -129,6 +135,7 @@ async fn main() -> Result<()> {
         args: args.clone(),
         engine,
         replicated,
+        unbatched,
         has_replicas: machine.replicas > 0,
         conn,
         lock_nodes,

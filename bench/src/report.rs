@@ -40,6 +40,12 @@ pub struct RunResult {
     /// the sum over masters of 1e6 / (their µs per script call). On 2 shared
     /// cores this is a projection, not a measurement.
     pub projected_ceiling: Option<f64>,
+    /// Purchases per script call the engine sent (natural batching), the
+    /// median and 99th percentile over the row's batches; None for rows
+    /// that are not the engine's.
+    pub batch_p50: Option<f64>,
+    /// See `batch_p50`.
+    pub batch_p99: Option<f64>,
     /// Latency percentiles, ms.
     pub p50_ms: f64,
     /// 99th percentile, ms.
@@ -119,15 +125,15 @@ pub fn markdown(r: &Report) -> String {
         "Machine: {} cores ({}), Redis {}, cluster {} masters + {} replicas\n",
         m.cores, m.cpu, m.redis_version, m.masters, m.replicas
     );
-    let _ = writeln!(s, "| scenario | strategy | ops | stock | conc | confirmed/s (min-max) | answers/s | master µs/op | 1-core ceiling | p50 ms | p99 ms | p999 ms | oversold | errors | x anchor | note |");
+    let _ = writeln!(s, "| scenario | strategy | ops | stock | conc | confirmed/s (min-max) | answers/s | master µs/op | 1-core ceiling | batch p50/p99 | p50 ms | p99 ms | p999 ms | oversold | errors | x anchor | note |");
     let _ = writeln!(
         s,
-        "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |"
+        "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |"
     );
     for x in &r.results {
         let _ = writeln!(
             s,
-            "| {} | {} | {} | {} | {} | {:.0} ({:.0}-{:.0}) | {:.0} | {} | {} | {:.3} | {:.3} | {} | {} | {} | {} | {} |",
+            "| {} | {} | {} | {} | {} | {:.0} ({:.0}-{:.0}) | {:.0} | {} | {} | {} | {:.3} | {:.3} | {} | {} | {} | {} | {} |",
             x.scenario,
             x.strategy,
             x.ops,
@@ -139,6 +145,10 @@ pub fn markdown(r: &Report) -> String {
             x.answers_per_s,
             opt(x.redis_us_per_op, 1),
             opt(x.projected_ceiling, 0),
+            match (x.batch_p50, x.batch_p99) {
+                (Some(a), Some(b)) => format!("{a:.0}/{b:.0}"),
+                _ => "-".into(),
+            },
             x.p50_ms,
             x.p99_ms,
             opt(x.p999_ms, 3),

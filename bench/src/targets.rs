@@ -1,6 +1,7 @@
 //! The targets a bench run is judged by, and the per-row medians over
 //! repetitions. Pure functions of the figures: nothing here runs anything.
 
+use crate::driver::UNBATCHED_10;
 use crate::lockbench;
 use crate::report::{RunResult, Target};
 
@@ -11,8 +12,13 @@ pub fn find<'a>(rs: &'a [RunResult], scenario: &str, strategy: &str) -> Option<&
 }
 
 /// The figure each target judges, from one repetition, in `TARGETS` order.
-fn target_figures(results: &[RunResult], locks: &[lockbench::LockResult]) -> [Option<f64>; 7] {
+fn target_figures(
+    results: &[RunResult],
+    locks: &[lockbench::LockResult],
+) -> [Option<f64>; N_TARGETS] {
     let tp = |sc: &str, st: &str| find(results, sc, st).map(|r| r.throughput);
+    let us = |sc: &str, st: &str| find(results, sc, st).and_then(|r| r.redis_us_per_op);
+    let p99 = |sc: &str, st: &str| find(results, sc, st).map(|r| r.p99_ms);
     let ratio = |a: Option<f64>, b: Option<f64>| a.zip(b).map(|(a, b)| a / b.max(1e-9));
     let mut lock_ratio: Option<f64> = None;
     for l in locks.iter().filter(|l| l.implementation == "flashsale") {
@@ -37,6 +43,12 @@ fn target_figures(results: &[RunResult], locks: &[lockbench::LockResult]) -> [Op
         lock_ratio,
         handoff,
         find(results, "hot1", "engine@80%").map(|r| r.p99_ms),
+        ratio(tp("hot1", "engine"), tp("hot1", "anchor")),
+        ratio(tp("hot1", "engine"), tp("hot1", "anchor P16")),
+        ratio(us("hot1", "engine"), us("hot1", "anchor")),
+        ratio(tp("many", "engine"), tp("many", "anchor")),
+        ratio(tp("hot1", "engine ack=replicated"), tp("hot1", "engine")),
+        ratio(p99("hot1", "engine@10%"), p99("hot1", UNBATCHED_10)),
     ]
 }
 
@@ -44,7 +56,7 @@ fn target_figures(results: &[RunResult], locks: &[lockbench::LockResult]) -> [Op
 type TargetSpec = (&'static str, &'static str, fn(f64) -> bool);
 
 /// Name, goal and test of each target, in `target_figures` order.
-const TARGETS: [TargetSpec; 7] = [
+const TARGETS: [TargetSpec; N_TARGETS] = [
     ("hot1: engine / anchor", ">= 0.8", |x| x >= 0.8),
     ("hotB engine / hot1 engine", ">= 1.3", |x| x >= 1.3),
     ("lock / engine (hot1)", "<= 0.1", |x| x <= 0.1),
@@ -64,7 +76,47 @@ const TARGETS: [TargetSpec; 7] = [
     ("p99 ms at 80% of peak (hot1 engine@80%)", "< 5", |x| {
         x < 5.0
     }),
+    // Natural batching (issue 13).
+    ("batching: hot1 engine / anchor", ">= 2.0", |x| x >= 2.0),
+    ("batching: hot1 engine / anchor P16", ">= 1.0", |x| x >= 1.0),
+    (
+        "batching: hot1 master µs per request, engine / anchor",
+        "<= 0.5",
+        |x| x <= 0.5,
+    ),
+    ("batching: many engine / anchor", ">= 1.5", |x| x >= 1.5),
+    (
+        "batching: hot1 engine ack=replicated / engine ack=leader",
+        ">= 0.9",
+        |x| x >= 0.9,
+    ),
+    (
+        "batching: p99 at 10% of peak, batched / batch_max=1",
+        "<= 1.1 (no worse, within noise)",
+        |x| x <= 1.1,
+    ),
 ];
+
+/// How many targets there are.
+const N_TARGETS: usize = 13;
+
+/// The batch size at quantile `q` of `counts` (element `n` counts the
+/// batches of `n` purchases); None when there were no batches.
+pub fn size_at(counts: &[u64], q: f64) -> Option<f64> {
+    let total: u64 = counts.iter().sum();
+    if total == 0 {
+        return None;
+    }
+    let rank = ((q * total as f64).ceil() as u64).clamp(1, total);
+    let mut seen = 0u64;
+    for (n, c) in counts.iter().enumerate() {
+        seen += c;
+        if seen >= rank {
+            return Some(n as f64);
+        }
+    }
+    None
+}
 
 /// The median of `xs`: the middle value, or the mean of the two middle
 /// values of an even count (never the upper one).
@@ -84,7 +136,8 @@ pub fn median_of(xs: &[f64]) -> Option<f64> {
 /// minutes apart, not the medians of different moments). Every
 /// repetition's figure is kept, so the verdict can be recomputed.
 pub fn targets(runs: &[(Vec<RunResult>, Vec<lockbench::LockResult>)]) -> Vec<Target> {
-    let per_rep: Vec<[Option<f64>; 7]> = runs.iter().map(|(r, l)| target_figures(r, l)).collect();
+    let per_rep: Vec<[Option<f64>; N_TARGETS]> =
+        runs.iter().map(|(r, l)| target_figures(r, l)).collect();
     TARGETS
         .iter()
         .enumerate()
@@ -168,7 +221,19 @@ pub fn medians(
 
 #[cfg(test)]
 mod tests {
-    use super::median_of;
+    use super::{median_of, size_at};
+
+    #[test]
+    fn batch_size_quantiles_come_from_the_counts_by_size() {
+        assert_eq!(size_at(&[0, 0, 0], 0.5), None);
+        // 98 batches of 1, 2 of 64.
+        let mut counts = vec![0u64; 65];
+        counts[1] = 98;
+        counts[64] = 2;
+        assert_eq!(size_at(&counts, 0.5), Some(1.0));
+        assert_eq!(size_at(&counts, 0.99), Some(64.0));
+        assert_eq!(size_at(&counts, 0.98), Some(1.0));
+    }
 
     #[test]
     fn the_median_of_an_even_count_is_the_mean_of_the_middle_two() {

@@ -9,6 +9,14 @@ use serde::{Deserialize, Serialize};
 
 use crate::error::ConfigError;
 
+/// Most purchases one batch may hold (`batch_max`'s bound: a batch is one
+/// script run, and Redis serves nobody else while it runs).
+pub const MAX_BATCH: u32 = 1000;
+
+/// Most batches a bucket may have in flight at once (`batch_in_flight`'s
+/// bound).
+pub const MAX_IN_FLIGHT: u32 = 16;
+
 /// Everything [`crate::Engine::connect`] needs.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 #[serde(default, deny_unknown_fields)]
@@ -36,6 +44,12 @@ pub struct Config {
     pub pending_timeout: Duration,
     /// Largest quantity one purchase may ask for.
     pub max_qty: u32,
+    /// Most purchases sent to one bucket in one script call. Purchases queue
+    /// per bucket while a call is in flight and go together when it returns
+    /// (no timer: at low load each goes alone). 1 = one call per purchase.
+    pub batch_max: u32,
+    /// Most calls in flight to one bucket at once, each with its batch.
+    pub batch_in_flight: u32,
     /// Retry policy for Redis errors that may pass (failover, reshard).
     pub retry: Backoff,
 }
@@ -55,6 +69,8 @@ impl Default for Config {
             request_ttl: Duration::from_secs(24 * 3600),
             pending_timeout: Duration::from_secs(30),
             max_qty: 100,
+            batch_max: 64,
+            batch_in_flight: 1,
             retry: Backoff::default(),
         }
     }
@@ -105,6 +121,18 @@ impl Config {
         }
         if self.max_qty == 0 {
             return Err(ConfigError::new("max_qty", "must be at least 1"));
+        }
+        if !(1..=MAX_BATCH).contains(&self.batch_max) {
+            return Err(ConfigError::new(
+                "batch_max",
+                format!("must be 1..={}", MAX_BATCH),
+            ));
+        }
+        if !(1..=MAX_IN_FLIGHT).contains(&self.batch_in_flight) {
+            return Err(ConfigError::new(
+                "batch_in_flight",
+                format!("must be 1..={}", MAX_IN_FLIGHT),
+            ));
         }
         within(
             "request_ttl_ms",

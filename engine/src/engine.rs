@@ -4,6 +4,7 @@
 //!
 //! - [`Cluster`]: the connection, the scripts, the retry loop;
 //! - [`SaleCache`]: the sales this process has seen;
+//! - [`PurchaseBatches`]: purchases sent to their home bucket in batches;
 //! - [`WaitBatches`]: group commit of `ack = replicated`;
 //! - the lock client for admin operations, when lock nodes are configured.
 //!
@@ -18,7 +19,9 @@ use std::time::Instant;
 use redis::cluster_async::ClusterConnection;
 use redis::RedisError;
 
+use crate::batch::PurchaseBatches;
 use crate::cluster::Cluster;
+use crate::config::Ack;
 use crate::config::Config;
 use crate::error::{AdminError, ConnectError, NotReady, PurchaseError};
 use crate::lock::{LockClient, LockConfig};
@@ -37,6 +40,7 @@ pub struct Engine {
 struct Inner {
     cluster: Arc<Cluster>,
     sales: SaleCache,
+    batches: PurchaseBatches,
     waits: WaitBatches,
     locks: Option<LockClient>,
     config: Config,
@@ -66,8 +70,20 @@ impl Engine {
             return Err(ConnectError::SlotsUncovered);
         }
         cluster.load_scripts().await.map_err(ConnectError::redis)?;
+        let batches = PurchaseBatches::new(
+            cluster.clone(),
+            stats.clone(),
+            config.batch_max,
+            config.batch_in_flight,
+            config.request_ttl.as_secs().max(1),
+            match config.ack {
+                Ack::Replicated => "1",
+                Ack::Leader => "0",
+            },
+        );
         Ok(Engine {
             inner: Arc::new(Inner {
+                batches,
                 waits: WaitBatches::new(cluster.clone()),
                 cluster,
                 sales: SaleCache::default(),
@@ -107,6 +123,11 @@ impl Engine {
     /// The sales this process has seen.
     pub(crate) fn sales(&self) -> &SaleCache {
         &self.inner.sales
+    }
+
+    /// Purchases in their home bucket, batched per bucket.
+    pub(crate) fn batches(&self) -> &PurchaseBatches {
+        &self.inner.batches
     }
 
     /// Group commit of `ack = replicated`.

@@ -48,6 +48,7 @@
 #![warn(missing_docs)]
 
 pub mod admin;
+mod batch;
 mod cluster;
 pub mod config;
 #[cfg(feature = "postgres")]

@@ -6,7 +6,9 @@
 //! facade; installing an exporter is the binary's job. [`Stats`] holds the
 //! few counters an embedding service may want without any recorder.
 
-use std::sync::atomic::AtomicU64;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use crate::config::MAX_BATCH;
 
 /// Purchases answered, by `result` (confirmed, replayed, sold_out, limit, ...).
 pub const PURCHASES: &str = "flashsale_purchases_total";
@@ -20,6 +22,8 @@ pub const SCRIPT_RELOADS: &str = "flashsale_script_reloads_total";
 pub const REDIS_RETRIES: &str = "flashsale_redis_retries_total";
 /// Purchases that fell through from the home bucket to another bucket.
 pub const FALLTHROUGHS: &str = "flashsale_bucket_fallthrough_total";
+/// Purchases per batch sent to a bucket (one `EVALSHA` of `purchase.lua`).
+pub const PURCHASE_BATCH_SIZE: &str = "flashsale_purchase_batch_size";
 
 /// Orders inserted (new rows; a re-delivered duplicate is not counted).
 pub const ORDERS_WRITTEN: &str = "flashsale_orders_written_total";
@@ -76,6 +80,10 @@ pub fn describe() {
         FALLTHROUGHS,
         "Purchases that fell through to another bucket"
     );
+    describe_histogram!(
+        PURCHASE_BATCH_SIZE,
+        "Purchases per batch sent to a bucket in one script call"
+    );
     describe_counter!(ORDERS_WRITTEN, "Orders inserted into PostgreSQL");
     describe_histogram!(ORDER_BATCH_SIZE, "Stream entries per order-writer batch");
     describe_histogram!(
@@ -123,6 +131,53 @@ pub struct Stats {
     pub redis_retries: AtomicU64,
     /// Purchases answered "sold out" from the local flag.
     pub sold_out_local: AtomicU64,
+    /// Purchases queued for a batch of their home bucket.
+    pub purchases_queued: AtomicU64,
+    /// Batches of purchases sent to home buckets (script calls); with
+    /// `purchases_queued`, how well purchases share calls.
+    pub purchase_batches: AtomicU64,
+    /// The most purchases any one batch held.
+    pub largest_purchase_batch: AtomicU64,
+    /// How many batches held each number of purchases.
+    pub purchase_batch_sizes: BatchSizes,
+}
+
+/// Batches counted by size, exactly (1 to [`MAX_BATCH`] purchases): one
+/// atomic add per batch, read by the bench for its batch-size percentiles.
+pub struct BatchSizes {
+    counts: Box<[AtomicU64]>,
+}
+
+impl Default for BatchSizes {
+    fn default() -> Self {
+        BatchSizes {
+            counts: (0..=MAX_BATCH).map(|_| AtomicU64::new(0)).collect(),
+        }
+    }
+}
+
+impl std::fmt::Debug for BatchSizes {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let batches: u64 = self.snapshot().iter().sum();
+        write!(f, "BatchSizes {{ batches: {batches} }}")
+    }
+}
+
+impl BatchSizes {
+    /// Counts one batch of `n` purchases.
+    pub(crate) fn record(&self, n: usize) {
+        if let Some(c) = self.counts.get(n) {
+            c.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    /// Batches so far, by size: element `n` counts batches of `n`.
+    pub fn snapshot(&self) -> Vec<u64> {
+        self.counts
+            .iter()
+            .map(|c| c.load(Ordering::Relaxed))
+            .collect()
+    }
 }
 
 #[cfg(test)]

@@ -51,6 +51,6 @@ pub fn active(plant: Plant) -> bool {
 
 /// `purchase.lua` with its stock check removed (for [`Plant::NoStockCheck`]).
 pub(crate) fn purchase_without_stock_check(code: &str) -> String {
-    code.replace("if stock < qty and buckets <= 1 then", "if false then")
-        .replace("if stock >= qty then", "if true then")
+    code.replace("if have < qty and buckets <= 1 then", "if false then")
+        .replace("if have >= qty then", "if true then")
 }

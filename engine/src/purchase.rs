@@ -1,5 +1,6 @@
-//! The hot path, top to bottom: validate, local sold-out flag, EVALSHA of
-//! `purchase.lua` in the buyer's home bucket, decode the reply, answer. Only
+//! The hot path, top to bottom: validate, local sold-out flag, `purchase.lua`
+//! in the buyer's home bucket (in that bucket's next batch, `batch.rs`),
+//! decode the reply, answer. Only
 //! when the home bucket is short does a purchase walk the other buckets
 //! (`take.lua`, in one fixed order, each outcome final per bucket) and settle
 //! the home bucket's pending record (`settle.lua`). A request is (sku, user,
@@ -11,6 +12,7 @@ use std::time::{Duration, Instant};
 
 use serde::Serialize;
 
+use crate::batch::HomePurchase;
 use crate::cluster::ScriptCall;
 use crate::config::Ack;
 use crate::engine::Engine;
@@ -165,7 +167,7 @@ impl Engine {
         };
         let order_id = new_order_id();
         match self
-            .buy_in_home(home, request, &record_key, &order_id)
+            .buy_in_home(home, request, record_key, &order_id)
             .await?
         {
             PurchaseReply::Confirmed { order_id, bucket } => {
@@ -214,37 +216,23 @@ impl Engine {
         }
     }
 
-    /// `purchase.lua` in the buyer's home bucket, decoded.
+    /// `purchase.lua` in the buyer's home bucket, in the bucket's next
+    /// batch, decoded.
     async fn buy_in_home(
         &self,
         home: &BucketHandle,
         request: RequestKey<'_>,
-        record_key: &str,
+        record_key: String,
         order_id: &str,
     ) -> Result<PurchaseReply, PurchaseError> {
-        let quota_key = home.keys.quota(request.user);
-        let mut call = ScriptCall::new(
-            &self.scripts().purchase,
-            home.slot,
-            &[
-                &home.keys.sale,
-                &home.keys.stock,
-                &home.keys.orders,
-                &quota_key,
-                record_key,
-                &home.keys.pending,
-            ],
-        );
-        call.arg(request.qty)
-            .arg(order_id)
-            .arg(request.user)
-            .arg(self.request_ttl_secs())
-            .arg(self.replicated_flag());
-        Ok(self
-            .cluster()
-            .call(&call, replies::purchase)
-            .await
-            .map_err(Unavailable::from)?)
+        let purchase = HomePurchase {
+            quota_key: home.keys.quota(request.user),
+            record_key,
+            qty: request.qty,
+            order_id: order_id.to_owned(),
+            user: request.user.to_owned(),
+        };
+        Ok(self.batches().purchase(&home.queue, purchase).await?)
     }
 
     /// A replay under `ack = replicated` confirms only an order that is on a

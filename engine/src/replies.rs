@@ -338,6 +338,18 @@ pub fn purchase(v: Value) -> Result<PurchaseReply, BadReply> {
     })
 }
 
+/// Decodes the reply of a batch of `purchase.lua`: one reply per purchase,
+/// in the order sent (the caller checks the count against its batch).
+pub fn purchase_batch(v: Value) -> Result<Vec<PurchaseReply>, BadReply> {
+    match v {
+        Value::Array(items) => items.into_iter().map(purchase).collect(),
+        other => Err(bad(
+            "purchase",
+            format!("expected one reply per purchase, got {other:?}"),
+        )),
+    }
+}
+
 /// Decodes a `take.lua` reply.
 pub fn take(v: Value) -> Result<TakeReply, BadReply> {
     const S: &str = "take";
@@ -610,6 +622,27 @@ mod tests {
         assert!(purchase(reply(1, "o1", -1)).is_err(), "negative bucket");
         assert!(purchase(Value::Int(1)).is_err());
         assert!(purchase(Value::Array(vec![Value::Int(1)])).is_err());
+    }
+
+    #[test]
+    fn a_batch_reply_decodes_each_purchase_in_order_and_refuses_a_bad_one() {
+        let batch = Value::Array(vec![reply(1, "o1", 0), reply(-2, "", 3)]);
+        assert_eq!(
+            purchase_batch(batch),
+            Ok(vec![
+                PurchaseReply::Confirmed {
+                    order_id: "o1".into(),
+                    bucket: 0
+                },
+                PurchaseReply::LimitReached { used: 3 },
+            ])
+        );
+        assert!(purchase_batch(Value::Array(vec![reply(1, "o1", 0), reply(9, "", 0)])).is_err());
+        assert!(
+            purchase_batch(reply(1, "o1", 0)).is_err(),
+            "a lone reply is not a batch"
+        );
+        assert!(purchase_batch(Value::Int(1)).is_err());
     }
 
     #[test]

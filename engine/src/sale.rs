@@ -1,6 +1,7 @@
 //! Sales as the hot path sees them: the [`SaleSpec`] of a new sale, the
 //! cached [`SaleHandle`] (tags, slots, keys, the local sold-out flag), and
-//! the [`SaleCache`] that owns the handles of one process. The writes that
+//! the [`SaleCache`] that owns the handles of one process. Each bucket's
+//! handle carries its batch queue (`batch.rs`). The writes that
 //! make and change a sale live in `admin.rs`; the status read, in
 //! `status.rs`.
 
@@ -11,6 +12,7 @@ use std::time::{Duration, SystemTime};
 
 use redis::RedisError;
 
+use crate::batch::BucketQueue;
 use crate::cluster::Cluster;
 use crate::keys::{self, BucketKeys};
 use crate::placement::tag_slot;
@@ -67,6 +69,8 @@ pub struct BucketHandle {
     pub slot: u16,
     /// The bucket's fixed keys.
     pub keys: BucketKeys,
+    /// Purchases whose home is this bucket, waiting for the next batch.
+    pub(crate) queue: Arc<BucketQueue>,
 }
 
 /// The immutable part of a sale that the hot path needs, cached per process,
@@ -162,11 +166,15 @@ async fn load(cluster: &Cluster, sku: &str) -> Result<Option<Arc<SaleHandle>>, R
     let buckets = tags
         .split(',')
         .enumerate()
-        .map(|(i, tag)| BucketHandle {
-            index: i as u32,
-            tag: tag.to_owned(),
-            slot: tag_slot(tag),
-            keys: BucketKeys::new(tag),
+        .map(|(i, tag)| {
+            let (slot, keys) = (tag_slot(tag), BucketKeys::new(tag));
+            BucketHandle {
+                index: i as u32,
+                tag: tag.to_owned(),
+                slot,
+                queue: Arc::new(BucketQueue::new(slot, &keys)),
+                keys,
+            }
         })
         .collect();
     Ok(Some(Arc::new(SaleHandle {

@@ -478,6 +478,18 @@ mod tests {
             .apply_env(|k| (k == "FLASHSALE_ACK").then(|| "all".into()))
             .unwrap_err();
         assert!(err.to_string().contains("FLASHSALE_ACK"));
+        for (text, field) in [
+            ("batch_max = 1001", "batch_max"),
+            ("batch_max = 0", "batch_max"),
+            ("batch_in_flight = 0", "batch_in_flight"),
+            ("batch_in_flight = 17", "batch_in_flight"),
+        ] {
+            let parsed = Settings::parse(text).expect("parses");
+            assert_eq!(
+                parsed.engine.validate().map_err(|e| e.field),
+                Err(field.into())
+            );
+        }
         let parsed = Settings::parse("max_qty = 0").expect("parses");
         let err = parsed.engine.validate().unwrap_err();
         assert_eq!(err.field, "max_qty");

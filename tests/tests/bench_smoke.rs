@@ -74,6 +74,10 @@ fn every_strategy_runs_and_the_json_is_complete() {
         ("hot1", "anchor P16"),
         ("hot1", "engine"),
         ("hot1", "engine@80%"),
+        ("hot1", "engine batch_max=1"),
+        ("hot1", "engine@10%"),
+        ("hot1", "engine@10% batch_max=1"),
+        ("hot1", "floor"),
         ("hot1", "lock"),
         ("hot1", "naive"),
         ("hotB", "anchor"),
@@ -161,7 +165,27 @@ fn every_strategy_runs_and_the_json_is_complete() {
     assert!(locks
         .iter()
         .all(|l| l["pairs"].as_u64().unwrap_or(0) > 0 && l["errors"] == 0));
-    assert_eq!(report["targets"].as_array().map(Vec::len), Some(7));
+    assert_eq!(report["targets"].as_array().map(Vec::len), Some(13));
+    // Batch sizes on every engine row, and never on an anchor's; one call
+    // per purchase where batch_max = 1.
+    for r in results.iter().filter(|r| {
+        r["strategy"]
+            .as_str()
+            .is_some_and(|s| s.starts_with("engine"))
+    }) {
+        let (p50, p99) = (r["batch_p50"].as_f64(), r["batch_p99"].as_f64());
+        assert!(
+            p50.is_some_and(|x| x >= 1.0) && p99 >= p50,
+            "batch sizes: {r}"
+        );
+        if r["strategy"]
+            .as_str()
+            .is_some_and(|s| s.ends_with("batch_max=1"))
+        {
+            assert_eq!(p99, Some(1.0), "{r}");
+        }
+    }
+    assert!(find("hot1", "anchor")["batch_p50"].is_null());
     assert!(dir.path().join("plot.svg").exists() && dir.path().join("summary.md").exists());
 
     // The harness cleans up after itself: no bench sale is left in the index.

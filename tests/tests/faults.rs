@@ -102,6 +102,14 @@ async fn script_flush_mid_sale_is_invisible_to_buyers() {
         engine.stats().script_reloads.load(Ordering::Relaxed) >= 1,
         "the reload after NOSCRIPT is counted"
     );
+    assert!(
+        engine
+            .stats()
+            .largest_purchase_batch
+            .load(Ordering::Relaxed)
+            > 1,
+        "the flushes hit batched calls"
+    );
     let status = engine.sale_status("flushed").await.expect("status");
     assert_eq!(status.remaining, 300);
 }
@@ -282,6 +290,14 @@ async fn kill_a_master_mid_sale(ack: flashsale::Ack) -> FailoverRun {
         .keys()
         .filter(|id| !in_streams.contains(id))
         .count();
+    assert!(
+        engine
+            .stats()
+            .largest_purchase_batch
+            .load(Ordering::Relaxed)
+            > 1,
+        "the sale ran batched (purchases shared script calls)"
+    );
     FailoverRun {
         confirmed_units: confirmed.len() as u64,
         lost,

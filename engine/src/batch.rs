@@ -1,0 +1,256 @@
+//! Natural batching per bucket. Invoking a script costs Redis more than the
+//! few commands a purchase runs inside it, and each call costs the client a
+//! round trip; so while a call to a bucket is in flight, the purchases whose
+//! home is that bucket queue up, and when it returns, up to `batch_max` of
+//! them go as one `EVALSHA` of `purchase.lua`, which decides each on its own,
+//! in order. There is no timer: at low load every batch holds one purchase,
+//! and latency is what it was.
+//!
+//! A batch that fails as a whole (NOSCRIPT, MOVED, a timeout, a failover) is
+//! retried as a whole by [`Cluster::call`]: safe, because every purchase in
+//! it is idempotent by its request record. A purchase whose caller went away
+//! is still decided (as a single call already sent would be); its record
+//! answers the caller's retry.
+
+use std::collections::VecDeque;
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use tokio::sync::oneshot;
+
+use crate::cluster::{Cluster, ScriptCall};
+use crate::error::Unavailable;
+use crate::keys::BucketKeys;
+use crate::metrics::{self as m, Stats};
+use crate::replies::{self, BadReply, PurchaseReply};
+
+/// One purchase in its home bucket, as the batch script takes it.
+pub(crate) struct HomePurchase {
+    /// `{tag}:q:<user>`.
+    pub(crate) quota_key: String,
+    /// `{tag}:r:<n>:<user>:<request_id>`.
+    pub(crate) record_key: String,
+    pub(crate) qty: u64,
+    /// The order id to use if this purchase makes a new order.
+    pub(crate) order_id: String,
+    pub(crate) user: String,
+}
+
+/// A purchase waiting for its batch, and where its answer goes.
+struct Queued {
+    purchase: HomePurchase,
+    answer: oneshot::Sender<Result<PurchaseReply, Unavailable>>,
+}
+
+/// The queue of one bucket: its fixed keys, and who waits.
+pub(crate) struct BucketQueue {
+    slot: u16,
+    keys: BucketKeys,
+    state: Mutex<QueueState>,
+}
+
+#[derive(Default)]
+struct QueueState {
+    waiting: VecDeque<Queued>,
+    /// Batches of this bucket being sent now (each by its own task).
+    in_flight: u32,
+}
+
+impl std::fmt::Debug for BucketQueue {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let s = self.lock();
+        f.debug_struct("BucketQueue")
+            .field("slot", &self.slot)
+            .field("waiting", &s.waiting.len())
+            .field("in_flight", &s.in_flight)
+            .finish()
+    }
+}
+
+impl BucketQueue {
+    /// The queue of the bucket with these keys, in `slot`.
+    pub(crate) fn new(slot: u16, keys: &BucketKeys) -> Self {
+        BucketQueue {
+            slot,
+            keys: keys.clone(),
+            state: Mutex::default(),
+        }
+    }
+
+    /// A std mutex: held only to push or take, never across an await; a
+    /// poisoned lock is still usable (plain data).
+    fn lock(&self) -> MutexGuard<'_, QueueState> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+/// Sends the batches of every bucket of one engine.
+#[derive(Clone)]
+pub(crate) struct PurchaseBatches {
+    cluster: Arc<Cluster>,
+    stats: Arc<Stats>,
+    batch_max: usize,
+    in_flight_max: u32,
+    /// `purchase.lua`'s ARGV[1] and ARGV[2], fixed by the config.
+    request_ttl_secs: u64,
+    replicated_flag: &'static str,
+}
+
+impl PurchaseBatches {
+    /// Batches of at most `batch_max` purchases, `in_flight_max` per bucket
+    /// at once, sent on `cluster`.
+    pub(crate) fn new(
+        cluster: Arc<Cluster>,
+        stats: Arc<Stats>,
+        batch_max: u32,
+        in_flight_max: u32,
+        request_ttl_secs: u64,
+        replicated_flag: &'static str,
+    ) -> Self {
+        PurchaseBatches {
+            cluster,
+            stats,
+            batch_max: batch_max.max(1) as usize,
+            in_flight_max: in_flight_max.max(1),
+            request_ttl_secs,
+            replicated_flag,
+        }
+    }
+
+    /// Runs `purchase` in its home bucket, in the next batch of `queue`, and
+    /// answers with its own reply.
+    pub(crate) async fn purchase(
+        &self,
+        queue: &Arc<BucketQueue>,
+        purchase: HomePurchase,
+    ) -> Result<PurchaseReply, Unavailable> {
+        let (answer, reply) = oneshot::channel();
+        self.stats.purchases_queued.fetch_add(1, Ordering::Relaxed);
+        let start_sender = {
+            let mut s = queue.lock();
+            s.waiting.push_back(Queued { purchase, answer });
+            let start = s.in_flight < self.in_flight_max;
+            if start {
+                s.in_flight += 1;
+            }
+            start
+        };
+        if start_sender {
+            let batches = self.clone();
+            let queue = queue.clone();
+            tokio::spawn(async move { batches.send_while_queued(&queue).await });
+        }
+        reply
+            .await
+            .unwrap_or_else(|_| Err(Unavailable::unconfirmed("purchase batch abandoned")))
+    }
+
+    /// Sends batches of `queue` until nobody waits. The sender stops only
+    /// under the lock that saw the queue empty, so a purchase queued after
+    /// that starts a sender of its own.
+    async fn send_while_queued(&self, queue: &BucketQueue) {
+        let mut sending = Sending {
+            queue,
+            stopped: false,
+        };
+        loop {
+            let batch: Vec<Queued> = {
+                let mut s = queue.lock();
+                if s.waiting.is_empty() {
+                    s.in_flight -= 1;
+                    sending.stopped = true;
+                    return;
+                }
+                let n = s.waiting.len().min(self.batch_max);
+                s.waiting.drain(..n).collect()
+            };
+            self.send(queue, batch).await;
+        }
+    }
+
+    /// One `EVALSHA` of `purchase.lua` for `batch`, each reply to its own
+    /// purchase; a batch that fails as a whole answers each with the error.
+    async fn send(&self, queue: &BucketQueue, batch: Vec<Queued>) {
+        let n = batch.len();
+        let k = &queue.keys;
+        let mut keys: Vec<&str> = Vec::with_capacity(4 + 2 * n);
+        keys.extend([
+            k.sale.as_str(),
+            k.stock.as_str(),
+            k.orders.as_str(),
+            k.pending.as_str(),
+        ]);
+        for q in &batch {
+            keys.push(&q.purchase.quota_key);
+            keys.push(&q.purchase.record_key);
+        }
+        let scripts = self.cluster.scripts();
+        let mut call = ScriptCall::new(&scripts.purchase, queue.slot, &keys);
+        call.arg(self.request_ttl_secs).arg(self.replicated_flag);
+        for q in &batch {
+            call.arg(q.purchase.qty)
+                .arg(&q.purchase.order_id)
+                .arg(&q.purchase.user);
+        }
+        self.count(n);
+        match self.cluster.call(&call, replies::purchase_batch).await {
+            Ok(replies) if replies.len() == n => {
+                for (q, reply) in batch.into_iter().zip(replies) {
+                    let _ = q.answer.send(Ok(reply));
+                }
+            }
+            Ok(replies) => {
+                let e = Unavailable::Reply(BadReply {
+                    script: "purchase",
+                    detail: format!("{} replies to a batch of {n}", replies.len()),
+                });
+                answer_all(batch, &e);
+            }
+            Err(e) => answer_all(batch, &Unavailable::from(e)),
+        }
+    }
+
+    fn count(&self, n: usize) {
+        metrics::histogram!(m::PURCHASE_BATCH_SIZE).record(n as f64);
+        self.stats.purchase_batches.fetch_add(1, Ordering::Relaxed);
+        self.stats
+            .largest_purchase_batch
+            .fetch_max(n as u64, Ordering::Relaxed);
+        self.stats.purchase_batch_sizes.record(n);
+    }
+}
+
+fn answer_all(batch: Vec<Queued>, e: &Unavailable) {
+    for q in batch {
+        let _ = q.answer.send(Err(e.clone()));
+    }
+}
+
+/// A running sender of one queue. Should its task end any other way than
+/// by seeing the queue empty (a panic), it gives its place back, and when
+/// no sender is left, answers whoever still waits instead of leaving them
+/// waiting forever.
+struct Sending<'a> {
+    queue: &'a BucketQueue,
+    stopped: bool,
+}
+
+impl Drop for Sending<'_> {
+    fn drop(&mut self) {
+        if self.stopped {
+            return;
+        }
+        let stranded: Vec<Queued> = {
+            let mut s = self.queue.lock();
+            s.in_flight = s.in_flight.saturating_sub(1);
+            if s.in_flight > 0 {
+                return;
+            }
+            s.waiting.drain(..).collect()
+        };
+        answer_all(
+            stranded,
+            &Unavailable::unconfirmed("the purchase batch sender stopped"),
+        );
+    }
+}

@@ -1,0 +1,217 @@
+//! Natural batching per bucket on a real cluster: purchases that queue
+//! behind a call in flight go together as one script call, and each still
+//! gets its own answer, decided as if it were alone.
+
+use std::collections::HashSet;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Duration;
+
+use flashsale::{Confirmed, Engine, PurchaseError, PurchaseRequest, SaleSpec};
+use flashsale_tests::{engine_on, stream_orders, wait_until, RedisCluster};
+use tokio::task::JoinHandle;
+
+/// One purchase on its own task.
+fn buy(
+    engine: &Engine,
+    sku: &str,
+    user: &str,
+    request_id: &str,
+    qty: i64,
+) -> JoinHandle<Result<Confirmed, PurchaseError>> {
+    let engine = engine.clone();
+    let (sku, user, request_id) = (sku.to_owned(), user.to_owned(), request_id.to_owned());
+    tokio::spawn(async move {
+        engine
+            .purchase(PurchaseRequest {
+                sku: &sku,
+                user: &user,
+                qty,
+                request_id: &request_id,
+            })
+            .await
+    })
+}
+
+/// One batch holds a purchase that is confirmed, one sold out, one over the
+/// limit, one replayed and one mismatched, and each gets its own answer.
+/// The bucket's master is paused for writes so the first purchase's call
+/// stays in flight while the five queue behind it; they then go as one call.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_batch_with_mixed_outcomes_answers_each_purchase_on_its_own() {
+    let cluster = RedisCluster::start(3, 0);
+    let engine = engine_on(&cluster).await;
+    let sku = "mixed";
+    let status = engine
+        .create_sale(SaleSpec {
+            per_user_limit: 2,
+            ..SaleSpec::new(sku, 6)
+        })
+        .await
+        .expect("create");
+    let master = cluster.master_of_slot(status.buckets[0].slot);
+
+    // Before the batch: "c" is at the limit, "d" and "e" bought once each.
+    let c = buy(&engine, sku, "c", "c1", 2).await.expect("task");
+    c.expect("c buys two");
+    let d_first = buy(&engine, sku, "d", "d1", 1)
+        .await
+        .expect("task")
+        .expect("d buys one");
+    buy(&engine, sku, "e", "e1", 1)
+        .await
+        .expect("task")
+        .expect("e buys one");
+
+    let stats = engine.stats();
+    let (queued0, batches0) = (
+        stats.purchases_queued.load(Ordering::SeqCst),
+        stats.purchase_batches.load(Ordering::SeqCst),
+    );
+    let _: String = cluster
+        .node(master)
+        .cmd(&["CLIENT", "PAUSE", "20000", "WRITE"]);
+    let filler = buy(&engine, sku, "f", "f1", 1);
+    wait_until(
+        Duration::from_secs(20),
+        "the first call is in flight",
+        || async { engine.stats().purchase_batches.load(Ordering::SeqCst) == batches0 + 1 },
+    )
+    .await;
+    let confirmed = buy(&engine, sku, "x", "x1", 1);
+    let sold_out = buy(&engine, sku, "y", "y1", 2);
+    let over_limit = buy(&engine, sku, "c", "c2", 1);
+    let replayed = buy(&engine, sku, "d", "d1", 1);
+    let mismatched = buy(&engine, sku, "e", "e1", 2);
+    wait_until(
+        Duration::from_secs(20),
+        "five purchases queue behind it",
+        || async { engine.stats().purchases_queued.load(Ordering::SeqCst) == queued0 + 6 },
+    )
+    .await;
+    let _: String = cluster.node(master).cmd(&["CLIENT", "UNPAUSE"]);
+
+    filler
+        .await
+        .expect("task")
+        .expect("the filler is confirmed");
+    let x = confirmed.await.expect("task").expect("x is confirmed");
+    assert!(!x.replayed, "{x:?}");
+    assert_eq!(sold_out.await.expect("task"), Err(PurchaseError::SoldOut));
+    assert!(
+        matches!(
+            over_limit.await.expect("task"),
+            Err(PurchaseError::LimitExceeded {
+                limit: 2,
+                already: 2
+            })
+        ),
+        "c is over the limit"
+    );
+    let d_again = replayed.await.expect("task").expect("d1 replays");
+    assert!(d_again.replayed);
+    assert_eq!(d_again.order_id, d_first.order_id);
+    assert_eq!(
+        mismatched.await.expect("task"),
+        Err(PurchaseError::RequestMismatch)
+    );
+
+    assert_eq!(
+        stats.purchase_batches.load(Ordering::SeqCst),
+        batches0 + 2,
+        "the five went as one call"
+    );
+    assert!(stats.largest_purchase_batch.load(Ordering::SeqCst) >= 5);
+    let status = engine.sale_status(sku).await.expect("status");
+    assert_eq!(status.remaining, 0);
+    let orders = stream_orders(&cluster, &status);
+    assert_eq!(
+        orders.len(),
+        5,
+        "c (one order of 2), d, e, f, x: {orders:?}"
+    );
+}
+
+/// Stock 500 against 2,000 buyers, at most 256 in flight: exactly 500 sold,
+/// every order once in the streams, and the purchases shared calls.
+async fn two_thousand_buyers_at_256_in_flight(buckets: u32) {
+    let cluster = RedisCluster::start(3, 0);
+    let engine = engine_on(&cluster).await;
+    let sku = format!("batched-{buckets}");
+    engine
+        .create_sale(SaleSpec {
+            buckets,
+            ..SaleSpec::new(&sku, 500)
+        })
+        .await
+        .expect("create");
+    let gate = Arc::new(tokio::sync::Semaphore::new(256));
+    let mut tasks = Vec::with_capacity(2000);
+    for i in 0..2000 {
+        let permit = gate.clone().acquire_owned().await.expect("semaphore");
+        let id = format!("buyer-{i}");
+        let task = buy(&engine, &sku, &id, &id, 1);
+        tasks.push(tokio::spawn(async move {
+            let answer = task.await.expect("buyer task");
+            drop(permit);
+            answer
+        }));
+    }
+    let mut confirmed = Vec::new();
+    for t in tasks {
+        match t.await.expect("task") {
+            Ok(c) => confirmed.push(c.order_id),
+            Err(PurchaseError::SoldOut) => {}
+            Err(e) => panic!("a buyer got {e:?}"),
+        }
+    }
+    assert_eq!(confirmed.len(), 500, "exactly the stock is sold");
+    let status = engine.sale_status(&sku).await.expect("status");
+    assert_eq!(status.remaining, 0);
+    let streamed = stream_orders(&cluster, &status);
+    let streamed_ids: HashSet<_> = streamed.iter().map(|(o, _)| o.clone()).collect();
+    assert_eq!(streamed.len(), 500, "each order once in the streams");
+    assert_eq!(streamed_ids, confirmed.into_iter().collect::<HashSet<_>>());
+    let stats = engine.stats();
+    assert!(
+        stats.largest_purchase_batch.load(Ordering::SeqCst) > 1,
+        "purchases shared calls"
+    );
+    assert!(
+        stats.purchase_batches.load(Ordering::SeqCst)
+            < stats.purchases_queued.load(Ordering::SeqCst)
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn batched_stampede_on_one_bucket_sells_exactly_the_stock() {
+    two_thousand_buyers_at_256_in_flight(1).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn batched_stampede_on_three_buckets_sells_exactly_the_stock() {
+    two_thousand_buyers_at_256_in_flight(3).await;
+}
+
+/// `batch_max = 1` is one call per purchase: nothing is ever batched.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn batch_max_one_sends_each_purchase_alone() {
+    let cluster = RedisCluster::start(3, 0);
+    let engine = flashsale_tests::engine_with(&cluster, |c| c.batch_max = 1).await;
+    engine
+        .create_sale(SaleSpec::new("alone", 100))
+        .await
+        .expect("create");
+    let tasks: Vec<_> = (0..200)
+        .map(|i| buy(&engine, "alone", &format!("u{i}"), "r", 1))
+        .collect();
+    let mut sold = 0;
+    for t in tasks {
+        if t.await.expect("task").is_ok() {
+            sold += 1;
+        }
+    }
+    assert_eq!(sold, 100);
+    let stats = engine.stats();
+    assert_eq!(stats.largest_purchase_batch.load(Ordering::SeqCst), 1);
+}
