@@ -55,6 +55,19 @@ fn spawn_buyers(
     (sender, rx)
 }
 
+/// The fault hit a batched sale: some script call carried more than one
+/// purchase.
+fn assert_ran_batched(engine: &Engine) {
+    assert!(
+        engine
+            .stats()
+            .largest_purchase_batch
+            .load(Ordering::Relaxed)
+            > 1,
+        "purchases shared script calls"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn script_flush_mid_sale_is_invisible_to_buyers() {
     let cluster = RedisCluster::start(3, 0);
@@ -102,14 +115,7 @@ async fn script_flush_mid_sale_is_invisible_to_buyers() {
         engine.stats().script_reloads.load(Ordering::Relaxed) >= 1,
         "the reload after NOSCRIPT is counted"
     );
-    assert!(
-        engine
-            .stats()
-            .largest_purchase_batch
-            .load(Ordering::Relaxed)
-            > 1,
-        "the flushes hit batched calls"
-    );
+    assert_ran_batched(&engine);
     let status = engine.sale_status("flushed").await.expect("status");
     assert_eq!(status.remaining, 300);
 }
@@ -290,14 +296,7 @@ async fn kill_a_master_mid_sale(ack: flashsale::Ack) -> FailoverRun {
         .keys()
         .filter(|id| !in_streams.contains(id))
         .count();
-    assert!(
-        engine
-            .stats()
-            .largest_purchase_batch
-            .load(Ordering::Relaxed)
-            > 1,
-        "the sale ran batched (purchases shared script calls)"
-    );
+    assert_ran_batched(&engine);
     FailoverRun {
         confirmed_units: confirmed.len() as u64,
         lost,
