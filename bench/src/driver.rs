@@ -110,15 +110,24 @@ fn commandstats(text: &str) -> (u64, u64) {
 }
 
 /// Fills the master-time figures of `row` from snapshots before and after.
+/// The ceiling counts requests: each master's share of the row's requests
+/// (its share of the script calls; a batch counts as many requests as an
+/// average call of the row carried) over the master time it spent.
 fn with_master_time(mut row: RunResult, before: &MasterTime, after: &MasterTime) -> RunResult {
-    let mut usec = 0u64;
+    let deltas: Vec<(u64, u64)> = after
+        .iter()
+        .map(|(m, (calls, us))| {
+            let (c0, u0) = before.get(m).copied().unwrap_or((0, 0));
+            (calls.saturating_sub(c0), us.saturating_sub(u0))
+        })
+        .collect();
+    let all_calls: u64 = deltas.iter().map(|d| d.0).sum();
+    let usec: u64 = deltas.iter().map(|d| d.1).sum();
     let mut ceiling = 0.0;
-    for (m, (calls, us)) in after {
-        let (c0, u0) = before.get(m).copied().unwrap_or((0, 0));
-        let (dc, du) = (calls.saturating_sub(c0), us.saturating_sub(u0));
-        usec += du;
+    for &(dc, du) in &deltas {
         if dc > 0 && du > 0 {
-            ceiling += 1e6 / (du as f64 / dc as f64);
+            let requests = row.ops as f64 * dc as f64 / all_calls as f64;
+            ceiling += 1e6 * requests / du as f64;
         }
     }
     row.redis_us_per_op = Some(usec as f64 / row.ops.max(1) as f64);

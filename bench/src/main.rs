@@ -119,9 +119,12 @@ async fn main() -> Result<()> {
         ..config.clone()
     })
     .await?;
+    // One purchase per call, every call in flight at once: the engine as
+    // it was before batching.
     let unbatched = Engine::connect(Config {
         lock_nodes: Vec::new(),
         batch_max: 1,
+        batch_in_flight: flashsale::config::MAX_IN_FLIGHT,
         ..config
     })
     .await?;

@@ -36,9 +36,10 @@ pub struct RunResult {
     /// usec deltas of every command on every master (our own INFO calls
     /// excepted), over the requests answered.
     pub redis_us_per_op: Option<f64>,
-    /// Script calls per second the masters could serve with one core each:
-    /// the sum over masters of 1e6 / (their µs per script call). On 2 shared
-    /// cores this is a projection, not a measurement.
+    /// Requests per second the masters could serve with one core each: the
+    /// sum over masters of their requests per second of master time (a
+    /// master's requests: its share of the script calls). On 2 shared cores
+    /// this is a projection, not a measurement.
     pub projected_ceiling: Option<f64>,
     /// Purchases per script call the engine sent (natural batching), the
     /// median and 99th percentile over the row's batches; None for rows

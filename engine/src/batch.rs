@@ -6,6 +6,9 @@
 //! in order. There is no timer: at low load every batch holds one purchase,
 //! and latency is what it was.
 //!
+//! Under `ack = replicated`, the batch's `WAIT 1` goes in the same pipeline
+//! as its script: one round trip confirms the whole batch on a replica.
+//!
 //! A batch that fails as a whole (NOSCRIPT, MOVED, a timeout, a failover) is
 //! retried as a whole by [`Cluster::call`]: safe, because every purchase in
 //! it is idempotent by its request record. A purchase whose caller went away
@@ -19,10 +22,16 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use tokio::sync::oneshot;
 
 use crate::cluster::{Cluster, ScriptCall};
+use crate::config::Ack;
 use crate::error::Unavailable;
 use crate::keys::BucketKeys;
 use crate::metrics::{self as m, Stats};
 use crate::replies::{self, BadReply, PurchaseReply};
+
+/// How long the WAIT sent with a batch under `ack = replicated` waits for a
+/// replica before the batch's purchases are left to wait on their own
+/// (`replication.rs`).
+const WAIT_MS: u64 = 1000;
 
 /// One purchase in its home bucket, as the batch script takes it.
 pub(crate) struct HomePurchase {
@@ -36,10 +45,20 @@ pub(crate) struct HomePurchase {
     pub(crate) user: String,
 }
 
+/// What the home bucket said of one purchase.
+pub(crate) struct HomeReply {
+    pub(crate) reply: PurchaseReply,
+    /// Under `ack = replicated`: a replica acknowledged the batch's writes
+    /// (the WAIT went in the same pipeline, on the same connection, right
+    /// after the script, see [`Cluster::call_then_wait`]), so what the reply
+    /// says of the home bucket needs no WAIT of its own.
+    pub(crate) replicated: bool,
+}
+
 /// A purchase waiting for its batch, and where its answer goes.
 struct Queued {
     purchase: HomePurchase,
-    answer: oneshot::Sender<Result<PurchaseReply, Unavailable>>,
+    answer: oneshot::Sender<Result<HomeReply, Unavailable>>,
 }
 
 /// The queue of one bucket: its fixed keys, and who waits.
@@ -91,9 +110,10 @@ pub(crate) struct PurchaseBatches {
     stats: Arc<Stats>,
     batch_max: usize,
     in_flight_max: u32,
-    /// `purchase.lua`'s ARGV[1] and ARGV[2], fixed by the config.
+    /// `purchase.lua`'s ARGV[1], fixed by the config.
     request_ttl_secs: u64,
-    replicated_flag: &'static str,
+    /// `ack = replicated`: ARGV[2] is "1", and a WAIT goes with each batch.
+    replicated: bool,
 }
 
 impl PurchaseBatches {
@@ -105,7 +125,7 @@ impl PurchaseBatches {
         batch_max: u32,
         in_flight_max: u32,
         request_ttl_secs: u64,
-        replicated_flag: &'static str,
+        ack: Ack,
     ) -> Self {
         PurchaseBatches {
             cluster,
@@ -113,7 +133,7 @@ impl PurchaseBatches {
             batch_max: batch_max.max(1) as usize,
             in_flight_max: in_flight_max.max(1),
             request_ttl_secs,
-            replicated_flag,
+            replicated: ack == Ack::Replicated,
         }
     }
 
@@ -123,7 +143,7 @@ impl PurchaseBatches {
         &self,
         queue: &Arc<BucketQueue>,
         purchase: HomePurchase,
-    ) -> Result<PurchaseReply, Unavailable> {
+    ) -> Result<HomeReply, Unavailable> {
         let (answer, reply) = oneshot::channel();
         self.stats.purchases_queued.fetch_add(1, Ordering::Relaxed);
         let start_sender = {
@@ -186,20 +206,41 @@ impl PurchaseBatches {
         }
         let scripts = self.cluster.scripts();
         let mut call = ScriptCall::new(&scripts.purchase, queue.slot, &keys);
-        call.arg(self.request_ttl_secs).arg(self.replicated_flag);
+        call.arg(self.request_ttl_secs)
+            .arg(if self.replicated { "1" } else { "0" });
         for q in &batch {
             call.arg(q.purchase.qty)
                 .arg(&q.purchase.order_id)
                 .arg(&q.purchase.user);
         }
         self.count(n);
-        match self.cluster.call(&call, replies::purchase_batch).await {
-            Ok(replies) if replies.len() == n => {
+        #[cfg(feature = "planted-bugs")]
+        let skip_wait = crate::planted::active(crate::planted::Plant::SkipWait);
+        #[cfg(not(feature = "planted-bugs"))]
+        let skip_wait = false;
+        let waited = match self.replicated && !skip_wait {
+            true => {
+                self.cluster
+                    .call_then_wait(&call, replies::purchase_batch, WAIT_MS)
+                    .await
+            }
+            false => None,
+        };
+        let result = match waited {
+            Some((replies, replicated)) => Ok((replies, replicated)),
+            None => self
+                .cluster
+                .call(&call, replies::purchase_batch)
+                .await
+                .map(|replies| (replies, false)),
+        };
+        match result {
+            Ok((replies, replicated)) if replies.len() == n => {
                 for (q, reply) in batch.into_iter().zip(replies) {
-                    let _ = q.answer.send(Ok(reply));
+                    let _ = q.answer.send(Ok(HomeReply { reply, replicated }));
                 }
             }
-            Ok(replies) => {
+            Ok((replies, _)) => {
                 let e = Unavailable::Reply(BadReply {
                     script: "purchase",
                     detail: format!("{} replies to a batch of {n}", replies.len()),

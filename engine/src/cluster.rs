@@ -252,6 +252,32 @@ impl Cluster {
         decode(v).map_err(CallError::Reply)
     }
 
+    /// One attempt, no retry: `call`, then `WAIT 1 wait_ms`, pipelined on
+    /// one connection to the master of the call's slot, so the WAIT covers
+    /// the call's writes and everything the master wrote before them, and
+    /// nothing else can be what it counts (a WAIT sent alone may reach
+    /// another node, or a renewed connection). Returns the decoded reply and
+    /// whether a replica acknowledged; `None` when the script's reply did
+    /// not come back clean (an error, a redirect, NOSCRIPT, a broken link):
+    /// the caller then goes through [`Cluster::call`], whose retry is safe
+    /// for the same reason any retry is.
+    pub(crate) async fn call_then_wait<R>(
+        &self,
+        call: &ScriptCall<'_>,
+        decode: fn(Value) -> Result<R, BadReply>,
+        wait_ms: u64,
+    ) -> Option<(R, bool)> {
+        let mut pipe = redis::pipe();
+        pipe.add_command(call.cmd.clone());
+        pipe.cmd("WAIT").arg(1).arg(wait_ms);
+        let route = SingleNodeRoutingInfo::SpecificNode(Route::new(call.slot, SlotAddr::Master));
+        let replies = self.conn().route_pipeline(pipe, 0, 2, route).await.ok()?;
+        let mut replies = replies.into_iter();
+        let reply = decode(replies.next()?).ok()?;
+        let replicated = matches!(replies.next(), Some(Value::Int(n)) if n >= 1);
+        Some((reply, replicated))
+    }
+
     /// Sends a plain command with the same retry policy as scripts (admin
     /// and status calls; not the hot path).
     pub(crate) async fn run_cmd<T: redis::FromRedisValue>(

@@ -14,8 +14,9 @@ use crate::error::ConfigError;
 pub const MAX_BATCH: u32 = 1000;
 
 /// Most batches a bucket may have in flight at once (`batch_in_flight`'s
-/// bound).
-pub const MAX_IN_FLIGHT: u32 = 16;
+/// bound; with `batch_max = 1` and this, every purchase is its own call,
+/// all in flight at once, as before batching).
+pub const MAX_IN_FLIGHT: u32 = 1024;
 
 /// Everything [`crate::Engine::connect`] needs.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]

@@ -21,7 +21,6 @@ use redis::RedisError;
 
 use crate::batch::PurchaseBatches;
 use crate::cluster::Cluster;
-use crate::config::Ack;
 use crate::config::Config;
 use crate::error::{AdminError, ConnectError, NotReady, PurchaseError};
 use crate::lock::{LockClient, LockConfig};
@@ -76,10 +75,7 @@ impl Engine {
             config.batch_max,
             config.batch_in_flight,
             config.request_ttl.as_secs().max(1),
-            match config.ack {
-                Ack::Replicated => "1",
-                Ack::Leader => "0",
-            },
+            config.ack,
         );
         Ok(Engine {
             inner: Arc::new(Inner {

@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use serde::Serialize;
 
-use crate::batch::HomePurchase;
+use crate::batch::{HomePurchase, HomeReply};
 use crate::cluster::ScriptCall;
 use crate::config::Ack;
 use crate::engine::Engine;
@@ -166,13 +166,15 @@ impl Engine {
             conn_gen: self.cluster().generation(),
         };
         let order_id = new_order_id();
-        match self
+        let HomeReply { reply, replicated } = self
             .buy_in_home(home, request, record_key, &order_id)
-            .await?
-        {
+            .await?;
+        match reply {
             PurchaseReply::Confirmed { order_id, bucket } => {
-                self.ack(home, request, Expect::Confirmed(order_id.clone()))
-                    .await?;
+                if !replicated {
+                    self.ack(home, request, Expect::Confirmed(order_id.clone()))
+                        .await?;
+                }
                 Ok(Confirmed {
                     order_id,
                     bucket,
@@ -180,7 +182,7 @@ impl Engine {
                 })
             }
             PurchaseReply::Replayed { order_id, bucket } => {
-                self.ack_replay(&sale, home, request, &order_id, bucket)
+                self.ack_replay(&sale, home, request, &order_id, bucket, replicated)
                     .await?;
                 Ok(Confirmed {
                     order_id,
@@ -193,7 +195,9 @@ impl Engine {
                 // The home bucket's reservation and record are what stop a
                 // retry from buying again: on a replica before any bucket
                 // takes.
-                self.ack(home, request, Expect::Pending).await?;
+                if !replicated {
+                    self.ack(home, request, Expect::Pending).await?;
+                }
                 self.fall_through(&sale, home, request, &order_id, home_stock)
                     .await
             }
@@ -224,7 +228,7 @@ impl Engine {
         request: RequestKey<'_>,
         record_key: String,
         order_id: &str,
-    ) -> Result<PurchaseReply, PurchaseError> {
+    ) -> Result<HomeReply, PurchaseError> {
         let purchase = HomePurchase {
             quota_key: home.keys.quota(request.user),
             record_key,
@@ -240,7 +244,9 @@ impl Engine {
     /// another bucket served the order, that bucket is asked to confirm it
     /// still holds it (and re-propagate), then both are waited for. An order
     /// a failover took back (possible only if the first attempt was never
-    /// confirmed) is reported, never confirmed.
+    /// confirmed) is reported, never confirmed. `home_replicated`: the
+    /// replay's batch was already acknowledged by a replica of the home
+    /// bucket.
     async fn ack_replay(
         &self,
         sale: &SaleHandle,
@@ -248,6 +254,7 @@ impl Engine {
         request: RequestKey<'_>,
         order_id: &str,
         bucket: u32,
+        home_replicated: bool,
     ) -> Result<(), PurchaseError> {
         if self.config().ack == Ack::Leader {
             return Ok(());
@@ -260,6 +267,9 @@ impl Engine {
         };
         let confirmed = || Expect::Confirmed(order_id.to_owned());
         if taker.index == home.index {
+            if home_replicated {
+                return Ok(());
+            }
             return self.ack(home, request, confirmed()).await;
         }
         match self

@@ -482,7 +482,7 @@ mod tests {
             ("batch_max = 1001", "batch_max"),
             ("batch_max = 0", "batch_max"),
             ("batch_in_flight = 0", "batch_in_flight"),
-            ("batch_in_flight = 17", "batch_in_flight"),
+            ("batch_in_flight = 1025", "batch_in_flight"),
         ] {
             let parsed = Settings::parse(text).expect("parses");
             assert_eq!(
