@@ -18,6 +18,7 @@
 use std::collections::VecDeque;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
 
 use tokio::sync::oneshot;
 
@@ -59,6 +60,7 @@ pub(crate) struct HomeReply {
 struct Queued {
     purchase: HomePurchase,
     answer: oneshot::Sender<Result<HomeReply, Unavailable>>,
+    queued_at: Instant,
 }
 
 /// The queue of one bucket: its fixed keys, and who waits.
@@ -114,6 +116,8 @@ pub(crate) struct PurchaseBatches {
     request_ttl_secs: u64,
     /// `ack = replicated`: ARGV[2] is "1", and a WAIT goes with each batch.
     replicated: bool,
+    /// The retry deadline: the most a purchase may wait, queue included.
+    deadline: Duration,
 }
 
 impl PurchaseBatches {
@@ -126,6 +130,7 @@ impl PurchaseBatches {
         in_flight_max: u32,
         request_ttl_secs: u64,
         ack: Ack,
+        deadline: Duration,
     ) -> Self {
         PurchaseBatches {
             cluster,
@@ -134,6 +139,7 @@ impl PurchaseBatches {
             in_flight_max: in_flight_max.max(1),
             request_ttl_secs,
             replicated: ack == Ack::Replicated,
+            deadline,
         }
     }
 
@@ -148,7 +154,11 @@ impl PurchaseBatches {
         self.stats.purchases_queued.fetch_add(1, Ordering::Relaxed);
         let start_sender = {
             let mut s = queue.lock();
-            s.waiting.push_back(Queued { purchase, answer });
+            s.waiting.push_back(Queued {
+                purchase,
+                answer,
+                queued_at: Instant::now(),
+            });
             let start = s.in_flight < self.in_flight_max;
             if start {
                 s.in_flight += 1;
@@ -174,18 +184,57 @@ impl PurchaseBatches {
             stopped: false,
         };
         loop {
-            let batch: Vec<Queued> = {
+            let (batch, expired) = {
                 let mut s = queue.lock();
                 if s.waiting.is_empty() {
                     s.in_flight -= 1;
                     sending.stopped = true;
                     return;
                 }
-                let n = s.waiting.len().min(self.batch_max);
-                s.waiting.drain(..n).collect()
+                self.next_batch(&mut s.waiting)
             };
-            self.send(queue, batch).await;
+            if !expired.is_empty() {
+                answer_all(
+                    expired,
+                    &Unavailable::unconfirmed(
+                        "queued behind calls to this bucket that kept failing, past the \
+                         retry deadline; it was never sent, retry",
+                    ),
+                );
+            }
+            if !batch.is_empty() {
+                self.send(queue, batch).await;
+            }
         }
+    }
+
+    /// Takes the next batch from the front of `waiting`. A purchase whose
+    /// caller is gone is dropped unsent (it was never run, so nothing is
+    /// left half-done), and one queued longer than the retry deadline
+    /// (behind calls that kept failing) is returned apart, to be answered
+    /// unsent: a purchase waits no longer than it would have retried alone.
+    fn next_batch(&self, waiting: &mut VecDeque<Queued>) -> (Vec<Queued>, Vec<Queued>) {
+        let mut batch = Vec::with_capacity(waiting.len().min(self.batch_max));
+        let mut expired = Vec::new();
+        while batch.len() < self.batch_max {
+            let Some(q) = waiting.pop_front() else {
+                break;
+            };
+            if q.answer.is_closed() {
+                self.unsent("caller_gone");
+            } else if q.queued_at.elapsed() >= self.deadline {
+                self.unsent("queued_past_deadline");
+                expired.push(q);
+            } else {
+                batch.push(q);
+            }
+        }
+        (batch, expired)
+    }
+
+    fn unsent(&self, reason: &'static str) {
+        metrics::counter!(m::PURCHASES_UNSENT, "reason" => reason).increment(1);
+        self.stats.purchases_unsent.fetch_add(1, Ordering::Relaxed);
     }
 
     /// One `EVALSHA` of `purchase.lua` for `batch`, each reply to its own
@@ -214,6 +263,14 @@ impl PurchaseBatches {
                 .arg(&q.purchase.user);
         }
         self.count(n);
+        // The retry budget runs from when the oldest purchase was queued,
+        // so none waits longer than the deadline (plus one response
+        // timeout) in all.
+        let since = batch
+            .iter()
+            .map(|q| q.queued_at)
+            .min()
+            .unwrap_or_else(Instant::now);
         #[cfg(feature = "planted-bugs")]
         let skip_wait = crate::planted::active(crate::planted::Plant::SkipWait);
         #[cfg(not(feature = "planted-bugs"))]
@@ -230,7 +287,7 @@ impl PurchaseBatches {
             Some((replies, replicated)) => Ok((replies, replicated)),
             None => self
                 .cluster
-                .call(&call, replies::purchase_batch)
+                .call_since(&call, replies::purchase_batch, since)
                 .await
                 .map(|replies| (replies, false)),
         };

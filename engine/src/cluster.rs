@@ -245,8 +245,20 @@ impl Cluster {
         call: &ScriptCall<'_>,
         decode: fn(Value) -> Result<R, BadReply>,
     ) -> Result<R, CallError> {
+        self.call_since(call, decode, Instant::now()).await
+    }
+
+    /// [`Cluster::call`] for a request that started at `started` (a
+    /// purchase that waited in its bucket's queue): the retry deadline runs
+    /// from then.
+    pub(crate) async fn call_since<R>(
+        &self,
+        call: &ScriptCall<'_>,
+        decode: fn(Value) -> Result<R, BadReply>,
+        started: Instant,
+    ) -> Result<R, CallError> {
         let v: Value = self
-            .run_with_retry(&call.cmd, Some((call.script, call.slot)))
+            .run_with_retry(&call.cmd, Some((call.script, call.slot)), started)
             .await
             .map_err(CallError::Redis)?;
         decode(v).map_err(CallError::Reply)
@@ -284,7 +296,7 @@ impl Cluster {
         &self,
         cmd: &Cmd,
     ) -> Result<T, RedisError> {
-        self.run_with_retry(cmd, None).await
+        self.run_with_retry(cmd, None, Instant::now()).await
     }
 
     /// The one retry loop: `script` (with its slot) is what to reload on
@@ -294,8 +306,8 @@ impl Cluster {
         &self,
         cmd: &Cmd,
         script: Option<(&LuaScript, u16)>,
+        started: Instant,
     ) -> Result<T, RedisError> {
-        let started = Instant::now();
         let mut attempt = 0u32;
         let mut reloads = 0u32;
         loop {

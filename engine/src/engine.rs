@@ -76,6 +76,7 @@ impl Engine {
             config.batch_in_flight,
             config.request_ttl.as_secs().max(1),
             config.ack,
+            config.retry.deadline,
         );
         Ok(Engine {
             inner: Arc::new(Inner {

@@ -22,6 +22,10 @@ pub const SCRIPT_RELOADS: &str = "flashsale_script_reloads_total";
 pub const REDIS_RETRIES: &str = "flashsale_redis_retries_total";
 /// Purchases that fell through from the home bucket to another bucket.
 pub const FALLTHROUGHS: &str = "flashsale_bucket_fallthrough_total";
+/// Purchases answered without being sent, by `reason` (caller_gone,
+/// queued_past_deadline): queued behind calls to their bucket that kept
+/// failing.
+pub const PURCHASES_UNSENT: &str = "flashsale_purchases_unsent_total";
 /// Purchases per batch sent to a bucket (one `EVALSHA` of `purchase.lua`).
 pub const PURCHASE_BATCH_SIZE: &str = "flashsale_purchase_batch_size";
 
@@ -80,6 +84,10 @@ pub fn describe() {
         FALLTHROUGHS,
         "Purchases that fell through to another bucket"
     );
+    describe_counter!(
+        PURCHASES_UNSENT,
+        "Purchases dropped from a bucket's queue unsent, by reason"
+    );
     describe_histogram!(
         PURCHASE_BATCH_SIZE,
         "Purchases per batch sent to a bucket in one script call"
@@ -133,6 +141,9 @@ pub struct Stats {
     pub sold_out_local: AtomicU64,
     /// Purchases queued for a batch of their home bucket.
     pub purchases_queued: AtomicU64,
+    /// Purchases taken off a bucket's queue unsent: their caller was gone,
+    /// or they waited past the retry deadline behind failing calls.
+    pub purchases_unsent: AtomicU64,
     /// Batches of purchases sent to home buckets (script calls); with
     /// `purchases_queued`, how well purchases share calls.
     pub purchase_batches: AtomicU64,

@@ -215,3 +215,103 @@ async fn batch_max_one_sends_each_purchase_alone() {
     let stats = engine.stats();
     assert_eq!(stats.largest_purchase_batch.load(Ordering::SeqCst), 1);
 }
+
+/// Found by the attack on batching: with the bucket's master stalled, each
+/// batch took the whole retry deadline to fail and the next one was sent
+/// only then, so a purchase deep in the queue waited many deadlines, and
+/// was sent (and made an order) long after its buyer had been told
+/// "unavailable". A purchase queued past the deadline is answered unsent.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stalled_bucket_never_sends_purchases_queued_past_the_retry_deadline() {
+    let cluster = RedisCluster::start(3, 0);
+    let engine = flashsale_tests::engine_with(&cluster, |c| {
+        c.retry.deadline = Duration::from_secs(1);
+    })
+    .await;
+    let status = engine
+        .create_sale(SaleSpec::new("stalled", 1000))
+        .await
+        .expect("create");
+    let master = cluster.master_of_slot(status.buckets[0].slot);
+    let stats = engine.stats();
+    let (queued0, unsent0) = (
+        stats.purchases_queued.load(Ordering::SeqCst),
+        stats.purchases_unsent.load(Ordering::SeqCst),
+    );
+    let _: String = cluster
+        .node(master)
+        .cmd(&["CLIENT", "PAUSE", "60000", "WRITE"]);
+    let buyers: Vec<_> = (0..320)
+        .map(|i| buy(&engine, "stalled", &format!("s{i}"), "r", 1))
+        .collect();
+    wait_until(
+        Duration::from_secs(50),
+        "every buyer is answered while the master is still paused",
+        || async { buyers.iter().all(|b| b.is_finished()) },
+    )
+    .await;
+    let _: String = cluster.node(master).cmd(&["CLIENT", "UNPAUSE"]);
+    for b in buyers {
+        let answer = b.await.expect("task");
+        assert!(
+            matches!(answer, Err(PurchaseError::Unavailable(_))),
+            "{answer:?}"
+        );
+    }
+    let queued = stats.purchases_queued.load(Ordering::SeqCst) - queued0;
+    let unsent = stats.purchases_unsent.load(Ordering::SeqCst) - unsent0;
+    assert_eq!(queued, 320);
+    assert!(
+        queued - unsent <= 64,
+        "at most the batch in flight when the master stalled was sent: {} of {queued}",
+        queued - unsent
+    );
+}
+
+/// A purchase whose caller went away while it waited in the queue is never
+/// sent: it makes no order nobody will be told of.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_purchase_whose_caller_is_gone_is_dropped_from_the_queue_unsent() {
+    let cluster = RedisCluster::start(3, 0);
+    let engine = engine_on(&cluster).await;
+    let status = engine
+        .create_sale(SaleSpec::new("walked-away", 1000))
+        .await
+        .expect("create");
+    let stream = status.buckets[0].stream.clone();
+    let master = cluster.master_of_slot(status.buckets[0].slot);
+    let unsent0 = engine.stats().purchases_unsent.load(Ordering::SeqCst);
+    let _: String = cluster
+        .node(master)
+        .cmd(&["CLIENT", "PAUSE", "60000", "WRITE"]);
+    let callers: Vec<_> = (0..100)
+        .map(|i| {
+            let engine = engine.clone();
+            tokio::spawn(async move {
+                let user = format!("w{i}");
+                let buy = engine.purchase(PurchaseRequest {
+                    sku: "walked-away",
+                    user: &user,
+                    qty: 1,
+                    request_id: "r",
+                });
+                // The buyer gives up long before the master comes back.
+                tokio::time::timeout(Duration::from_millis(200), buy).await
+            })
+        })
+        .collect();
+    for c in callers {
+        assert!(c.await.expect("task").is_err(), "the caller timed out");
+    }
+    let _: String = cluster.node(master).cmd(&["CLIENT", "UNPAUSE"]);
+    // The one purchase in flight when the master stalled was sent; every
+    // other one is dropped when its turn comes.
+    wait_until(
+        Duration::from_secs(30),
+        "99 purchases dropped unsent",
+        || async { engine.stats().purchases_unsent.load(Ordering::SeqCst) - unsent0 >= 99 },
+    )
+    .await;
+    let orders: i64 = cluster.node(master).cmd(&["XLEN", &stream]);
+    assert!(orders <= 1, "{orders} orders from callers that were gone");
+}
