@@ -32,9 +32,8 @@ pub struct RunResult {
     pub answers_per_s: f64,
     /// Units put on sale for the run (ops / 2, so oversell shows).
     pub stock: u64,
-    /// Master CPU time per answered request, µs: the `INFO commandstats`
-    /// usec deltas of every command on every master (our own INFO calls
-    /// excepted), over the requests answered.
+    /// Master CPU time per answered request, µs: the `INFO cpu` deltas
+    /// (system + user) of every master, over the requests answered.
     pub redis_us_per_op: Option<f64>,
     /// Requests per second the masters could serve with one core each: the
     /// sum over masters of their requests per second of master time (a
