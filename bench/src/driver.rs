@@ -109,7 +109,10 @@ fn cpu_us(text: &str) -> u64 {
         .filter(|(k, _)| {
             matches!(
                 *k,
-                "used_cpu_sys" | "used_cpu_user" | "used_cpu_sys_children" | "used_cpu_user_children"
+                "used_cpu_sys"
+                    | "used_cpu_user"
+                    | "used_cpu_sys_children"
+                    | "used_cpu_user_children"
             )
         })
         .filter_map(|(_, v)| v.trim().parse::<f64>().ok())

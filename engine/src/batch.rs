@@ -75,7 +75,17 @@ struct QueueState {
     waiting: VecDeque<Queued>,
     /// Batches of this bucket being sent now (each by its own task).
     in_flight: u32,
+    /// Purchases in those batches.
+    purchases_in_flight: usize,
 }
+
+/// Calls a bucket may have in flight while they carry fewer purchases than
+/// this in all, whatever `batch_in_flight` says. At light load a purchase
+/// that arrives while a lone purchase's call is out then goes at once
+/// instead of waiting a round trip for it; under load the calls carry many
+/// purchases each, and only `batch_in_flight` go at once, so batches stay
+/// whole.
+const LIGHT_LOAD_CALLS: u32 = 4;
 
 impl std::fmt::Debug for BucketQueue {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -84,6 +94,7 @@ impl std::fmt::Debug for BucketQueue {
             .field("slot", &self.slot)
             .field("waiting", &s.waiting.len())
             .field("in_flight", &s.in_flight)
+            .field("purchases_in_flight", &s.purchases_in_flight)
             .finish()
     }
 }
@@ -159,7 +170,9 @@ impl PurchaseBatches {
                 answer,
                 queued_at: Instant::now(),
             });
-            let start = s.in_flight < self.in_flight_max;
+            let light =
+                s.in_flight < LIGHT_LOAD_CALLS && s.purchases_in_flight < LIGHT_LOAD_CALLS as usize;
+            let start = s.in_flight < self.in_flight_max || light;
             if start {
                 s.in_flight += 1;
             }
@@ -182,16 +195,24 @@ impl PurchaseBatches {
         let mut sending = Sending {
             queue,
             stopped: false,
+            purchases: 0,
         };
         loop {
             let (batch, expired) = {
                 let mut s = queue.lock();
+                // The batch just answered leaves the count under the same
+                // lock that takes the next, so its buyers' next purchases,
+                // queued meanwhile, see a loaded bucket, not an idle one.
+                s.purchases_in_flight -= std::mem::take(&mut sending.purchases);
                 if s.waiting.is_empty() {
                     s.in_flight -= 1;
                     sending.stopped = true;
                     return;
                 }
-                self.next_batch(&mut s.waiting)
+                let (batch, expired) = self.next_batch(&mut s.waiting);
+                s.purchases_in_flight += batch.len();
+                sending.purchases = batch.len();
+                (batch, expired)
             };
             if !expired.is_empty() {
                 answer_all(
@@ -264,8 +285,9 @@ impl PurchaseBatches {
         }
         self.count(n);
         // The retry budget runs from when the oldest purchase was queued,
-        // so none waits longer than the deadline (plus one response
-        // timeout) in all.
+        // so no purchase is retried past the deadline (plus one response
+        // timeout; under `ack = replicated` also the one pipelined attempt
+        // before it, and the purchase's own WAIT rounds after).
         let since = batch
             .iter()
             .map(|q| q.queued_at)
@@ -331,6 +353,8 @@ fn answer_all(batch: Vec<Queued>, e: &Unavailable) {
 struct Sending<'a> {
     queue: &'a BucketQueue,
     stopped: bool,
+    /// Purchases of the batch this sender has in flight.
+    purchases: usize,
 }
 
 impl Drop for Sending<'_> {
@@ -341,6 +365,7 @@ impl Drop for Sending<'_> {
         let stranded: Vec<Queued> = {
             let mut s = self.queue.lock();
             s.in_flight = s.in_flight.saturating_sub(1);
+            s.purchases_in_flight = s.purchases_in_flight.saturating_sub(self.purchases);
             if s.in_flight > 0 {
                 return;
             }

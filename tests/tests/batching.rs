@@ -33,10 +33,24 @@ fn buy(
     })
 }
 
+/// Purchases a bucket may have in flight before new ones queue behind them
+/// whatever `batch_in_flight` says (the engine's light-load rule in
+/// `batch.rs`).
+const LIGHT_LOAD_CALLS: u64 = 4;
+
+/// Purchases sent to Redis so far, and batches of exactly `n`, from the
+/// engine's batch sizes.
+fn sent_and_batches_of(engine: &Engine, n: usize) -> (u64, u64) {
+    let sizes = engine.stats().purchase_batch_sizes.snapshot();
+    let sent = sizes.iter().enumerate().map(|(k, c)| k as u64 * c).sum();
+    (sent, sizes.get(n).copied().unwrap_or(0))
+}
+
 /// One batch holds a purchase that is confirmed, one sold out, one over the
 /// limit, one replayed and one mismatched, and each gets its own answer.
-/// The bucket's master is paused for writes so the first purchase's call
-/// stays in flight while the five queue behind it; they then go as one call.
+/// The bucket's master is paused for writes so the first purchases' calls
+/// (as at light load) stay in flight while the five queue behind them; they
+/// then go as one call.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_batch_with_mixed_outcomes_answers_each_purchase_on_its_own() {
     let cluster = RedisCluster::start(3, 0);
@@ -45,7 +59,7 @@ async fn one_batch_with_mixed_outcomes_answers_each_purchase_on_its_own() {
     let status = engine
         .create_sale(SaleSpec {
             per_user_limit: 2,
-            ..SaleSpec::new(sku, 6)
+            ..SaleSpec::new(sku, 5 + LIGHT_LOAD_CALLS)
         })
         .await
         .expect("create");
@@ -64,18 +78,18 @@ async fn one_batch_with_mixed_outcomes_answers_each_purchase_on_its_own() {
         .expect("e buys one");
 
     let stats = engine.stats();
-    let (queued0, batches0) = (
-        stats.purchases_queued.load(Ordering::SeqCst),
-        stats.purchase_batches.load(Ordering::SeqCst),
-    );
+    let queued0 = stats.purchases_queued.load(Ordering::SeqCst);
+    let (sent0, fives0) = sent_and_batches_of(&engine, 5);
     let _: String = cluster
         .node(master)
         .cmd(&["CLIENT", "PAUSE", "20000", "WRITE"]);
-    let filler = buy(&engine, sku, "f", "f1", 1);
+    let fillers: Vec<_> = (0..LIGHT_LOAD_CALLS)
+        .map(|i| buy(&engine, sku, &format!("f{i}"), "f", 1))
+        .collect();
     wait_until(
         Duration::from_secs(20),
-        "the first call is in flight",
-        || async { engine.stats().purchase_batches.load(Ordering::SeqCst) == batches0 + 1 },
+        "the first purchases are in flight",
+        || async { sent_and_batches_of(&engine, 5).0 == sent0 + LIGHT_LOAD_CALLS },
     )
     .await;
     let confirmed = buy(&engine, sku, "x", "x1", 1);
@@ -85,16 +99,17 @@ async fn one_batch_with_mixed_outcomes_answers_each_purchase_on_its_own() {
     let mismatched = buy(&engine, sku, "e", "e1", 2);
     wait_until(
         Duration::from_secs(20),
-        "five purchases queue behind it",
-        || async { engine.stats().purchases_queued.load(Ordering::SeqCst) == queued0 + 6 },
+        "five purchases queue behind them",
+        || async {
+            engine.stats().purchases_queued.load(Ordering::SeqCst) == queued0 + LIGHT_LOAD_CALLS + 5
+        },
     )
     .await;
     let _: String = cluster.node(master).cmd(&["CLIENT", "UNPAUSE"]);
 
-    filler
-        .await
-        .expect("task")
-        .expect("the filler is confirmed");
+    for f in fillers {
+        f.await.expect("task").expect("a filler is confirmed");
+    }
     let x = confirmed.await.expect("task").expect("x is confirmed");
     assert!(!x.replayed, "{x:?}");
     assert_eq!(sold_out.await.expect("task"), Err(PurchaseError::SoldOut));
@@ -117,18 +132,17 @@ async fn one_batch_with_mixed_outcomes_answers_each_purchase_on_its_own() {
     );
 
     assert_eq!(
-        stats.purchase_batches.load(Ordering::SeqCst),
-        batches0 + 2,
+        sent_and_batches_of(&engine, 5),
+        (sent0 + LIGHT_LOAD_CALLS + 5, fives0 + 1),
         "the five went as one call"
     );
-    assert!(stats.largest_purchase_batch.load(Ordering::SeqCst) >= 5);
     let status = engine.sale_status(sku).await.expect("status");
     assert_eq!(status.remaining, 0);
     let orders = stream_orders(&cluster, &status);
     assert_eq!(
-        orders.len(),
-        5,
-        "c (one order of 2), d, e, f, x: {orders:?}"
+        orders.len() as u64,
+        4 + LIGHT_LOAD_CALLS,
+        "c (one order of 2), d, e, the fillers, x: {orders:?}"
     );
 }
 
@@ -262,8 +276,8 @@ async fn a_stalled_bucket_never_sends_purchases_queued_past_the_retry_deadline()
     let unsent = stats.purchases_unsent.load(Ordering::SeqCst) - unsent0;
     assert_eq!(queued, 320);
     assert!(
-        queued - unsent <= 64,
-        "at most the batch in flight when the master stalled was sent: {} of {queued}",
+        queued - unsent <= LIGHT_LOAD_CALLS,
+        "at most the calls in flight when the master stalled were sent: {} of {queued}",
         queued - unsent
     );
 }
@@ -304,14 +318,51 @@ async fn a_purchase_whose_caller_is_gone_is_dropped_from_the_queue_unsent() {
         assert!(c.await.expect("task").is_err(), "the caller timed out");
     }
     let _: String = cluster.node(master).cmd(&["CLIENT", "UNPAUSE"]);
-    // The one purchase in flight when the master stalled was sent; every
-    // other one is dropped when its turn comes.
+    // The purchases in flight when the master stalled (one per call, as at
+    // light load) were sent; every other one is dropped when its turn comes.
+    let dropped = 100 - LIGHT_LOAD_CALLS;
     wait_until(
         Duration::from_secs(30),
-        "99 purchases dropped unsent",
-        || async { engine.stats().purchases_unsent.load(Ordering::SeqCst) - unsent0 >= 99 },
+        "the queued purchases are dropped unsent",
+        || async { engine.stats().purchases_unsent.load(Ordering::SeqCst) - unsent0 >= dropped },
     )
     .await;
     let orders: i64 = cluster.node(master).cmd(&["XLEN", &stream]);
-    assert!(orders <= 1, "{orders} orders from callers that were gone");
+    assert!(
+        orders as u64 <= LIGHT_LOAD_CALLS,
+        "{orders} orders from callers that were gone"
+    );
+}
+
+/// At light load a purchase does not wait a round trip behind another
+/// purchase's call: while the calls in flight carry only a few purchases,
+/// a new one goes at once in a call of its own.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn at_light_load_a_purchase_never_waits_behind_another_ones_call() {
+    let cluster = RedisCluster::start(3, 0);
+    let engine = engine_on(&cluster).await;
+    let status = engine
+        .create_sale(SaleSpec::new("light", 10))
+        .await
+        .expect("create");
+    let master = cluster.master_of_slot(status.buckets[0].slot);
+    let (sent0, _) = sent_and_batches_of(&engine, 1);
+    let _: String = cluster
+        .node(master)
+        .cmd(&["CLIENT", "PAUSE", "20000", "WRITE"]);
+    let first = buy(&engine, "light", "a", "r", 1);
+    wait_until(Duration::from_secs(20), "the first call is out", || async {
+        sent_and_batches_of(&engine, 1).0 == sent0 + 1
+    })
+    .await;
+    let second = buy(&engine, "light", "b", "r", 1);
+    wait_until(
+        Duration::from_secs(20),
+        "the second goes while the first is still out",
+        || async { sent_and_batches_of(&engine, 1).0 == sent0 + 2 },
+    )
+    .await;
+    let _: String = cluster.node(master).cmd(&["CLIENT", "UNPAUSE"]);
+    first.await.expect("task").expect("a is confirmed");
+    second.await.expect("task").expect("b is confirmed");
 }
