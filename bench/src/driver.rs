@@ -3,6 +3,7 @@
 //! everything it created afterwards. The figures are judged in `targets.rs`
 //! and printed in `report.rs`.
 
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -273,6 +274,7 @@ impl Bench {
         );
         let before = master_time(&self.engine, &mut self.conn).await?;
         let batches_before = engine.stats().purchase_batch_sizes.snapshot();
+        let fallthroughs_before = engine.stats().fallthroughs.load(Ordering::Relaxed);
         let batch_sizes = engine.clone();
         let stats = self
             .load(format!("{scenario} {label}"), ops, rate, move |i| {
@@ -280,6 +282,11 @@ impl Bench {
             })
             .await;
         let after = master_time(&self.engine, &mut self.conn).await?;
+        let fallthroughs = batch_sizes
+            .stats()
+            .fallthroughs
+            .load(Ordering::Relaxed)
+            .saturating_sub(fallthroughs_before);
         let batches: Vec<u64> = batch_sizes
             .stats()
             .purchase_batch_sizes
@@ -312,8 +319,10 @@ impl Bench {
                 stock,
                 oversold,
                 match rate {
-                    Some(r) => format!("paced at {r:.0}/s, latency from when each was due"),
-                    None => "stock = ops / 2".into(),
+                    Some(r) => format!(
+                        "paced at {r:.0}/s, latency from when each was due; {fallthroughs} fall-throughs"
+                    ),
+                    None => format!("stock = ops / 2; {fallthroughs} fall-throughs"),
                 },
             ),
             &before,

@@ -139,6 +139,9 @@ pub struct Stats {
     pub redis_retries: AtomicU64,
     /// Purchases answered "sold out" from the local flag.
     pub sold_out_local: AtomicU64,
+    /// Purchases whose home bucket was short, so they walked the others
+    /// one call at a time (`take.lua`, `settle.lua`).
+    pub fallthroughs: AtomicU64,
     /// Purchases queued for a batch of their home bucket.
     pub purchases_queued: AtomicU64,
     /// Purchases taken off a bucket's queue unsent: their caller was gone,

@@ -192,6 +192,9 @@ impl Engine {
             }
             PurchaseReply::FallThrough { home_stock } | PurchaseReply::Pending { home_stock } => {
                 metrics::counter!(m::FALLTHROUGHS).increment(1);
+                self.stats()
+                    .fallthroughs
+                    .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                 // The home bucket's reservation and record are what stop a
                 // retry from buying again: on a replica before any bucket
                 // takes.
