@@ -50,6 +50,7 @@ fn demo_json_reports_no_oversell_and_matches_redis() {
         "300"
     );
     assert!(report["confirmed_per_second"].as_f64().unwrap_or(0.0) > 0.0);
+    assert!(report["db_orders_per_second"].as_f64().unwrap_or(0.0) > 0.0);
     assert!(
         report["answers_per_second"].as_f64().unwrap_or(0.0)
             >= report["confirmed_per_second"].as_f64().unwrap_or(0.0)

@@ -71,6 +71,10 @@ pub struct DemoReport {
     pub answers_per_second: f64,
     /// Orders of this sale in PostgreSQL once the writer drained (= sold).
     pub orders_in_db: u64,
+    /// Orders per second the writer moved from the streams into PostgreSQL
+    /// (it starts after the buying phase, so this is its own rate: from its
+    /// start until PostgreSQL held them all, checked every 50 ms).
+    pub db_orders_per_second: f64,
 }
 
 /// The `demo` command: runs the sale, prints the report (JSON or a table),
@@ -172,10 +176,12 @@ pub async fn run(
     // Count the streams before the writer drains (and trims) them, so the
     // report shows every confirmed order queued, then every order written.
     let status = engine.sale_status(&sku).await?;
+    let writer_started = Instant::now();
     let writer = engine
         .spawn_order_writer(pool.clone(), flashsale::WriterConfig::default())
         .await?;
     let orders_in_db = wait_for_orders(&pool, &sku, sold).await?;
+    let drain = writer_started.elapsed().as_secs_f64();
     writer.shutdown().await?;
     let in_db: HashSet<String> = flashsale::db::client(&pool)
         .await?
@@ -208,6 +214,7 @@ pub async fn run(
         confirmed_per_second: sold as f64 / elapsed.max(1e-9),
         answers_per_second: args.buyers as f64 / elapsed.max(1e-9),
         orders_in_db,
+        db_orders_per_second: orders_in_db as f64 / drain.max(1e-9),
     })
 }
 
@@ -245,4 +252,5 @@ pub fn print(r: &DemoReport) {
     println!("  confirmed/s     {:.0}", r.confirmed_per_second);
     println!("  answers/s       {:.0}", r.answers_per_second);
     println!("  orders in db    {}", r.orders_in_db);
+    println!("  written         {:.0} orders/s", r.db_orders_per_second);
 }

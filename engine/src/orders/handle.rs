@@ -13,20 +13,43 @@ use tokio::task::JoinHandle;
 use super::{OrderWriter, WriterConfig, WriterError, WriterReport};
 use crate::engine::Engine;
 
-/// A writer running on a tokio task; stop it with [`WriterHandle::shutdown`].
+/// The writers of one [`Engine::spawn_order_writer`], each on its own tokio
+/// task, stopped together (they share one stop flag); stop them with
+/// [`WriterHandle::shutdown`]. Reports are the sum over the writers.
 pub struct WriterHandle {
     pub(super) stop: Arc<Stop>,
+    pub(super) writers: Vec<RunningWriter>,
+}
+
+/// One writer's task and progress.
+pub(super) struct RunningWriter {
     pub(super) progress: Arc<std::sync::Mutex<WriterReport>>,
     pub(super) task: JoinHandle<Result<WriterReport, WriterError>>,
 }
 
 impl WriterHandle {
-    /// Asks the writer to stop after the batch in hand, and waits for it.
+    /// Asks the writers to stop after the batch in hand, and waits for them.
     pub async fn shutdown(self) -> Result<WriterReport, WriterError> {
         self.stop.request();
-        self.task
-            .await
-            .unwrap_or_else(|e| Err(WriterError::Task(e)))
+        self.join().await
+    }
+
+    /// Waits for every writer; the first error wins, after all have ended.
+    async fn join(self) -> Result<WriterReport, WriterError> {
+        let mut total = WriterReport::default();
+        let mut failed = None;
+        for w in self.writers {
+            match w.task.await.unwrap_or_else(|e| Err(WriterError::Task(e))) {
+                Ok(r) => total.add(&r),
+                Err(e) => {
+                    failed.get_or_insert(e);
+                }
+            }
+        }
+        match failed {
+            Some(e) => Err(e),
+            None => Ok(total),
+        }
     }
 
     /// Writes everything queued now, then stops: the writer keeps going until
@@ -39,25 +62,26 @@ impl WriterHandle {
             tokio::time::sleep(max).await;
             stop.request();
         });
-        let r = self
-            .task
-            .await
-            .unwrap_or_else(|e| Err(WriterError::Task(e)));
+        let r = self.join().await;
         timer.abort();
         r
     }
 
-    /// What the writer has done so far (updated after every round).
+    /// What the writers have done so far (updated after every round).
     pub fn progress(&self) -> WriterReport {
-        self.progress
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .clone()
+        let mut total = WriterReport::default();
+        for w in &self.writers {
+            total.add(&w.progress.lock().unwrap_or_else(|p| p.into_inner()));
+        }
+        total
     }
 
-    /// Kills the task where it stands, as a crash would (tests, emergencies).
+    /// Kills the tasks where they stand, as a crash would (tests,
+    /// emergencies).
     pub fn abort(self) {
-        self.task.abort();
+        for w in self.writers {
+            w.task.abort();
+        }
     }
 }
 
@@ -90,12 +114,29 @@ impl Stop {
 }
 
 impl Engine {
-    /// Starts an order writer inside this process, draining into `pool`.
+    /// Starts the order writers inside this process (`config.writers` of
+    /// them, at least one), draining into `pool`.
     pub async fn spawn_order_writer(
         &self,
         pool: Pool,
         config: WriterConfig,
     ) -> Result<WriterHandle, WriterError> {
-        Ok(OrderWriter::new(self.clone(), pool, config).await?.spawn())
+        let stop = Arc::new(Stop::default());
+        let n = config.writers.max(1);
+        let mut writers = Vec::with_capacity(n);
+        for i in 0..n {
+            let mut c = config.clone();
+            if n > 1 {
+                c.consumer = format!("{}-{i}", config.consumer);
+            }
+            if i > 0 {
+                // One sweeper per process is enough (any number is safe).
+                c.sweep_every = Duration::ZERO;
+            }
+            let mut w = OrderWriter::new(self.clone(), pool.clone(), c).await?;
+            w.stop = stop.clone();
+            writers.push(w.spawn_task());
+        }
+        Ok(WriterHandle { stop, writers })
     }
 }

@@ -38,6 +38,13 @@ pub struct WriterConfig {
     pub consumer: String,
     /// Most entries read and written per batch.
     pub batch: usize,
+    /// Writers [`Engine::spawn_order_writer`] starts, as consumers of the
+    /// one group (`<consumer>-<i>`), each on its own connections, so one
+    /// stream's insert does not hold back the others'. Only the first runs
+    /// the sweeper. Exactly-once holds for any number: each entry is read by
+    /// one consumer, acknowledged only after its COMMIT, and inserted with
+    /// `ON CONFLICT DO NOTHING`.
+    pub writers: usize,
     /// Pause after a round that found nothing.
     pub idle_wait: Duration,
     /// Entries pending longer than this on another consumer are taken over.
@@ -65,7 +72,8 @@ impl Default for WriterConfig {
                 std::process::id(),
                 rand::random::<u32>()
             ),
-            batch: 500,
+            batch: 2000,
+            writers: 2,
             idle_wait: Duration::from_millis(20),
             claim_idle: Duration::from_secs(30),
             discover_every: Duration::from_secs(1),
@@ -114,4 +122,17 @@ pub struct WriterReport {
     pub rejected: u64,
     /// Abandoned fall-throughs the writer's sweeper settled.
     pub settled_abandoned: u64,
+}
+
+impl WriterReport {
+    /// Adds `other`'s counts to these (the writers of one handle).
+    pub fn add(&mut self, other: &WriterReport) {
+        self.written += other.written;
+        self.acked += other.acked;
+        self.dead_lettered += other.dead_lettered;
+        self.claimed += other.claimed;
+        self.held_unreplicated += other.held_unreplicated;
+        self.rejected += other.rejected;
+        self.settled_abandoned += other.settled_abandoned;
+    }
 }

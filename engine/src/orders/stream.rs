@@ -165,17 +165,20 @@ pub fn cmp_ids(a: &str, b: &str) -> Ordering {
 
 /// Deletes entries that every consumer group of the stream is done with:
 /// below the oldest entry any group still has pending, and never past what
-/// any group has been delivered. Our group's `last_acked` bounds it too.
-/// Another group on the stream (an audit reader, say) therefore never loses
-/// an entry it has not read.
-pub async fn trim_acknowledged(
-    conn: &mut ClusterConnection,
-    key: &str,
-    _group: &str,
-    last_acked: &str,
-) -> Result<(), RedisError> {
-    let Some(mut min_id) = next_id(last_acked) else {
-        return Ok(());
+/// any group has been delivered. Another group on the stream (an audit
+/// reader, say) therefore never loses an entry it has not read. Not bounded
+/// by what this consumer acknowledged: with several writers in the group,
+/// whichever acknowledges last trims what the others acknowledged before
+/// it (an entry is acknowledged only after its COMMIT).
+pub async fn trim_acknowledged(conn: &mut ClusterConnection, key: &str) -> Result<(), RedisError> {
+    let mut min_id: Option<String> = None;
+    let mut lower = |id: String| {
+        if min_id
+            .as_ref()
+            .is_none_or(|m| cmp_ids(&id, m) == Ordering::Less)
+        {
+            min_id = Some(id);
+        }
     };
     for info in groups(conn, key).await? {
         let get = |name: &str| info.get(name);
@@ -189,9 +192,7 @@ pub async fn trim_acknowledged(
         else {
             return Ok(());
         };
-        if cmp_ids(&delivered, &min_id) == Ordering::Less {
-            min_id = delivered;
-        }
+        lower(delivered);
         let pending = matches!(get("pending"), Some(Value::Int(n)) if n > 0);
         if pending {
             let summary: Value = redis::cmd("XPENDING")
@@ -206,11 +207,12 @@ pub async fn trim_acknowledged(
             let Some(oldest) = oldest else {
                 return Ok(());
             };
-            if cmp_ids(&oldest, &min_id) == Ordering::Less {
-                min_id = oldest;
-            }
+            lower(oldest);
         }
     }
+    let Some(min_id) = min_id else {
+        return Ok(());
+    };
     let _: i64 = redis::cmd("XTRIM")
         .arg(key)
         .arg("MINID")

@@ -12,7 +12,7 @@ use deadpool_postgres::Pool;
 use redis::cluster_async::ClusterConnection;
 
 use super::entry::{OrderRow, RawEntry};
-use super::handle::{Stop, WriterHandle};
+use super::handle::{RunningWriter, Stop, WriterHandle};
 use super::sql::{db_message, is_permanent, write_batch, WriteFailure};
 use super::{stream, WriterConfig, WriterError, WriterReport};
 use crate::db;
@@ -101,16 +101,20 @@ impl OrderWriter {
     /// Starts the writer on a task.
     pub fn spawn(self) -> WriterHandle {
         let stop = self.stop.clone();
+        WriterHandle {
+            stop,
+            writers: vec![self.spawn_task()],
+        }
+    }
+
+    /// The writer on a task of its own, with its progress.
+    pub(super) fn spawn_task(self) -> RunningWriter {
         let progress = self.progress.clone();
         let task = tokio::spawn(async move {
             let mut w = self;
             w.run_until_stopped().await
         });
-        WriterHandle {
-            stop,
-            progress,
-            task,
-        }
+        RunningWriter { progress, task }
     }
 
     async fn run_until_stopped(&mut self) -> Result<WriterReport, WriterError> {
@@ -373,9 +377,7 @@ impl OrderWriter {
         let ids: Vec<&str> = entries.iter().map(|e| e.id.as_str()).collect();
         stream::ack(&mut self.conn, key, &self.config.group, &ids).await?;
         self.report.acked += ids.len() as u64;
-        if let Some(last) = ids.iter().max_by(|a, b| stream::cmp_ids(a, b)) {
-            stream::trim_acknowledged(&mut self.conn, key, &self.config.group, last).await?;
-        }
+        stream::trim_acknowledged(&mut self.conn, key).await?;
         Ok(())
     }
 
