@@ -188,6 +188,8 @@ pub struct Bench {
     pub replicated: Engine,
     /// The same cluster with `batch_max = 1`: one purchase per script call.
     pub unbatched: Engine,
+    /// Where the `orders` row's writers write.
+    pub postgres_url: String,
     /// Whether the masters have replicas.
     pub has_replicas: bool,
     pub lock_nodes: Vec<String>,
@@ -502,6 +504,96 @@ impl Bench {
         Ok(with_master_time(result, &before, &after))
     }
 
+    /// The `orders` row: a hot1 engine run with the order writers (two, the
+    /// default) draining into PostgreSQL from the start. Throughput is
+    /// orders written per second, from the first purchase until PostgreSQL
+    /// holds every order the run confirmed; the note gives the backlog's
+    /// peak (the stream's length, sampled every 10 ms; entries leave it once
+    /// written and acknowledged) and the engine's own selling rate. Runs
+    /// first in its repetition, so the writers see no other bench sale.
+    /// `None` when PostgreSQL cannot be reached (the row needs it).
+    async fn orders_run(&mut self) -> Result<Option<RunResult>> {
+        let pool = match flashsale::db::pool(&self.postgres_url, 8) {
+            Ok(p) => p,
+            Err(e) => {
+                eprintln!("orders row skipped: {e}");
+                return Ok(None);
+            }
+        };
+        if let Err(e) = flashsale::db::migrate(&pool).await {
+            eprintln!("orders row skipped: PostgreSQL: {e}");
+            return Ok(None);
+        }
+        let ops = self.args.ops;
+        let st = self.sale("hot1-orders", ops / 2, 1).await?;
+        let writers = self
+            .engine
+            .spawn_order_writer(pool.clone(), flashsale::WriterConfig::default())
+            .await?;
+        let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let sampler = {
+            let mut conn = self.engine.dedicated_connection().await?;
+            let (stream, stop) = (st.buckets[0].stream.clone(), stop.clone());
+            tokio::spawn(async move {
+                let mut peak = 0u64;
+                while !stop.load(Ordering::Relaxed) {
+                    let len: u64 = redis::cmd("XLEN")
+                        .arg(&stream)
+                        .query_async(&mut conn)
+                        .await
+                        .unwrap_or(0);
+                    peak = peak.max(len);
+                    tokio::time::sleep(Duration::from_millis(10)).await;
+                }
+                peak
+            })
+        };
+        let started = std::time::Instant::now();
+        let e = self.engine.clone();
+        let sold = self
+            .engine_run("hot1", "orders", e, vec![st.sku.clone()], None, ops)
+            .await?;
+        let confirmed = sold.confirmed;
+        let deadline = started + self.cap();
+        let mut written = 0u64;
+        while written < confirmed && std::time::Instant::now() < deadline {
+            let n: i64 = flashsale::db::client(&pool)
+                .await?
+                .query_one("SELECT COUNT(*) FROM orders WHERE sku = $1", &[&st.sku])
+                .await?
+                .get(0);
+            written = n.max(0) as u64;
+            if written < confirmed {
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        }
+        let drained = started.elapsed();
+        stop.store(true, Ordering::Relaxed);
+        let peak = sampler.await.unwrap_or(0);
+        writers.shutdown().await?;
+        let _ = flashsale::db::client(&pool)
+            .await?
+            .execute("DELETE FROM orders WHERE sku = $1", &[&st.sku])
+            .await;
+        let rate = written as f64 / drained.as_secs_f64().max(1e-9);
+        Ok(Some(RunResult {
+            strategy: "orders".into(),
+            throughput: rate,
+            repetitions: vec![rate],
+            throughput_min: rate,
+            throughput_max: rate,
+            answers_per_s: rate,
+            confirmed: written,
+            // An order confirmed and never written is an error of this row.
+            errors: confirmed.saturating_sub(written),
+            note: format!(
+                "orders into PostgreSQL per second, 2 writers, from the first purchase until all {written} were written; backlog peak {peak}; the engine sold at {:.0}/s in the same run",
+                sold.throughput
+            ),
+            ..sold
+        }))
+    }
+
     /// Loads `code` on every master; returns its SHA.
     async fn load_on_masters(&mut self, code: &str) -> Result<String> {
         use redis::cluster_routing::{MultipleNodeRoutingInfo, ResponsePolicy, RoutingInfo};
@@ -802,6 +894,9 @@ pub async fn measure(b: &mut Bench) -> Result<(Vec<RunResult>, Vec<lockbench::Lo
     for sc in b.args.scenarios.clone() {
         match sc.as_str() {
             "hot1" => {
+                if let Some(r) = b.orders_run().await? {
+                    results.push(r);
+                }
                 if anchor_first {
                     results.extend(hot1_anchors(b).await?);
                 }

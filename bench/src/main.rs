@@ -121,6 +121,7 @@ async fn main() -> Result<()> {
     .await?;
     // One purchase per call, every call in flight at once: the engine as
     // it was before batching.
+    let postgres_url = config.postgres_url.clone();
     let unbatched = Engine::connect(Config {
         lock_nodes: Vec::new(),
         batch_max: 1,
@@ -139,6 +140,7 @@ async fn main() -> Result<()> {
         engine,
         replicated,
         unbatched,
+        postgres_url,
         has_replicas: machine.replicas > 0,
         conn,
         lock_nodes,
