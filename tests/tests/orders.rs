@@ -548,3 +548,105 @@ async fn trimming_keeps_entries_another_consumer_group_has_not_read() {
         );
     }
 }
+
+/// Found by the attack on two writers per process: trimming was no longer
+/// bounded by the trimming writer's own acknowledgements, so when the
+/// writers' group was missing at the moment of the ack (destroyed, or a
+/// promoted replica that never had it; XACK on a missing group answers 0,
+/// not an error), the trim went by another group alone and deleted entries
+/// the writers had never read. Trimming now needs the writers' group.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_missing_writer_group_never_lets_another_group_trim_unwritten_orders() {
+    let Fixture {
+        cluster,
+        pg: _pg,
+        pool,
+        engine,
+        sale,
+    } = Fixture::builder()
+        .sale(SaleSpec::new("orphaned", 50))
+        .build()
+        .await;
+    let status = sale.expect("sale");
+    let b = &status.buckets[0];
+    let node = cluster.node(cluster.master_of_slot(b.slot));
+    let confirmed = buy(&engine, "orphaned", 50, "o").await;
+    flashsale::db::migrate(&pool).await.expect("migrations");
+    // The writer reads a batch and blocks on its INSERT.
+    let mut locker = pool.get().await.expect("db connection");
+    let lock = locker.transaction().await.expect("transaction");
+    lock.batch_execute("LOCK TABLE orders IN ACCESS EXCLUSIVE MODE")
+        .await
+        .expect("lock");
+    let writer = engine
+        .spawn_order_writer(
+            pool.clone(),
+            flashsale::WriterConfig {
+                batch: 10,
+                writers: 1,
+                ..fast_writer(Duration::from_secs(5))
+            },
+        )
+        .await
+        .expect("writer");
+    flashsale_tests::wait_until(Duration::from_secs(30), "the writer holds a batch", || {
+        let pending = pending_in_group(node, &b.stream, "flashsale-writer");
+        async move { pending == 10 }
+    })
+    .await;
+    // Meanwhile the writers' group disappears, and an audit group reads
+    // everything.
+    let _: i64 = node.cmd(&["XGROUP", "DESTROY", &b.stream, "flashsale-writer"]);
+    let _: () = node.cmd(&["XGROUP", "CREATE", &b.stream, "audit", "0"]);
+    let _: redis::Value = node.cmd(&[
+        "XREADGROUP",
+        "GROUP",
+        "audit",
+        "auditor",
+        "NOACK",
+        "COUNT",
+        "1000",
+        "STREAMS",
+        &b.stream,
+        ">",
+    ]);
+    lock.commit().await.expect("unlock");
+    // Every order still reaches PostgreSQL: the writer recreates its group
+    // and reads the stream again.
+    wait_for_db_orders(&pool, "orphaned", 50, Duration::from_secs(60)).await;
+    writer.shutdown().await.expect("stops");
+    assert_exactly_once(&confirmed, &db_order_ids(&pool, "orphaned").await);
+}
+
+/// Entries of `group` pending on `stream` (0 when the group is missing).
+fn pending_in_group(node: &flashsale_tests::RedisNode, stream: &str, group: &str) -> i64 {
+    let reply: redis::Value = node.cmd(&["XINFO", "GROUPS", stream]);
+    let redis::Value::Array(groups) = reply else {
+        return 0;
+    };
+    for g in groups {
+        let fields: Vec<redis::Value> = match g {
+            redis::Value::Array(f) => f,
+            redis::Value::Map(m) => m.into_iter().flat_map(|(k, v)| [k, v]).collect(),
+            _ => continue,
+        };
+        let text = |v: &redis::Value| match v {
+            redis::Value::BulkString(b) => String::from_utf8_lossy(b).into_owned(),
+            redis::Value::SimpleString(s) => s.clone(),
+            _ => String::new(),
+        };
+        let mut name = String::new();
+        let mut pending = 0;
+        for kv in fields.chunks(2) {
+            match (text(&kv[0]).as_str(), kv.get(1)) {
+                ("name", Some(v)) => name = text(v),
+                ("pending", Some(redis::Value::Int(n))) => pending = *n,
+                _ => {}
+            }
+        }
+        if name == group {
+            return pending;
+        }
+    }
+    0
+}

@@ -145,7 +145,8 @@ pub fn next_id(id: &str) -> Option<String> {
     let ms: u64 = ms.parse().ok()?;
     Some(match seq.checked_add(1) {
         Some(s) => format!("{ms}-{s}"),
-        None => format!("{}-0", ms + 1),
+        // The last id there is has no next one: None, never a wrap to 0-0.
+        None => format!("{}-0", ms.checked_add(1)?),
     })
 }
 
@@ -188,5 +189,10 @@ mod tests {
     fn next_id_steps_past_an_entry() {
         assert_eq!(next_id("17-3").as_deref(), Some("17-4"));
         assert_eq!(next_id("oops"), None);
+        assert_eq!(
+            next_id("18446744073709551615-18446744073709551615"),
+            None,
+            "the largest id has no next"
+        );
     }
 }

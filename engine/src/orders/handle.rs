@@ -123,7 +123,9 @@ impl Engine {
     ) -> Result<WriterHandle, WriterError> {
         let stop = Arc::new(Stop::default());
         let n = config.writers.max(1);
-        let mut writers = Vec::with_capacity(n);
+        // Every writer is made before any starts: a failure half-way leaves
+        // none running that nothing could stop.
+        let mut made = Vec::with_capacity(n);
         for i in 0..n {
             let mut c = config.clone();
             if n > 1 {
@@ -135,8 +137,9 @@ impl Engine {
             }
             let mut w = OrderWriter::new(self.clone(), pool.clone(), c).await?;
             w.stop = stop.clone();
-            writers.push(w.spawn_task());
+            made.push(w);
         }
+        let writers = made.into_iter().map(OrderWriter::spawn_task).collect();
         Ok(WriterHandle { stop, writers })
     }
 }

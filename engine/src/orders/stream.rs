@@ -169,8 +169,17 @@ pub fn cmp_ids(a: &str, b: &str) -> Ordering {
 /// reader, say) therefore never loses an entry it has not read. Not bounded
 /// by what this consumer acknowledged: with several writers in the group,
 /// whichever acknowledges last trims what the others acknowledged before
-/// it (an entry is acknowledged only after its COMMIT).
-pub async fn trim_acknowledged(conn: &mut ClusterConnection, key: &str) -> Result<(), RedisError> {
+/// it (an entry is acknowledged only after its COMMIT). Nothing is trimmed
+/// unless the writers' `group` is on the stream: its bound is what says
+/// the entries below were written, and a group that is missing (destroyed,
+/// or a promoted replica that never had it; XACK then answers 0, not an
+/// error) would leave the trim to other groups alone.
+pub async fn trim_acknowledged(
+    conn: &mut ClusterConnection,
+    key: &str,
+    group: &str,
+) -> Result<(), RedisError> {
+    let mut ours = false;
     let mut min_id: Option<String> = None;
     let mut lower = |id: String| {
         if min_id
@@ -185,6 +194,7 @@ pub async fn trim_acknowledged(conn: &mut ClusterConnection, key: &str) -> Resul
         let Some(name) = get("name").and_then(|v| text(&v)) else {
             return Ok(());
         };
+        ours |= name == group;
         // Everything after the group's last delivered id is unread by it.
         let Some(delivered) = get("last-delivered-id")
             .and_then(|v| text(&v))
@@ -210,7 +220,7 @@ pub async fn trim_acknowledged(conn: &mut ClusterConnection, key: &str) -> Resul
             lower(oldest);
         }
     }
-    let Some(min_id) = min_id else {
+    let Some(min_id) = min_id.filter(|_| ours) else {
         return Ok(());
     };
     let _: i64 = redis::cmd("XTRIM")
