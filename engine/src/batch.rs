@@ -23,7 +23,7 @@ use std::time::{Duration, Instant};
 use tokio::sync::oneshot;
 
 use crate::cluster::{Cluster, ScriptCall};
-use crate::config::Ack;
+use crate::config::{Ack, Config};
 use crate::error::Unavailable;
 use crate::keys::BucketKeys;
 use crate::metrics::{self as m, Stats};
@@ -79,14 +79,6 @@ struct QueueState {
     purchases_in_flight: usize,
 }
 
-/// Calls a bucket may have in flight while they carry fewer purchases than
-/// this in all, whatever `batch_in_flight` says. At light load a purchase
-/// that arrives while a lone purchase's call is out then goes at once
-/// instead of waiting a round trip for it; under load the calls carry many
-/// purchases each, and only `batch_in_flight` go at once, so batches stay
-/// whole.
-const LIGHT_LOAD_CALLS: u32 = 4;
-
 impl std::fmt::Debug for BucketQueue {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         let s = self.lock();
@@ -129,28 +121,28 @@ pub(crate) struct PurchaseBatches {
     replicated: bool,
     /// The retry deadline: the most a purchase may wait, queue included.
     deadline: Duration,
+    /// `batch_light_load`: calls a bucket may have in flight, whatever
+    /// `batch_in_flight` says, while they carry fewer purchases than this
+    /// in all (0 = off). At light load a purchase then goes at once instead
+    /// of waiting a round trip behind a lone purchase's call; it also makes
+    /// batches smaller at middling load, which is why it is off by default.
+    light_load: u32,
 }
 
 impl PurchaseBatches {
-    /// Batches of at most `batch_max` purchases, `in_flight_max` per bucket
-    /// at once, sent on `cluster`.
-    pub(crate) fn new(
-        cluster: Arc<Cluster>,
-        stats: Arc<Stats>,
-        batch_max: u32,
-        in_flight_max: u32,
-        request_ttl_secs: u64,
-        ack: Ack,
-        deadline: Duration,
-    ) -> Self {
+    /// Batches as `config` says (`batch_max`, `batch_in_flight`,
+    /// `batch_light_load`, the ack mode, the request TTL and the retry
+    /// deadline), sent on `cluster`.
+    pub(crate) fn new(cluster: Arc<Cluster>, stats: Arc<Stats>, config: &Config) -> Self {
         PurchaseBatches {
             cluster,
             stats,
-            batch_max: batch_max.max(1) as usize,
-            in_flight_max: in_flight_max.max(1),
-            request_ttl_secs,
-            replicated: ack == Ack::Replicated,
-            deadline,
+            batch_max: config.batch_max.max(1) as usize,
+            in_flight_max: config.batch_in_flight.max(1),
+            request_ttl_secs: config.request_ttl.as_secs().max(1),
+            replicated: config.ack == Ack::Replicated,
+            deadline: config.retry.deadline,
+            light_load: config.batch_light_load,
         }
     }
 
@@ -171,7 +163,7 @@ impl PurchaseBatches {
                 queued_at: Instant::now(),
             });
             let light =
-                s.in_flight < LIGHT_LOAD_CALLS && s.purchases_in_flight < LIGHT_LOAD_CALLS as usize;
+                s.in_flight < self.light_load && s.purchases_in_flight < self.light_load as usize;
             let start = s.in_flight < self.in_flight_max || light;
             if start {
                 s.in_flight += 1;

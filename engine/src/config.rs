@@ -51,6 +51,10 @@ pub struct Config {
     pub batch_max: u32,
     /// Most calls in flight to one bucket at once, each with its batch.
     pub batch_in_flight: u32,
+    /// Calls a bucket may have in flight beyond `batch_in_flight` while
+    /// they carry fewer purchases than this in all, so that at light load a
+    /// purchase does not wait a round trip behind another's call; 0 = off.
+    pub batch_light_load: u32,
     /// Retry policy for Redis errors that may pass (failover, reshard).
     pub retry: Backoff,
 }
@@ -72,6 +76,7 @@ impl Default for Config {
             max_qty: 100,
             batch_max: 64,
             batch_in_flight: 1,
+            batch_light_load: 0,
             retry: Backoff::default(),
         }
     }
@@ -128,6 +133,9 @@ impl Config {
                 "batch_max",
                 format!("must be 1..={}", MAX_BATCH),
             ));
+        }
+        if self.batch_light_load > 64 {
+            return Err(ConfigError::new("batch_light_load", "must be 0..=64"));
         }
         if !(1..=MAX_IN_FLIGHT).contains(&self.batch_in_flight) {
             return Err(ConfigError::new(

@@ -69,15 +69,7 @@ impl Engine {
             return Err(ConnectError::SlotsUncovered);
         }
         cluster.load_scripts().await.map_err(ConnectError::redis)?;
-        let batches = PurchaseBatches::new(
-            cluster.clone(),
-            stats.clone(),
-            config.batch_max,
-            config.batch_in_flight,
-            config.request_ttl.as_secs().max(1),
-            config.ack,
-            config.retry.deadline,
-        );
+        let batches = PurchaseBatches::new(cluster.clone(), stats.clone(), &config);
         Ok(Engine {
             inner: Arc::new(Inner {
                 batches,

@@ -483,6 +483,7 @@ mod tests {
             ("batch_max = 0", "batch_max"),
             ("batch_in_flight = 0", "batch_in_flight"),
             ("batch_in_flight = 1025", "batch_in_flight"),
+            ("batch_light_load = 65", "batch_light_load"),
         ] {
             let parsed = Settings::parse(text).expect("parses");
             assert_eq!(

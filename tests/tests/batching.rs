@@ -33,10 +33,15 @@ fn buy(
     })
 }
 
-/// Purchases a bucket may have in flight before new ones queue behind them
-/// whatever `batch_in_flight` says (the engine's light-load rule in
-/// `batch.rs`).
+/// The light-load rule the tests that pause a master run with
+/// (`batch_light_load`): purchases a bucket may have in flight before new
+/// ones queue behind them, whatever `batch_in_flight` says.
 const LIGHT_LOAD_CALLS: u64 = 4;
+
+/// An engine on `cluster` with `batch_light_load = LIGHT_LOAD_CALLS`.
+async fn light_load_engine(cluster: &RedisCluster) -> Engine {
+    flashsale_tests::engine_with(cluster, |c| c.batch_light_load = LIGHT_LOAD_CALLS as u32).await
+}
 
 /// Purchases sent to Redis so far, and batches of exactly `n`, from the
 /// engine's batch sizes.
@@ -54,7 +59,7 @@ fn sent_and_batches_of(engine: &Engine, n: usize) -> (u64, u64) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_batch_with_mixed_outcomes_answers_each_purchase_on_its_own() {
     let cluster = RedisCluster::start(3, 0);
-    let engine = engine_on(&cluster).await;
+    let engine = light_load_engine(&cluster).await;
     let sku = "mixed";
     let status = engine
         .create_sale(SaleSpec {
@@ -334,13 +339,13 @@ async fn a_purchase_whose_caller_is_gone_is_dropped_from_the_queue_unsent() {
     );
 }
 
-/// At light load a purchase does not wait a round trip behind another
-/// purchase's call: while the calls in flight carry only a few purchases,
-/// a new one goes at once in a call of its own.
+/// With `batch_light_load`, a purchase at light load does not wait a round
+/// trip behind another purchase's call: while the calls in flight carry only
+/// a few purchases, a new one goes at once in a call of its own.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn at_light_load_a_purchase_never_waits_behind_another_ones_call() {
     let cluster = RedisCluster::start(3, 0);
-    let engine = engine_on(&cluster).await;
+    let engine = light_load_engine(&cluster).await;
     let status = engine
         .create_sale(SaleSpec::new("light", 10))
         .await
