@@ -819,24 +819,9 @@ pub async fn machine(
 ) -> Machine {
     let map = engine.slot_map().await.ok();
     let version = async {
-        let info: Value = redis::cmd("INFO")
-            .arg("server")
-            .query_async(conn)
-            .await
-            .ok()?;
-        let text = match info {
-            Value::BulkString(b) => String::from_utf8_lossy(&b).into_owned(),
-            Value::VerbatimString { text, .. } => text,
-            Value::Map(m) => m
-                .into_iter()
-                .filter_map(|(_, v)| match v {
-                    Value::BulkString(b) => Some(String::from_utf8_lossy(&b).into_owned()),
-                    _ => None,
-                })
-                .collect::<Vec<_>>()
-                .join("\n"),
-            _ => return None,
-        };
+        let master = map.as_ref()?.masters().into_iter().next()?.to_owned();
+        let (host, port) = master.rsplit_once(':')?;
+        let text = info(conn, host, port.parse().ok()?, "server").await.ok()?;
         text.lines()
             .find_map(|l| l.strip_prefix("redis_version:"))
             .map(|v| v.trim().to_owned())

@@ -115,9 +115,10 @@ pub(crate) struct PurchaseBatches {
     stats: Arc<Stats>,
     batch_max: usize,
     in_flight_max: u32,
-    /// `purchase.lua`'s ARGV[1], fixed by the config.
+    /// `purchase.lua`'s ARGV[1] and ARGV[2], fixed by the config.
     request_ttl_secs: u64,
-    /// `ack = replicated`: ARGV[2] is "1", and a WAIT goes with each batch.
+    replicated_flag: &'static str,
+    /// `ack = replicated`: a WAIT goes with each batch.
     replicated: bool,
     /// The retry deadline: the most a purchase may wait, queue included.
     deadline: Duration,
@@ -139,7 +140,8 @@ impl PurchaseBatches {
             stats,
             batch_max: config.batch_max.max(1) as usize,
             in_flight_max: config.batch_in_flight.max(1),
-            request_ttl_secs: config.request_ttl.as_secs().max(1),
+            request_ttl_secs: config.request_ttl_secs(),
+            replicated_flag: config.replicated_flag(),
             replicated: config.ack == Ack::Replicated,
             deadline: config.retry.deadline,
             light_load: config.batch_light_load,
@@ -268,8 +270,7 @@ impl PurchaseBatches {
         }
         let scripts = self.cluster.scripts();
         let mut call = ScriptCall::new(&scripts.purchase, queue.slot, &keys);
-        call.arg(self.request_ttl_secs)
-            .arg(if self.replicated { "1" } else { "0" });
+        call.arg(self.request_ttl_secs).arg(self.replicated_flag);
         for q in &batch {
             call.arg(q.purchase.qty)
                 .arg(&q.purchase.order_id)
@@ -289,13 +290,12 @@ impl PurchaseBatches {
         let skip_wait = crate::planted::active(crate::planted::Plant::SkipWait);
         #[cfg(not(feature = "planted-bugs"))]
         let skip_wait = false;
-        let waited = match self.replicated && !skip_wait {
-            true => {
-                self.cluster
-                    .call_then_wait(&call, replies::purchase_batch, WAIT_MS)
-                    .await
-            }
-            false => None,
+        let waited = if self.replicated && !skip_wait {
+            self.cluster
+                .call_then_wait(&call, replies::purchase_batch, WAIT_MS)
+                .await
+        } else {
+            None
         };
         let result = match waited {
             Some((replies, replicated)) => Ok((replies, replicated)),

@@ -101,6 +101,20 @@ impl Config {
         c
     }
 
+    /// Seconds the scripts keep request records (their TTL argument).
+    pub(crate) fn request_ttl_secs(&self) -> u64 {
+        self.request_ttl.as_secs().max(1)
+    }
+
+    /// The scripts' replicated argument: "1" when the engine will WAIT for a
+    /// replica, so replays re-propagate their record.
+    pub(crate) fn replicated_flag(&self) -> &'static str {
+        match self.ack {
+            Ack::Replicated => "1",
+            Ack::Leader => "0",
+        }
+    }
+
     /// Checks the values that cannot be right; names the field that is not.
     pub fn validate(&self) -> Result<(), ConfigError> {
         if self.cluster_nodes.is_empty() {

@@ -462,13 +462,13 @@ impl Engine {
         call.arg(request.qty)
             .arg(order_id)
             .arg(request.user)
-            .arg(self.request_ttl_secs())
+            .arg(self.config().request_ttl_secs())
             .arg(match mode {
                 TakeMode::Take => "take",
                 TakeMode::Refuse => "refuse",
                 TakeMode::Confirm => "confirm",
             })
-            .arg(self.replicated_flag());
+            .arg(self.config().replicated_flag());
         Ok(self
             .cluster()
             .call(&call, replies::take)
@@ -496,7 +496,7 @@ impl Engine {
             Some((_, order_id, bucket, _)) => call.arg("C").arg(*bucket).arg(order_id).arg(0),
             None => call.arg("S").arg(0).arg("").arg(walk.refusal.code()),
         };
-        call.arg(self.request_ttl_secs())
+        call.arg(self.config().request_ttl_secs())
             .arg(keys::pending_member(request.user, request.request_id))
             .arg(request.qty);
         Ok(self
@@ -504,17 +504,6 @@ impl Engine {
             .call(&call, replies::settle)
             .await
             .map_err(Unavailable::from)?)
-    }
-
-    fn request_ttl_secs(&self) -> u64 {
-        self.config().request_ttl.as_secs().max(1)
-    }
-
-    fn replicated_flag(&self) -> &'static str {
-        match self.config().ack {
-            Ack::Replicated => "1",
-            Ack::Leader => "0",
-        }
     }
 
     /// With `ack = replicated`, waits for one replica before confirming,

@@ -80,22 +80,24 @@ async fn pending_entries(cluster: &RedisCluster, engine: &Engine, sku: &str) -> 
     status
         .buckets
         .iter()
-        .map(|b| {
-            let node = cluster.node(cluster.master_of_slot(b.slot));
-            // Before a writer created the group there is nothing pending.
-            let summary: redis::RedisResult<redis::Value> = redis::cmd("XPENDING")
-                .arg(&b.stream)
-                .arg(flashsale::orders::GROUP)
-                .query(&mut node.conn());
-            match summary {
-                Ok(redis::Value::Array(p)) => match p.first() {
-                    Some(redis::Value::Int(n)) => *n,
-                    _ => 0,
-                },
-                _ => 0,
-            }
-        })
+        .map(|b| writers_pending(cluster.node(cluster.master_of_slot(b.slot)), &b.stream))
         .sum()
+}
+
+/// Entries of `stream` delivered to the writers' group and not yet
+/// acknowledged; 0 while the group does not exist.
+fn writers_pending(node: &flashsale_tests::RedisNode, stream: &str) -> i64 {
+    let summary: redis::RedisResult<redis::Value> = redis::cmd("XPENDING")
+        .arg(stream)
+        .arg(flashsale::orders::GROUP)
+        .query(&mut node.conn());
+    match summary {
+        Ok(redis::Value::Array(p)) => match p.first() {
+            Some(redis::Value::Int(n)) => *n,
+            _ => 0,
+        },
+        _ => 0,
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -590,7 +592,7 @@ async fn a_missing_writer_group_never_lets_another_group_trim_unwritten_orders()
         .await
         .expect("writer");
     flashsale_tests::wait_until(Duration::from_secs(30), "the writer holds a batch", || {
-        let pending = pending_in_group(node, &b.stream, "flashsale-writer");
+        let pending = writers_pending(node, &b.stream);
         async move { pending == 10 }
     })
     .await;
@@ -616,37 +618,4 @@ async fn a_missing_writer_group_never_lets_another_group_trim_unwritten_orders()
     wait_for_db_orders(&pool, "orphaned", 50, Duration::from_secs(60)).await;
     writer.shutdown().await.expect("stops");
     assert_exactly_once(&confirmed, &db_order_ids(&pool, "orphaned").await);
-}
-
-/// Entries of `group` pending on `stream` (0 when the group is missing).
-fn pending_in_group(node: &flashsale_tests::RedisNode, stream: &str, group: &str) -> i64 {
-    let reply: redis::Value = node.cmd(&["XINFO", "GROUPS", stream]);
-    let redis::Value::Array(groups) = reply else {
-        return 0;
-    };
-    for g in groups {
-        let fields: Vec<redis::Value> = match g {
-            redis::Value::Array(f) => f,
-            redis::Value::Map(m) => m.into_iter().flat_map(|(k, v)| [k, v]).collect(),
-            _ => continue,
-        };
-        let text = |v: &redis::Value| match v {
-            redis::Value::BulkString(b) => String::from_utf8_lossy(b).into_owned(),
-            redis::Value::SimpleString(s) => s.clone(),
-            _ => String::new(),
-        };
-        let mut name = String::new();
-        let mut pending = 0;
-        for kv in fields.chunks(2) {
-            match (text(&kv[0]).as_str(), kv.get(1)) {
-                ("name", Some(v)) => name = text(v),
-                ("pending", Some(redis::Value::Int(n))) => pending = *n,
-                _ => {}
-            }
-        }
-        if name == group {
-            return pending;
-        }
-    }
-    0
 }
