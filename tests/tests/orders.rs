@@ -234,6 +234,19 @@ async fn writer_killed_mid_batch_loses_and_duplicates_nothing() {
         .await
         .expect("writer");
     wait_for_db_orders(&pool, "crash", 3000, Duration::from_secs(60)).await;
+    // Entries the dead writer had committed but not acknowledged (the cut
+    // can fall between its COMMIT and the reply) are already in PostgreSQL,
+    // so 3,000 rows can be there before the second writer takes them over:
+    // wait for the takeover itself, the event this test is about.
+    flashsale_tests::wait_until(
+        Duration::from_secs(60),
+        "the second writer took over every pending entry",
+        || {
+            let (cluster, engine) = (&cluster, &engine);
+            async move { pending_entries(cluster, engine, "crash").await == 0 }
+        },
+    )
+    .await;
     let report = second.shutdown().await.expect("stops");
     assert!(
         report.claimed > 0,
