@@ -23,19 +23,28 @@
 -- request. Two attempts of one request in one batch: the first decides, the
 -- second replays its answer.
 --
--- KEYS[1] {tag}:sale         hash: sku, tag, bucket, buckets, state, starts_ms, ends_ms, limit
+-- KEYS[1] {tag}:sale         hash: sku, tag, bucket, buckets, state, starts_ms, ends_ms, limit,
+--                            hold_ms (absent or 0: an order is paid at once)
 -- KEYS[2] {tag}:stock        integer, the units left in this bucket
 -- KEYS[3] {tag}:orders       stream the order writer drains into PostgreSQL
 -- KEYS[4] {tag}:pending      sorted set of pending requests (score: ms). The member
 --                            is the record key without its "{tag}:r:" prefix,
 --                            "<n>:<user>:<request_id>" (not sent: the hot path
 --                            builds no string it rarely needs)
--- then, for purchase i = 1..n:
--- KEYS[3+2i] {tag}:q:<user>  integer, units this user has bought or reserved
--- KEYS[4+2i] {tag}:r:<n>:<user>:<request_id>   request record, one of
+-- KEYS[5] {tag}:holds        sorted set of held orders (score: expires_ms), the
+--                            sweeper's deadline index (sales with hold_ms > 0)
+-- then, for purchase i = 1..n, s keys each (s = 3 when the sale holds
+-- orders, hold_ms > 0; else 2):
+-- KEYS[6+s(i-1)] {tag}:q:<user>  integer, units this user has bought, held or reserved
+-- KEYS[7+s(i-1)] {tag}:r:<n>:<user>:<request_id>   request record, one of
 --                              "C:<qty>:<bucket>:<order_id>"  confirmed
 --                              "P:<qty>"                      pending (home was short)
 --                              "S:<qty>:<code>"               every bucket refused (code -1/-4/-5)
+-- KEYS[8+s(i-1)] {tag}:o:<order_id>  (s = 3 only) the order's hold, written when
+--                              this purchase confirms: hash state "held", user,
+--                              qty, home (this bucket), expires_ms, q (the quota
+--                              key to give back, "" when the sale has no limit),
+--                              v (1: the version the order writer orders by)
 -- ARGV[1] seconds to keep request records (1..2^31)
 -- ARGV[2] "1" when the engine will WAIT for a replica (ack = replicated)
 -- then, for purchase i = 1..n:
@@ -44,7 +53,8 @@
 -- ARGV[3i+2] user id
 --
 -- Returns one {code, order_id, n} per purchase, in the order sent:
---   { 1, order_id, bucket}   confirmed, new order queued on KEYS[3]
+--   { 1, order_id, bucket}   confirmed, new order queued on KEYS[3] (paid)
+--   { 1, order_id, bucket, expires_ms}  the same, held until expires_ms (hold_ms > 0)
 --   { 2, order_id, bucket}   this request was confirmed before: same answer
 --   { 3, "", stock}          home bucket short: quota reserved, request pending, walk the others
 --   { 4, "", stock}          this request is pending from an earlier attempt: walk the others
@@ -64,12 +74,17 @@
 -- its first write, so a refused purchase changes nothing.
 
 local MAX = 9007199254740991
-local n = (#KEYS - 4) / 2
-if n < 1 or n ~= math.floor(n) or #ARGV ~= 2 + 3 * n then
+local n = (#ARGV - 2) / 3
+local s = n >= 1 and (#KEYS - 5) / n or 0
+if n < 1 or n ~= math.floor(n) or (s ~= 2 and s ~= 3) then
   return redis.error_reply('ERR purchase.lua: KEYS and ARGV do not describe whole purchases')
 end
 local out = {}
-local sale = redis.call('HMGET', KEYS[1], 'state', 'starts_ms', 'ends_ms', 'limit', 'bucket', 'buckets', 'sku', 'tag')
+local sale = redis.call('HMGET', KEYS[1], 'state', 'starts_ms', 'ends_ms', 'limit', 'bucket', 'buckets', 'sku', 'tag', 'hold_ms')
+local hold_ms = tonumber(sale[9] or '0') or 0
+if sale[1] and (hold_ms > 0) ~= (s == 3) then
+  return redis.error_reply('ERR purchase.lua: the order keys do not match the sale\'s hold_ms')
+end
 if not sale[1] then
   for i = 1, n do
     out[i] = {-6, '', 0}
@@ -104,7 +119,7 @@ local function clock_ms()
   return now_ms
 end
 
-local function buy(quota_key, record_key, qty_arg, order_id, user)
+local function buy(quota_key, record_key, order_key, qty_arg, order_id, user)
   local qty = tonumber(qty_arg)
   if not ttl_ok or not qty or qty < 1 or qty > MAX or qty ~= math.floor(qty) then
     return {-7, '', 0}
@@ -169,11 +184,22 @@ local function buy(quota_key, record_key, qty_arg, order_id, user)
   end
   if have >= qty then
     stock = redis.call('DECRBY', KEYS[2], qty)
+    redis.call('SET', record_key, 'C:' .. qty .. ':' .. sale[5] .. ':' .. order_id, 'EX', ttl)
+    if hold_ms == 0 then
+      redis.call('XADD', KEYS[3], '*',
+        'order_id', order_id, 'sku', sale[7], 'user', user, 'qty', qty,
+        'bucket', sale[5], 'tag', sale[8], 'ts', now)
+      return {1, order_id, bucket}
+    end
+    local expires_ms = now + hold_ms
+    redis.call('HSET', order_key, 'state', 'held', 'user', user, 'qty', qty,
+      'home', sale[5], 'expires_ms', expires_ms, 'q', limit > 0 and quota_key or '', 'v', 1)
+    redis.call('PEXPIREAT', order_key, expires_ms + ttl * 1000)
+    redis.call('ZADD', KEYS[5], expires_ms, order_id)
     redis.call('XADD', KEYS[3], '*',
       'order_id', order_id, 'sku', sale[7], 'user', user, 'qty', qty,
-      'bucket', sale[5], 'tag', sale[8], 'ts', now)
-    redis.call('SET', record_key, 'C:' .. qty .. ':' .. sale[5] .. ':' .. order_id, 'EX', ttl)
-    return {1, order_id, bucket}
+      'bucket', sale[5], 'tag', sale[8], 'ts', now, 'status', 'held', 'expires_ms', expires_ms)
+    return {1, order_id, bucket, expires_ms}
   end
 
   -- Short here, but other buckets may have stock: the quota stays reserved in
@@ -185,6 +211,7 @@ local function buy(quota_key, record_key, qty_arg, order_id, user)
 end
 
 for i = 1, n do
-  out[i] = buy(KEYS[3 + 2 * i], KEYS[4 + 2 * i], ARGV[3 * i], ARGV[3 * i + 1], ARGV[3 * i + 2])
+  local k = 5 + s * (i - 1)
+  out[i] = buy(KEYS[k + 1], KEYS[k + 2], KEYS[k + 3], ARGV[3 * i], ARGV[3 * i + 1], ARGV[3 * i + 2])
 end
 return out

@@ -10,12 +10,17 @@
 -- refused for good, so at most one bucket ever takes for a request, however
 -- many attempts (and sweepers) walk at once.
 --
--- KEYS[1] {tag}:sale         hash: sku, tag, bucket, state, starts_ms, ends_ms
+-- KEYS[1] {tag}:sale         hash: sku, tag, bucket, state, starts_ms, ends_ms, hold_ms
 -- KEYS[2] {tag}:stock        integer, the units left in this bucket
 -- KEYS[3] {tag}:orders       stream the order writer drains into PostgreSQL
 -- KEYS[4] {tag}:r:<n>:<user>:<request_id>   this request's record in this bucket:
 --                              "C:<qty>:<bucket>:<order_id>" took here
 --                              "X:<qty>:<code>"              refused here (code -1/-4/-5)
+-- KEYS[5] {tag}:holds        sorted set of held orders (score: expires_ms)
+-- KEYS[6] {tag}:o:<order_id> only when the sale holds orders (hold_ms > 0): the
+--                            order's hold, written when this bucket takes (see
+--                            purchase.lua; q is "": the buyer's quota lives in
+--                            the home bucket, another slot)
 -- ARGV[1] qty (integer 1..2^53-1)
 -- ARGV[2] order id to use if this request makes a new order
 -- ARGV[3] user id
@@ -25,9 +30,12 @@
 --         "confirm" (a replay checking the order it names is still here:
 --         never takes, never refuses)
 -- ARGV[6] "1" when the engine will WAIT for a replica (ack = replicated)
+-- ARGV[7] the buyer's home bucket (its index), kept on a held order so its
+--         quota can be given back there
 --
 -- Returns {code, order_id, n}:
---   { 1, order_id, bucket}   taken, new order queued on KEYS[3]
+--   { 1, order_id, bucket}   taken, new order queued on KEYS[3] (paid)
+--   { 1, order_id, bucket, expires_ms}  the same, held until expires_ms (hold_ms > 0)
 --   { 2, order_id, bucket}   this request took here before: same answer
 --   {-1, "", stock}          refused: not enough stock (or the sweeper's refusal)
 --   {-4, "", stock}          refused: the sale's window is over (or not open)
@@ -41,15 +49,20 @@
 -- one bucket of its sale.
 
 local MAX = 9007199254740991
-local sale = redis.call('HMGET', KEYS[1], 'state', 'bucket', 'sku', 'tag', 'starts_ms', 'ends_ms')
+local sale = redis.call('HMGET', KEYS[1], 'state', 'bucket', 'sku', 'tag', 'starts_ms', 'ends_ms', 'hold_ms')
 if not sale[1] then
   return {-6, '', 0}
+end
+local hold_ms = tonumber(sale[7] or '0') or 0
+if (hold_ms > 0) ~= (#KEYS == 6) or #KEYS < 5 then
+  return redis.error_reply('ERR take.lua: the order key does not match the sale\'s hold_ms')
 end
 local qty = tonumber(ARGV[1])
 local ttl = tonumber(ARGV[4])
 if not qty or qty < 1 or qty > MAX or qty ~= math.floor(qty)
    or not ttl or ttl < 1 or ttl > 2147483648 or ttl ~= math.floor(ttl)
-   or (ARGV[5] ~= 'take' and ARGV[5] ~= 'refuse' and ARGV[5] ~= 'confirm') then
+   or (ARGV[5] ~= 'take' and ARGV[5] ~= 'refuse' and ARGV[5] ~= 'confirm')
+   or (hold_ms > 0 and not tonumber(ARGV[7] or '')) then
   return {-7, '', 0}
 end
 local prior = redis.call('GET', KEYS[4])
@@ -92,8 +105,19 @@ if refusal then
 end
 
 redis.call('DECRBY', KEYS[2], qty)
+redis.call('SET', KEYS[4], 'C:' .. qty .. ':' .. sale[2] .. ':' .. ARGV[2], 'EX', ttl)
+if hold_ms == 0 then
+  redis.call('XADD', KEYS[3], '*',
+    'order_id', ARGV[2], 'sku', sale[3], 'user', ARGV[3], 'qty', qty,
+    'bucket', sale[2], 'tag', sale[4], 'ts', now_ms)
+  return {1, ARGV[2], tonumber(sale[2])}
+end
+local expires_ms = now_ms + hold_ms
+redis.call('HSET', KEYS[6], 'state', 'held', 'user', ARGV[3], 'qty', qty,
+  'home', ARGV[7], 'expires_ms', expires_ms, 'q', '', 'v', 1)
+redis.call('PEXPIREAT', KEYS[6], expires_ms + ttl * 1000)
+redis.call('ZADD', KEYS[5], expires_ms, ARGV[2])
 redis.call('XADD', KEYS[3], '*',
   'order_id', ARGV[2], 'sku', sale[3], 'user', ARGV[3], 'qty', qty,
-  'bucket', sale[2], 'tag', sale[4], 'ts', now_ms)
-redis.call('SET', KEYS[4], 'C:' .. qty .. ':' .. sale[2] .. ':' .. ARGV[2], 'EX', ttl)
-return {1, ARGV[2], tonumber(sale[2])}
+  'bucket', sale[2], 'tag', sale[4], 'ts', now_ms, 'status', 'held', 'expires_ms', expires_ms)
+return {1, ARGV[2], tonumber(sale[2]), expires_ms}

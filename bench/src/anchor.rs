@@ -122,11 +122,12 @@ pub fn command_line(t: &Target, script: Script, sha: &str, pipeline: usize) -> R
         // 600 s request TTL.
         "EVALSHA".into(),
         sha.into(),
-        "6".into(),
+        "7".into(),
         k("sale"),
         k("stock"),
         k("orders"),
         k("pending"),
+        k("holds"),
         k(&format!("q:{USER}")),
         k(&format!("r:{}:{USER}:__rand_int__", USER.len())),
         "600".into(),

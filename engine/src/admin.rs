@@ -17,7 +17,7 @@ use crate::error::{AdminError, InvalidInput, Unavailable};
 use crate::keys::{self, BucketKeys};
 use crate::placement::{pick_tags, tag_slot};
 use crate::replies::{self, CreateMetaReply, RestockReply};
-use crate::sale::{SaleSpec, MAX_BUCKETS, MAX_UNITS};
+use crate::sale::{SaleSpec, MAX_BUCKETS, MAX_HOLD_MS, MAX_UNITS};
 use crate::status::SaleStatus;
 use crate::validate;
 
@@ -51,6 +51,8 @@ struct Plan {
     tags: Vec<String>,
     stock: u64,
     limit: u32,
+    hold_ms: u64,
+    late: String,
     starts_ms: u64,
     ends_ms: u64,
     created: bool,
@@ -77,6 +79,11 @@ impl Plan {
             tags,
             stock: num("stock")?,
             limit: u32::try_from(num("limit").unwrap_or(0)).ok()?,
+            hold_ms: num("hold_ms").unwrap_or(0),
+            late: fields
+                .get("late")
+                .cloned()
+                .unwrap_or_else(|| "refuse".into()),
             starts_ms: num("starts_ms").unwrap_or(0),
             ends_ms: num("ends_ms").unwrap_or(0),
             // Sales made before plans were recorded have no "created" field.
@@ -98,6 +105,12 @@ fn check_spec(spec: &SaleSpec) -> Result<(u64, u64), AdminError> {
     }
     if spec.stock == 0 {
         return Err(spec_error("stock must be at least 1"));
+    }
+    if spec.hold_ms > MAX_HOLD_MS {
+        return Err(spec_error(format!(
+            "hold_ms must be at most {MAX_HOLD_MS} (7 days), got {}",
+            spec.hold_ms
+        )));
     }
     if spec.stock > MAX_UNITS {
         return Err(spec_error(format!(
@@ -183,6 +196,8 @@ impl Engine {
             ("stock", spec.stock.to_string()),
             ("buckets", spec.buckets.to_string()),
             ("limit", spec.per_user_limit.to_string()),
+            ("hold_ms", spec.hold_ms.to_string()),
+            ("late", spec.late_payment.as_str().to_owned()),
             ("starts_ms", starts_ms.to_string()),
             ("ends_ms", ends_ms.to_string()),
         ] {
@@ -254,6 +269,8 @@ impl Engine {
                 ("starts_ms", plan.starts_ms.to_string()),
                 ("ends_ms", plan.ends_ms.to_string()),
                 ("limit", plan.limit.to_string()),
+                ("hold_ms", plan.hold_ms.to_string()),
+                ("late", plan.late.clone()),
                 ("initial", units.to_string()),
             ] {
                 call.arg(f).arg(v);

@@ -40,6 +40,8 @@ pub(crate) struct HomePurchase {
     pub(crate) quota_key: String,
     /// `{tag}:r:<n>:<user>:<request_id>`.
     pub(crate) record_key: String,
+    /// `{tag}:o:<order_id>`, when the sale holds orders (`hold_ms > 0`).
+    pub(crate) order_key: Option<String>,
     pub(crate) qty: u64,
     /// The order id to use if this purchase makes a new order.
     pub(crate) order_id: String,
@@ -257,16 +259,20 @@ impl PurchaseBatches {
     async fn send(&self, queue: &BucketQueue, batch: Vec<Queued>) {
         let n = batch.len();
         let k = &queue.keys;
-        let mut keys: Vec<&str> = Vec::with_capacity(4 + 2 * n);
+        let mut keys: Vec<&str> = Vec::with_capacity(5 + 3 * n);
         keys.extend([
             k.sale.as_str(),
             k.stock.as_str(),
             k.orders.as_str(),
             k.pending.as_str(),
+            k.holds.as_str(),
         ]);
         for q in &batch {
             keys.push(&q.purchase.quota_key);
             keys.push(&q.purchase.record_key);
+            if let Some(order_key) = &q.purchase.order_key {
+                keys.push(order_key);
+            }
         }
         let scripts = self.cluster.scripts();
         let mut call = ScriptCall::new(&scripts.purchase, queue.slot, &keys);

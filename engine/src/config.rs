@@ -43,6 +43,11 @@ pub struct Config {
     /// ([`crate::Engine::settle_abandoned`], run by the order writer).
     #[serde(with = "millis", rename = "pending_timeout_ms")]
     pub pending_timeout: Duration,
+    /// How often the hold sweeper (run by `flashsale serve`, see
+    /// [`crate::Engine::spawn_hold_sweeper`]) expires the holds whose
+    /// deadline passed; it bounds how late their units go back on sale.
+    #[serde(with = "millis", rename = "hold_sweep_ms")]
+    pub hold_sweep: Duration,
     /// Largest quantity one purchase may ask for.
     pub max_qty: u32,
     /// Most purchases sent to one bucket in one script call. Purchases queue
@@ -73,6 +78,7 @@ impl Default for Config {
             sold_out_recheck: Duration::from_millis(500),
             request_ttl: Duration::from_secs(24 * 3600),
             pending_timeout: Duration::from_secs(30),
+            hold_sweep: Duration::from_millis(100),
             max_qty: 100,
             batch_max: 64,
             batch_in_flight: 1,
@@ -174,6 +180,12 @@ impl Config {
             self.pending_timeout,
             Duration::from_millis(100),
             Duration::from_secs(3600),
+        )?;
+        within(
+            "hold_sweep_ms",
+            self.hold_sweep,
+            Duration::from_millis(10),
+            Duration::from_secs(60),
         )?;
         if self.pending_timeout >= self.request_ttl {
             return Err(ConfigError::new(

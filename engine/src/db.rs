@@ -9,6 +9,7 @@ use tokio_postgres::NoTls;
 const MIGRATIONS: &[(i32, &str, &str)] = &[
     (1, "orders", include_str!("../migrations/0001_orders.sql")),
     (2, "fencing", include_str!("../migrations/0002_fencing.sql")),
+    (3, "holds", include_str!("../migrations/0003_holds.sql")),
 ];
 
 /// Advisory lock key held while migrating ("flashsal" in ASCII).

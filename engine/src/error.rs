@@ -111,6 +111,72 @@ impl From<RedisError> for PurchaseError {
     }
 }
 
+/// Why a held order's payment, cancel or lookup did not go through
+/// (`Engine::pay`, `Engine::cancel`, `Engine::order`). Every refusal changed
+/// nothing.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum HoldError {
+    /// The order id, or the payment reference, is malformed.
+    #[error("invalid request: {0}")]
+    Invalid(InvalidInput),
+    /// No such order: its id names no sale, no bucket of the sale, or no
+    /// order in that bucket (never made, or its record is gone).
+    #[error("unknown order {0:?}")]
+    UnknownOrder(String),
+    /// The order's sale does not hold orders (`hold_ms = 0`): its orders
+    /// are paid when confirmed, so there is nothing to pay or cancel.
+    #[error("sale {0:?} does not hold orders: its orders are paid when confirmed")]
+    NoHolds(String),
+    /// A payment came after the hold ended (expired or cancelled): the unit
+    /// was not kept for the buyer, and the order is not paid.
+    #[error("the hold ended ({state}): the unit was not kept")]
+    HoldExpired {
+        /// `expired` or `cancelled`.
+        state: crate::hold::OrderState,
+    },
+    /// A cancel of an order that is already final (paid, or expired).
+    #[error("the order is already {state}")]
+    AlreadyFinal {
+        /// The state it is in.
+        state: crate::hold::OrderState,
+    },
+    /// A payment of an order already paid under another payment reference.
+    #[error("the order was paid with another payment reference")]
+    PaymentConflict,
+    /// The inventory could not answer or the answer could not be confirmed;
+    /// a retry is safe (every transition answers its retry the same).
+    #[error("inventory unavailable: {0}")]
+    Unavailable(Unavailable),
+}
+
+impl HoldError {
+    /// A short, stable name of the error (metrics labels, HTTP `error`).
+    pub fn code(&self) -> &'static str {
+        match self {
+            HoldError::Invalid(_) => "invalid",
+            HoldError::UnknownOrder(_) => "unknown_order",
+            HoldError::NoHolds(_) => "no_holds",
+            HoldError::HoldExpired { .. } => "hold_expired",
+            HoldError::AlreadyFinal { .. } => "already_final",
+            HoldError::PaymentConflict => "payment_conflict",
+            HoldError::Unavailable(_) => "unavailable",
+        }
+    }
+}
+
+impl From<Unavailable> for HoldError {
+    fn from(e: Unavailable) -> Self {
+        HoldError::Unavailable(e)
+    }
+}
+
+impl From<RedisError> for HoldError {
+    fn from(e: RedisError) -> Self {
+        HoldError::Unavailable(e.into())
+    }
+}
+
 impl PurchaseError {
     /// A short, stable name of the error: the `result` label of the purchase
     /// metrics and the `error` field of the HTTP answer.
@@ -164,6 +230,14 @@ pub enum InvalidInput {
         field: &'static str,
         /// What is allowed.
         reason: &'static str,
+    },
+    /// A value that is not in the shape its field must have.
+    #[error("{field} is malformed: {expected}")]
+    Malformed {
+        /// Which field.
+        field: &'static str,
+        /// The shape it must have.
+        expected: &'static str,
     },
     /// A sale specification that cannot be created.
     #[error("{0}")]

@@ -27,6 +27,13 @@ pub struct BucketKeys {
     /// `{tag}:pending`, the sorted set of this bucket's pending fall-throughs
     /// (member [`pending_member`], score: ms when it became pending).
     pub pending: String,
+    /// `{tag}:holds`, the deadline index of this bucket's held orders
+    /// (member: order id, score: ms when the hold expires).
+    pub holds: String,
+    /// `{tag}:owed`, orders of this bucket whose units came back while the
+    /// buyer's quota, in another bucket, is still to be given back
+    /// (member: order id, score: ms).
+    pub owed: String,
     /// `{tag}:` prefix of per-request and per-user keys.
     prefix: String,
 }
@@ -39,6 +46,8 @@ impl BucketKeys {
             stock: format!("{{{tag}}}:stock"),
             orders: format!("{{{tag}}}:orders"),
             pending: format!("{{{tag}}}:pending"),
+            holds: format!("{{{tag}}}:holds"),
+            owed: format!("{{{tag}}}:owed"),
             prefix: format!("{{{tag}}}:"),
         }
     }
@@ -53,6 +62,23 @@ impl BucketKeys {
         k.push_str("r:");
         push_member(&mut k, user, request_id);
         k
+    }
+
+    /// `{tag}:o:<order_id>`, the hash of a held order (sales with
+    /// `hold_ms > 0`): its state, buyer, units and deadline.
+    pub fn order(&self, order_id: &str) -> String {
+        let mut k = String::with_capacity(self.prefix.len() + 2 + order_id.len());
+        k.push_str(&self.prefix);
+        k.push_str("o:");
+        k.push_str(order_id);
+        k
+    }
+
+    /// `{tag}:u:<order_id>`, in the buyer's home bucket: set once the quota
+    /// of an order served by another bucket was given back, so it is given
+    /// back once.
+    pub fn quota_returned(&self, order_id: &str) -> String {
+        format!("{}u:{order_id}", self.prefix)
     }
 
     /// `{tag}:q:<user>`, units a user bought or reserved (home bucket only).

@@ -1,6 +1,10 @@
 //! Reconcile: proves the ledger per SKU. Every unit ever put on sale is
 //! either still in Redis, or an order waiting in a stream, or an order in
-//! PostgreSQL: `initial = remaining + pending + written`. Read-only on both
+//! PostgreSQL: `initial = remaining + pending + written`. With holds, an
+//! order's units count as taken while it is held or paid: a cancel or an
+//! expiry (an event on the stream, then a row of `order_events`) gave them
+//! back, a late payment's retake took them again, so the units of orders
+//! are summed as orders - returned + retaken, on each side. Read-only on both
 //! Redis and PostgreSQL; exact while buyers and the writer run (see
 //! `reconcile_one`), so it can run on a timer inside `flashsale serve`.
 
@@ -16,6 +20,7 @@ use crate::engine::Engine;
 use crate::error::AdminError;
 use crate::keys;
 use crate::metrics as m;
+use crate::orders::entry::Record;
 use crate::replies::{self, LedgerSnapshot};
 
 /// The ledger of one SKU.
@@ -27,10 +32,17 @@ pub struct LedgerReport {
     pub initial: u64,
     /// Units left in Redis (sum of bucket stock keys).
     pub remaining: i64,
-    /// Units in orders still in the streams and not yet in PostgreSQL.
-    pub pending: u64,
-    /// Units in orders in PostgreSQL.
-    pub written: u64,
+    /// Units in orders still in the streams and not yet in PostgreSQL (net
+    /// of the transitions there: negative while a written order's cancel or
+    /// expiry is still on its way).
+    pub pending: i64,
+    /// Units in orders in PostgreSQL (net of the transitions there).
+    pub written: i64,
+    /// Of the units in orders in PostgreSQL, those in held orders (waiting
+    /// for payment) and those in paid ones.
+    pub held_in_db: u64,
+    /// See `held_in_db`.
+    pub paid_in_db: u64,
     /// Orders (rows) in PostgreSQL.
     pub orders_in_db: u64,
     /// Entries in the dead-letter streams (not counted as units).
@@ -79,7 +91,7 @@ pub async fn reconcile(
     let imbalance: u64 = reports
         .iter()
         .map(|r| {
-            (r.initial as i64 - (r.remaining + r.pending as i64 + r.written as i64)).unsigned_abs()
+            (r.initial as i64 - (r.remaining + r.pending + r.written)).unsigned_abs()
                 + r.lost_from_stream
         })
         .sum();
@@ -94,18 +106,22 @@ struct Snapshot {
     stock: i64,
     last_id: (i64, i64),
     entries: Vec<(String, u64)>,
+    /// Transitions still in the stream: (order id, version, units delta).
+    events: Vec<(String, i32, i64)>,
 }
 
-/// The orders (id, qty) still in `stream` with ids up to `last`, read in
-/// chunks so no single call holds the master for long.
+/// The orders (id, qty) and transitions (id, version, units delta) still in
+/// `stream` with ids up to `last`, read in chunks so no single call holds
+/// the master for long.
 async fn queued_orders(
     conn: &mut redis::cluster_async::ClusterConnection,
     stream: &str,
     last: (i64, i64),
-) -> Result<Vec<(String, u64)>, redis::RedisError> {
+) -> Result<(Vec<(String, u64)>, Vec<(String, i32, i64)>), redis::RedisError> {
     let end = format!("{}-{}", last.0, last.1);
     let mut start = "-".to_owned();
     let mut out = Vec::new();
+    let mut events = Vec::new();
     loop {
         let v: Value = redis::cmd("XRANGE")
             .arg(stream)
@@ -118,14 +134,18 @@ async fn queued_orders(
         let entries = crate::orders::entry::parse_entries(&v);
         let Some(tail) = entries.last() else { break };
         start = format!("({}", tail.id);
-        out.extend(
-            entries
-                .iter()
-                .filter_map(|e| e.to_order().ok())
-                .map(|o| (o.order_id, o.qty as u64)),
-        );
+        for e in &entries {
+            match e.to_record() {
+                Ok(Record::Order(o)) => out.push((o.order_id, o.qty as u64)),
+                Ok(Record::Event(ev)) => {
+                    let delta = ev.units_delta();
+                    events.push((ev.order_id, ev.version, delta));
+                }
+                Err(_) => {}
+            }
+        }
     }
-    Ok(out)
+    Ok((out, events))
 }
 
 /// The ledger of one SKU, exact even while buyers and the writer run:
@@ -159,13 +179,14 @@ async fn reconcile_one(
             stock,
             last_id,
         } = reply.map_err(|e| AdminError::Unavailable(e.into()))?;
-        let mut snap = Snapshot {
+        let (entries, events) = queued_orders(&mut conn, &b.keys.orders, last_id).await?;
+        let snap = Snapshot {
             initial,
             stock,
             last_id,
-            entries: Vec::new(),
+            entries,
+            events,
         };
-        snap.entries = queued_orders(&mut conn, &b.keys.orders, snap.last_id).await?;
         snaps.push((b, snap));
         dead_lettered += redis::cmd("XLEN")
             .arg(keys::dead_letter_stream(&b.tag))
@@ -182,7 +203,8 @@ async fn reconcile_one(
         .await
         .map_err(DbError::from)?;
     let (mut initial, mut remaining, mut pending, mut written, mut orders_in_db) =
-        (0u64, 0i64, 0u64, 0u64, 0u64);
+        (0u64, 0i64, 0i64, 0i64, 0u64);
+    let (mut held_in_db, mut paid_in_db) = (0u64, 0u64);
     let mut beyond = Vec::new();
     for (b, snap) in &snaps {
         let row = tx
@@ -194,8 +216,52 @@ async fn reconcile_one(
             )
             .await
             .map_err(DbError::from)?;
-        written += row.get::<_, i64>(0).max(0) as u64;
+        written += row.get::<_, i64>(0).max(0);
         orders_in_db += row.get::<_, i64>(1).max(0) as u64;
+        let returned = tx
+            .query_one(
+                "SELECT COALESCE(SUM(CASE WHEN kind IN ('cancelled', 'expired') THEN -qty
+                                          WHEN retake THEN qty ELSE 0 END), 0)::int8
+                 FROM order_events
+                 WHERE shard_tag = $1
+                   AND (split_part(stream_id, '-', 1)::int8, split_part(stream_id, '-', 2)::int8) <= ($2::int8, $3::int8)",
+                &[&b.tag, &snap.last_id.0, &snap.last_id.1],
+            )
+            .await
+            .map_err(DbError::from)?;
+        written += returned.get::<_, i64>(0);
+        let by_state = tx
+            .query_one(
+                "SELECT COALESCE(SUM(qty) FILTER (WHERE status = 'held'), 0)::int8,
+                        COALESCE(SUM(qty) FILTER (WHERE status = 'paid'), 0)::int8
+                 FROM orders WHERE shard_tag = $1",
+                &[&b.tag],
+            )
+            .await
+            .map_err(DbError::from)?;
+        held_in_db += by_state.get::<_, i64>(0).max(0) as u64;
+        paid_in_db += by_state.get::<_, i64>(1).max(0) as u64;
+        let (ev_ids, ev_versions): (Vec<&str>, Vec<i32>) = snap
+            .events
+            .iter()
+            .map(|(id, v, _)| (id.as_str(), *v))
+            .unzip();
+        let ev_rows = tx
+            .query(
+                "SELECT e.order_id, e.version FROM order_events e
+                 JOIN UNNEST($1::text[], $2::int4[]) AS x(o, v) ON e.order_id = x.o AND e.version = x.v",
+                &[&ev_ids, &ev_versions],
+            )
+            .await
+            .map_err(DbError::from)?;
+        let ev_in_db: HashSet<(String, i32)> =
+            ev_rows.iter().map(|r| (r.get(0), r.get(1))).collect();
+        pending += snap
+            .events
+            .iter()
+            .filter(|(id, v, _)| !ev_in_db.contains(&(id.clone(), *v)))
+            .map(|(_, _, d)| d)
+            .sum::<i64>();
         let ids: Vec<&str> = snap.entries.iter().map(|(id, _)| id.as_str()).collect();
         let rows = tx
             .query(
@@ -209,8 +275,8 @@ async fn reconcile_one(
             .entries
             .iter()
             .filter(|(id, _)| !in_db.contains(id))
-            .map(|(_, q)| q)
-            .sum::<u64>();
+            .map(|(_, q)| *q as i64)
+            .sum::<i64>();
         initial += snap.initial;
         remaining += snap.stock;
         let later = tx
@@ -240,14 +306,17 @@ async fn reconcile_one(
         }
     }
     metrics::gauge!(m::STOCK_REMAINING, "sku" => sku.to_owned()).set(remaining as f64);
-    let conserved =
-        initial as i64 == remaining + pending as i64 + written as i64 && lost_from_stream == 0;
+    metrics::gauge!(m::UNITS_HELD, "sku" => sku.to_owned()).set(held_in_db as f64);
+    metrics::gauge!(m::UNITS_PAID, "sku" => sku.to_owned()).set(paid_in_db as f64);
+    let conserved = initial as i64 == remaining + pending + written && lost_from_stream == 0;
     Ok(LedgerReport {
         sku: sku.to_owned(),
         initial,
         remaining,
         pending,
         written,
+        held_in_db,
+        paid_in_db,
         orders_in_db,
         dead_lettered,
         lost_from_stream,
@@ -270,7 +339,7 @@ pub async fn record(
         tx.execute(
             "INSERT INTO ledger_checks (sku, initial, remaining, pending, written, conserved, fencing_token)
              VALUES ($1, $2, $3, $4, $5, $6, $7)",
-            &[&r.sku, &(r.initial as i64), &r.remaining, &(r.pending as i64), &(r.written as i64), &r.conserved, &token],
+            &[&r.sku, &(r.initial as i64), &r.remaining, &r.pending, &r.written, &r.conserved, &token],
         )
         .await?;
     }

@@ -55,12 +55,14 @@ pub mod config;
 pub mod db;
 pub mod engine;
 pub mod error;
+pub mod hold;
 pub mod keys;
 #[cfg(feature = "postgres")]
 pub mod ledger;
 pub mod lock;
 pub mod metrics;
 #[cfg(feature = "postgres")]
+pub mod order_id;
 pub mod orders;
 pub mod placement;
 #[cfg(feature = "planted-bugs")]
@@ -81,13 +83,15 @@ pub mod validate;
 pub use config::{Ack, Backoff, Config};
 pub use engine::Engine;
 pub use error::{
-    AdminError, ConfigError, ConnectError, InvalidInput, NotReady, PurchaseError, Unavailable,
+    AdminError, ConfigError, ConnectError, HoldError, InvalidInput, NotReady, PurchaseError,
+    Unavailable,
 };
+pub use hold::{ExpiryReport, OrderState, OrderView, Transition};
 pub use metrics::Stats;
 #[cfg(feature = "postgres")]
 pub use orders::{OrderWriter, WriterConfig, WriterHandle, WriterReport};
 pub use purchase::{Confirmed, PurchaseRequest};
-pub use sale::SaleSpec;
+pub use sale::{LatePayment, SaleSpec};
 #[cfg(feature = "settings")]
 pub use settings::{ServerConfig, Settings, SettingsError};
 pub use status::{BucketStatus, SaleStatus};

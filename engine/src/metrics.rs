@@ -29,6 +29,20 @@ pub const PURCHASES_UNSENT: &str = "flashsale_purchases_unsent_total";
 /// Purchases per batch sent to a bucket (one `EVALSHA` of `purchase.lua`).
 pub const PURCHASE_BATCH_SIZE: &str = "flashsale_purchase_batch_size";
 
+/// Payments and cancels of held orders, by op and result.
+pub const HOLD_TRANSITIONS: &str = "flashsale_hold_transitions_total";
+/// Holds the sweeper expired (their units went back on sale).
+pub const HOLDS_EXPIRED: &str = "flashsale_holds_expired_total";
+/// Deadline of a hold to its units back on sale, seconds.
+pub const HOLD_EXPIRY_LAG_SECONDS: &str = "flashsale_hold_expiry_lag_seconds";
+/// Payments that came after their hold ended, by result (refused, retaken).
+pub const LATE_PAYMENTS: &str = "flashsale_late_payments_total";
+/// Units returned to stock by cancels and expiries, by how (cancelled, expired).
+pub const UNITS_RETURNED: &str = "flashsale_units_returned_total";
+/// Units in held orders (PostgreSQL's view, set by reconcile), by SKU.
+pub const UNITS_HELD: &str = "flashsale_units_held";
+/// Units in paid orders (PostgreSQL's view, set by reconcile), by SKU.
+pub const UNITS_PAID: &str = "flashsale_units_paid";
 /// Orders inserted (new rows; a re-delivered duplicate is not counted).
 pub const ORDERS_WRITTEN: &str = "flashsale_orders_written_total";
 /// Entries per order-writer batch.
@@ -78,6 +92,26 @@ pub fn describe() {
         "Purchase latency from call to answer"
     );
     describe_counter!(SOLD_OUT_LOCAL, "Sold-out answers from the local flag");
+    describe_counter!(
+        HOLD_TRANSITIONS,
+        "Payments and cancels of held orders, by op and result"
+    );
+    describe_counter!(HOLDS_EXPIRED, "Holds expired by the sweeper");
+    describe_histogram!(
+        HOLD_EXPIRY_LAG_SECONDS,
+        Unit::Seconds,
+        "From a hold's deadline to its units back on sale"
+    );
+    describe_counter!(
+        LATE_PAYMENTS,
+        "Payments after their hold ended, by result (refused, retaken)"
+    );
+    describe_counter!(
+        UNITS_RETURNED,
+        "Units back on sale from cancels and expiries, by how"
+    );
+    describe_gauge!(UNITS_HELD, "Units in held orders, by SKU (from reconcile)");
+    describe_gauge!(UNITS_PAID, "Units in paid orders, by SKU (from reconcile)");
     describe_counter!(SCRIPT_RELOADS, "Scripts reloaded after NOSCRIPT");
     describe_counter!(REDIS_RETRIES, "Redis calls retried, by reason");
     describe_counter!(

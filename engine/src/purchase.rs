@@ -17,8 +17,10 @@ use crate::cluster::ScriptCall;
 use crate::config::Ack;
 use crate::engine::Engine;
 use crate::error::{InvalidInput, PurchaseError, Unavailable};
+use crate::hold::OrderState;
 use crate::keys;
 use crate::metrics as m;
+use crate::order_id;
 use crate::replication::Expect;
 use crate::replies::{self, PurchaseReply, Refusal, RequestRecord, SettleReply, TakeReply};
 use crate::sale::{BucketHandle, SaleHandle};
@@ -41,12 +43,20 @@ pub struct PurchaseRequest<'a> {
 /// A confirmed purchase: its order is queued on the bucket's stream.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct Confirmed {
-    /// Order id (primary key in PostgreSQL).
+    /// Order id (primary key in PostgreSQL); it names the sale and bucket
+    /// that hold the order (`order_id.rs`), so paying or cancelling it needs
+    /// nothing else.
     pub order_id: String,
     /// Bucket that served the order.
     pub bucket: u32,
     /// True when this request_id was confirmed before and this is its replay.
     pub replayed: bool,
+    /// `paid` when the sale holds no orders; else `held` for a new order,
+    /// and the order's state now for a replay.
+    pub status: OrderState,
+    /// When the hold ends (ms since the Unix epoch, Redis time); `None` when
+    /// the sale holds no orders.
+    pub expires_at_ms: Option<u64>,
 }
 
 /// An answer the engine cannot give safely; the buyer retries.
@@ -62,12 +72,6 @@ impl From<Refusal> for PurchaseError {
             Refusal::Closed => PurchaseError::Closed,
         }
     }
-}
-
-/// A new order id: 128 random bits as 32 hex digits. Unguessable, and it
-/// says nothing about how many orders a process made.
-fn new_order_id() -> String {
-    format!("{:032x}", rand::random::<u128>())
 }
 
 /// How a walk step treats a bucket: a buyer's walk takes; the sweeper's
@@ -94,6 +98,8 @@ pub(crate) struct RequestKey<'a> {
 pub(crate) struct WalkOutcome {
     /// The bucket that took (slot, order id, bucket index, replayed).
     pub(crate) taken: Option<(u16, String, u32, bool)>,
+    /// The hold's deadline, when the walk's own take made a held order.
+    pub(crate) expires_ms: Option<u64>,
     /// The strongest refusal seen.
     pub(crate) refusal: Refusal,
     /// Every bucket walked reported no stock at all.
@@ -128,7 +134,7 @@ impl Engine {
         let planted_id;
         #[cfg(feature = "planted-bugs")]
         let req = if crate::planted::active(crate::planted::Plant::SkipRequestCheck) {
-            planted_id = format!("{}~{}", req.request_id, new_order_id());
+            planted_id = format!("{}~{}", req.request_id, order_id::new_nonce());
             PurchaseRequest {
                 request_id: &planted_id,
                 ..req
@@ -165,12 +171,18 @@ impl Engine {
             qty: u64::from(qty),
             conn_gen: self.cluster().generation(),
         };
-        let order_id = new_order_id();
+        let nonce = order_id::new_nonce();
+        let order_id = order_id::compose(&sale.sku, home.index, &nonce);
+        let order_key = (sale.hold_ms > 0).then(|| home.keys.order(&order_id));
         let HomeReply { reply, replicated } = self
-            .buy_in_home(home, request, record_key, &order_id)
+            .buy_in_home(home, request, record_key, order_id, order_key)
             .await?;
         match reply {
-            PurchaseReply::Confirmed { order_id, bucket } => {
+            PurchaseReply::Confirmed {
+                order_id,
+                bucket,
+                expires_ms,
+            } => {
                 if !replicated {
                     self.ack(home, request, Expect::Confirmed(order_id.clone()))
                         .await?;
@@ -179,16 +191,18 @@ impl Engine {
                     order_id,
                     bucket,
                     replayed: false,
+                    status: if expires_ms.is_some() {
+                        OrderState::Held
+                    } else {
+                        OrderState::Paid
+                    },
+                    expires_at_ms: expires_ms,
                 })
             }
             PurchaseReply::Replayed { order_id, bucket } => {
                 self.ack_replay(&sale, home, request, &order_id, bucket, replicated)
                     .await?;
-                Ok(Confirmed {
-                    order_id,
-                    bucket,
-                    replayed: true,
-                })
+                self.replayed(&sale, order_id, bucket).await
             }
             PurchaseReply::FallThrough { home_stock } | PurchaseReply::Pending { home_stock } => {
                 metrics::counter!(m::FALLTHROUGHS).increment(1);
@@ -201,7 +215,7 @@ impl Engine {
                 if !replicated {
                     self.ack(home, request, Expect::Pending).await?;
                 }
-                self.fall_through(&sale, home, request, &order_id, home_stock)
+                self.fall_through(&sale, home, request, &nonce, home_stock)
                     .await
             }
             PurchaseReply::Refused { why, home_stock } => {
@@ -230,16 +244,43 @@ impl Engine {
         home: &BucketHandle,
         request: RequestKey<'_>,
         record_key: String,
-        order_id: &str,
+        order_id: String,
+        order_key: Option<String>,
     ) -> Result<HomeReply, PurchaseError> {
         let purchase = HomePurchase {
             quota_key: home.keys.quota(request.user),
             record_key,
+            order_key,
             qty: request.qty,
-            order_id: order_id.to_owned(),
+            order_id,
             user: request.user.to_owned(),
         };
         Ok(self.batches().purchase(&home.queue, purchase).await?)
+    }
+
+    /// The answer to a replay: the same order, in the state it is in now
+    /// (a sale that holds orders is asked; any other's orders are paid).
+    async fn replayed(
+        &self,
+        sale: &SaleHandle,
+        order_id: String,
+        bucket: u32,
+    ) -> Result<Confirmed, PurchaseError> {
+        let (status, expires_at_ms) = if sale.hold_ms == 0 {
+            (OrderState::Paid, None)
+        } else {
+            let view = self.order(&order_id).await.map_err(|e| {
+                unconfirmed(format!("the state of order {order_id} is unreadable: {e}"))
+            })?;
+            (view.state, Some(view.expires_at_ms))
+        };
+        Ok(Confirmed {
+            order_id,
+            bucket,
+            replayed: true,
+            status,
+            expires_at_ms,
+        })
     }
 
     /// A replay under `ack = replicated` confirms only an order that is on a
@@ -276,7 +317,7 @@ impl Engine {
             return self.ack(home, request, confirmed()).await;
         }
         match self
-            .take(taker, request, order_id, TakeMode::Confirm)
+            .take(sale, taker, home, request, order_id, TakeMode::Confirm)
             .await?
         {
             TakeReply::Taken {
@@ -324,11 +365,11 @@ impl Engine {
         sale: &SaleHandle,
         home: &BucketHandle,
         request: RequestKey<'_>,
-        order_id: &str,
+        nonce: &str,
         home_stock: i64,
     ) -> Result<Confirmed, PurchaseError> {
         let walk = self
-            .walk(sale, home, request, order_id, TakeMode::Take)
+            .walk(sale, home, request, nonce, TakeMode::Take)
             .await?;
         let settled = self.settle(home, request, &walk).await?;
         let answer = match settled.record {
@@ -340,11 +381,21 @@ impl Engine {
                         .taken
                         .as_ref()
                         .is_some_and(|(_, id, _, replayed)| *id == order_id && !replayed);
-                Ok(Confirmed {
-                    order_id,
-                    bucket,
-                    replayed: !ours,
-                })
+                if ours {
+                    Ok(Confirmed {
+                        order_id,
+                        bucket,
+                        replayed: false,
+                        status: if walk.expires_ms.is_some() {
+                            OrderState::Held
+                        } else {
+                            OrderState::Paid
+                        },
+                        expires_at_ms: walk.expires_ms,
+                    })
+                } else {
+                    self.replayed(sale, order_id, bucket).await
+                }
             }
             RequestRecord::Refused { why, .. } => Err(PurchaseError::from(why)),
             // settle.lua writes a missing record from the outcome, so this
@@ -386,29 +437,34 @@ impl Engine {
 
     /// Walks the buckets after `home` in their fixed order, stopping at the
     /// first that takes. Never stops at a refusal: every bucket before the
-    /// one that takes must have refused for good (see `take.lua`).
+    /// one that takes must have refused for good (see `take.lua`). Each
+    /// bucket names the order it would make with the purchase's `nonce`.
     pub(crate) async fn walk(
         &self,
         sale: &SaleHandle,
         home: &BucketHandle,
         request: RequestKey<'_>,
-        order_id: &str,
+        nonce: &str,
         mode: TakeMode,
     ) -> Result<WalkOutcome, PurchaseError> {
         let n = sale.buckets.len();
         let mut out = WalkOutcome {
             taken: None,
+            expires_ms: None,
             refusal: Refusal::SoldOut,
             all_empty: true,
         };
         for step in 1..n {
             let b = &sale.buckets[(home.index as usize + step) % n];
-            match self.take(b, request, order_id, mode).await? {
+            let order_id = order_id::compose(&sale.sku, b.index, nonce);
+            match self.take(sale, b, home, request, &order_id, mode).await? {
                 TakeReply::Taken {
                     order_id,
                     bucket,
                     replayed,
+                    expires_ms,
                 } => {
+                    out.expires_ms = expires_ms;
                     if mode != TakeMode::Confirm {
                         // The home record is settled as confirmed only once
                         // the take is on a replica (by a buyer's walk or the
@@ -445,20 +501,30 @@ impl Engine {
         Ok(out)
     }
 
-    /// One `take.lua` call on bucket `b`.
+    /// One `take.lua` call on bucket `b` of `sale`, for a buyer whose home
+    /// is `home`.
     async fn take(
         &self,
+        sale: &SaleHandle,
         b: &BucketHandle,
+        home: &BucketHandle,
         request: RequestKey<'_>,
         order_id: &str,
         mode: TakeMode,
     ) -> Result<TakeReply, PurchaseError> {
         let record_key = b.keys.request(request.user, request.request_id);
-        let mut call = ScriptCall::new(
-            &self.scripts().take,
-            b.slot,
-            &[&b.keys.sale, &b.keys.stock, &b.keys.orders, &record_key],
-        );
+        let order_key = b.keys.order(order_id);
+        let mut keys = vec![
+            b.keys.sale.as_str(),
+            &b.keys.stock,
+            &b.keys.orders,
+            &record_key,
+            &b.keys.holds,
+        ];
+        if sale.hold_ms > 0 {
+            keys.push(&order_key);
+        }
+        let mut call = ScriptCall::new(&self.scripts().take, b.slot, &keys);
         call.arg(request.qty)
             .arg(order_id)
             .arg(request.user)
@@ -468,7 +534,8 @@ impl Engine {
                 TakeMode::Refuse => "refuse",
                 TakeMode::Confirm => "confirm",
             })
-            .arg(self.config().replicated_flag());
+            .arg(self.config().replicated_flag())
+            .arg(home.index);
         Ok(self
             .cluster()
             .call(&call, replies::take)

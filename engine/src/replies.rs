@@ -6,6 +6,7 @@
 
 use redis::Value;
 
+use crate::hold::OrderState;
 use crate::scripts::{self, refusal};
 
 /// Why a bucket, or a whole request, was refused. The numbers are the
@@ -81,6 +82,8 @@ pub enum PurchaseReply {
         order_id: String,
         /// The bucket that took the stock.
         bucket: u32,
+        /// When its hold expires (ms, Redis time); `None`: paid at once.
+        expires_ms: Option<u64>,
     },
     /// This request was confirmed before: the same order.
     Replayed {
@@ -134,6 +137,9 @@ pub enum TakeReply {
         bucket: u32,
         /// True when an earlier attempt took it.
         replayed: bool,
+        /// When its hold expires (ms, Redis time), when it is new and the
+        /// sale holds orders.
+        expires_ms: Option<u64>,
     },
     /// This bucket refused the request for good.
     Refused {
@@ -288,6 +294,22 @@ fn array(script: &'static str, v: Value, len: usize) -> Result<Vec<Value>, BadRe
     }
 }
 
+/// A `{code, order_id, n}` reply, or `{code, order_id, n, expires_ms}`
+/// from a sale that holds orders: the items and the deadline, if any.
+fn order_reply(script: &'static str, v: Value) -> Result<(Vec<Value>, Option<u64>), BadReply> {
+    let items = match v {
+        Value::Array(items) if items.len() == 3 || items.len() == 4 => items,
+        other => return Err(bad(script, format!("{other:?}"))),
+    };
+    let expires = match items.get(3) {
+        Some(v) => {
+            Some(u64::try_from(int(script, v)?).map_err(|_| bad(script, "negative expires_ms"))?)
+        }
+        None => None,
+    };
+    Ok((items, expires))
+}
+
 fn int(script: &'static str, v: &Value) -> Result<i64, BadReply> {
     match v {
         Value::Int(n) => Ok(*n),
@@ -312,13 +334,14 @@ fn bucket(script: &'static str, n: i64) -> Result<u32, BadReply> {
 /// Decodes a `purchase.lua` reply.
 pub fn purchase(v: Value) -> Result<PurchaseReply, BadReply> {
     const S: &str = "purchase";
-    let items = array(S, v, 3)?;
+    let (items, expires_ms) = order_reply(S, v)?;
     let (code, n) = (int(S, &items[0])?, int(S, &items[2])?);
     use scripts::purchase as code;
     Ok(match code {
         code::CONFIRMED => PurchaseReply::Confirmed {
             order_id: text(S, &items[1])?,
             bucket: bucket(S, n)?,
+            expires_ms,
         },
         code::REPLAYED => PurchaseReply::Replayed {
             order_id: text(S, &items[1])?,
@@ -353,7 +376,7 @@ pub fn purchase_batch(v: Value) -> Result<Vec<PurchaseReply>, BadReply> {
 /// Decodes a `take.lua` reply.
 pub fn take(v: Value) -> Result<TakeReply, BadReply> {
     const S: &str = "take";
-    let items = array(S, v, 3)?;
+    let (items, expires_ms) = order_reply(S, v)?;
     let (code, n) = (int(S, &items[0])?, int(S, &items[2])?);
     use scripts::take as code;
     Ok(match code {
@@ -361,6 +384,7 @@ pub fn take(v: Value) -> Result<TakeReply, BadReply> {
             order_id: text(S, &items[1])?,
             bucket: bucket(S, n)?,
             replayed: code == code::REPLAYED,
+            expires_ms,
         },
         code::UNKNOWN_SALE => TakeReply::UnknownSale,
         code::BAD_ARGS => TakeReply::BadArgs,
@@ -371,6 +395,113 @@ pub fn take(v: Value) -> Result<TakeReply, BadReply> {
             None => return Err(bad(S, format!("code {c}"))),
         },
     })
+}
+
+/// What `transition.lua` said of one order.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum TransitionReply {
+    /// The order moved now (`retaken`: a late payment took a unit again).
+    Done {
+        /// Its state now.
+        state: OrderState,
+        /// When its hold expired or expires (ms).
+        expires_ms: u64,
+        /// A late payment retook a unit.
+        retaken: bool,
+        /// Units this call gave back to stock (a retake: minus those it took).
+        units: i64,
+    },
+    /// The same transition happened before: the same answer.
+    Already {
+        /// Its state.
+        state: OrderState,
+        /// Its deadline (ms).
+        expires_ms: u64,
+    },
+    /// Expire: the order is not held; nothing to do.
+    NotHeld,
+    /// No such order in the bucket.
+    UnknownOrder,
+    /// Pay: the hold ended before the payment.
+    HoldEnded {
+        /// `expired` or `cancelled`.
+        state: OrderState,
+        /// Units this call gave back (the payment found the hold past its
+        /// deadline and expired it); 0 when it had ended before.
+        units: i64,
+    },
+    /// Cancel: the order is already final.
+    AlreadyFinal {
+        /// Its state.
+        state: OrderState,
+        /// Units this call gave back (past the deadline: it expired).
+        units: i64,
+    },
+    /// Pay: paid before under another payment reference.
+    PaymentConflict,
+    /// Expire: its deadline has not come.
+    NotDue,
+    /// No sale in the bucket.
+    UnknownSale,
+    /// The engine sent an argument out of range.
+    BadArgs,
+}
+
+/// Decodes the reply of `transition.lua`: one per order, in the order sent.
+pub fn transition_batch(v: Value) -> Result<Vec<TransitionReply>, BadReply> {
+    match v {
+        Value::Array(items) => items.into_iter().map(transition).collect(),
+        other => Err(bad("transition", format!("{other:?}"))),
+    }
+}
+
+fn transition(v: Value) -> Result<TransitionReply, BadReply> {
+    const S: &str = "transition";
+    let items = array(S, v, 4)?;
+    let code = int(S, &items[0])?;
+    let units = int(S, &items[3])?;
+    let state_text = text(S, &items[1])?;
+    let expires_ms =
+        u64::try_from(int(S, &items[2])?).map_err(|_| bad(S, "negative expires_ms"))?;
+    let state =
+        || OrderState::parse(&state_text).ok_or_else(|| bad(S, format!("state {state_text:?}")));
+    use scripts::transition as code;
+    Ok(match code {
+        code::DONE | code::RETAKEN => TransitionReply::Done {
+            state: state()?,
+            expires_ms,
+            retaken: code == code::RETAKEN,
+            units,
+        },
+        code::ALREADY => TransitionReply::Already {
+            state: state()?,
+            expires_ms,
+        },
+        code::NOT_HELD => TransitionReply::NotHeld,
+        code::UNKNOWN_ORDER => TransitionReply::UnknownOrder,
+        code::HOLD_ENDED => TransitionReply::HoldEnded {
+            state: state()?,
+            units,
+        },
+        code::ALREADY_FINAL => TransitionReply::AlreadyFinal {
+            state: state()?,
+            units,
+        },
+        code::PAYMENT_CONFLICT => TransitionReply::PaymentConflict,
+        code::NOT_DUE => TransitionReply::NotDue,
+        code::UNKNOWN_SALE => TransitionReply::UnknownSale,
+        code::BAD_ARGS => TransitionReply::BadArgs,
+        c => return Err(bad(S, format!("code {c}"))),
+    })
+}
+
+/// Decodes a `quota_return.lua` reply: true when given back now.
+pub fn quota_return(v: Value) -> Result<bool, BadReply> {
+    match v {
+        Value::Int(1) => Ok(true),
+        Value::Int(0) => Ok(false),
+        other => Err(bad("quota_return", format!("{other:?}"))),
+    }
 }
 
 /// Decodes a `settle.lua` reply.
@@ -575,6 +706,20 @@ mod tests {
                 PurchaseReply::Confirmed {
                     order_id: id(),
                     bucket: 2,
+                    expires_ms: None,
+                },
+            ),
+            (
+                Value::Array(vec![
+                    Value::Int(1),
+                    Value::BulkString(b"o1".to_vec()),
+                    Value::Int(2),
+                    Value::Int(1_700_000_000_000),
+                ]),
+                PurchaseReply::Confirmed {
+                    order_id: id(),
+                    bucket: 2,
+                    expires_ms: Some(1_700_000_000_000),
                 },
             ),
             (
@@ -632,7 +777,8 @@ mod tests {
             Ok(vec![
                 PurchaseReply::Confirmed {
                     order_id: "o1".into(),
-                    bucket: 0
+                    bucket: 0,
+                    expires_ms: None,
                 },
                 PurchaseReply::LimitReached { used: 3 },
             ])
@@ -646,13 +792,62 @@ mod tests {
     }
 
     #[test]
+    fn every_transition_reply_shape_decodes_and_unknown_ones_are_refused() {
+        let r = |code: i64, state: &str, exp: i64| {
+            let Value::Array(mut items) = reply(code, state, exp) else {
+                unreachable!()
+            };
+            items.push(Value::Int(if code == 3 { -1 } else { 0 }));
+            Value::Array(vec![Value::Array(items)])
+        };
+        assert_eq!(
+            transition_batch(r(1, "paid", 5)),
+            Ok(vec![TransitionReply::Done {
+                state: OrderState::Paid,
+                expires_ms: 5,
+                retaken: false,
+                units: 0,
+            }])
+        );
+        assert_eq!(
+            transition_batch(r(3, "paid", 5)),
+            Ok(vec![TransitionReply::Done {
+                state: OrderState::Paid,
+                expires_ms: 5,
+                retaken: true,
+                units: -1,
+            }])
+        );
+        assert_eq!(
+            transition_batch(r(-2, "expired", 5)),
+            Ok(vec![TransitionReply::HoldEnded {
+                state: OrderState::Expired,
+                units: 0,
+            }])
+        );
+        assert_eq!(
+            transition_batch(r(-1, "", 0)),
+            Ok(vec![TransitionReply::UnknownOrder])
+        );
+        assert!(transition_batch(r(1, "sold", 5)).is_err(), "unknown state");
+        assert!(transition_batch(r(9, "paid", 5)).is_err(), "unknown code");
+        assert!(
+            transition_batch(r(1, "paid", -5)).is_err(),
+            "negative deadline"
+        );
+        assert_eq!(quota_return(Value::Int(1)), Ok(true));
+        assert!(quota_return(Value::Int(-7)).is_err());
+    }
+
+    #[test]
     fn every_take_reply_shape_decodes() {
         assert_eq!(
             take(reply(2, "o", 1)),
             Ok(TakeReply::Taken {
                 order_id: "o".into(),
                 bucket: 1,
-                replayed: true
+                replayed: true,
+                expires_ms: None,
             })
         );
         assert_eq!(

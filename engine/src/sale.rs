@@ -26,6 +26,34 @@ pub const MAX_BUCKETS: u32 = 64;
 /// by the scripts.
 pub const MAX_UNITS: u64 = (1 << 53) - 1;
 
+/// Longest hold a sale may give: 7 days, in ms.
+pub const MAX_HOLD_MS: u64 = 7 * 24 * 3600 * 1000;
+
+/// What a payment that comes after its hold ended gets
+/// ([`SaleSpec::late_payment`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum LatePayment {
+    /// Refused with [`crate::HoldError::HoldExpired`]: the unit went back on
+    /// sale.
+    #[default]
+    Refuse,
+    /// The order takes a unit again if its bucket has one left (and the
+    /// buyer's limit allows), as a new transition of the same order; never
+    /// oversells. Else refused as under `Refuse`.
+    Retake,
+}
+
+impl LatePayment {
+    /// The name kept in the sale's hash.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            LatePayment::Refuse => "refuse",
+            LatePayment::Retake => "retake",
+        }
+    }
+}
+
 /// What [`Engine::create_sale`] creates.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SaleSpec {
@@ -42,6 +70,13 @@ pub struct SaleSpec {
     pub starts_at: Option<SystemTime>,
     /// When purchases stop; `None` = never (until closed).
     pub ends_at: Option<SystemTime>,
+    /// How long a confirmed purchase is held for payment, in ms
+    /// (1..=[`MAX_HOLD_MS`]); 0 = no hold, an order is paid when confirmed.
+    /// A held order is paid ([`Engine::pay`]), cancelled
+    /// ([`Engine::cancel`]) or expires, and then its units go back on sale.
+    pub hold_ms: u64,
+    /// What a payment after the hold ended gets.
+    pub late_payment: LatePayment,
 }
 
 impl SaleSpec {
@@ -54,6 +89,8 @@ impl SaleSpec {
             per_user_limit: 0,
             starts_at: None,
             ends_at: None,
+            hold_ms: 0,
+            late_payment: LatePayment::Refuse,
         }
     }
 }
@@ -83,6 +120,8 @@ pub struct SaleHandle {
     pub buckets: Vec<BucketHandle>,
     /// Most units one user may buy; 0 means no limit.
     pub per_user_limit: u32,
+    /// How long an order is held for payment (ms); 0 = paid when confirmed.
+    pub hold_ms: u64,
     /// Engine time (ms) when every bucket was seen empty; 0 = not sold out.
     pub(crate) sold_out_at: AtomicU64,
 }
@@ -150,7 +189,8 @@ async fn load(cluster: &Cluster, sku: &str) -> Result<Option<Arc<SaleHandle>>, R
                 .arg(keys::sale_meta(sku))
                 .arg("tags")
                 .arg("limit")
-                .arg("created"),
+                .arg("created")
+                .arg("hold_ms"),
         )
         .await?;
     let (Some(Some(tags)), Some(limit)) = (fields.first(), fields.get(1)) else {
@@ -163,6 +203,12 @@ async fn load(cluster: &Cluster, sku: &str) -> Result<Option<Arc<SaleHandle>>, R
         return Ok(None);
     }
     let per_user_limit = limit.as_deref().and_then(|l| l.parse().ok()).unwrap_or(0);
+    let hold_ms = fields
+        .get(3)
+        .cloned()
+        .flatten()
+        .and_then(|h| h.parse().ok())
+        .unwrap_or(0);
     let buckets = tags
         .split(',')
         .enumerate()
@@ -181,6 +227,7 @@ async fn load(cluster: &Cluster, sku: &str) -> Result<Option<Arc<SaleHandle>>, R
         sku: sku.to_owned(),
         buckets,
         per_user_limit,
+        hold_ms,
         sold_out_at: AtomicU64::new(0),
     })))
 }

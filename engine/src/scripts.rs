@@ -132,6 +132,38 @@ pub mod create_meta {
     pub const MISMATCH: i64 = 4;
 }
 
+/// `lua/transition.lua`: pay, cancel or expire held orders of one bucket.
+const TRANSITION_LUA: &str = include_str!("../../lua/transition.lua");
+/// Reply codes of `transition.lua`.
+pub mod transition {
+    /// Done now.
+    pub const DONE: i64 = 1;
+    /// Done before by the same call.
+    pub const ALREADY: i64 = 2;
+    /// A late payment took a unit again.
+    pub const RETAKEN: i64 = 3;
+    /// Expire: the order is not held.
+    pub const NOT_HELD: i64 = 0;
+    /// No such order.
+    pub const UNKNOWN_ORDER: i64 = -1;
+    /// Pay: the hold ended.
+    pub const HOLD_ENDED: i64 = -2;
+    /// Cancel: already final.
+    pub const ALREADY_FINAL: i64 = -3;
+    /// Pay: paid before with another reference.
+    pub const PAYMENT_CONFLICT: i64 = -4;
+    /// Expire: not due yet.
+    pub const NOT_DUE: i64 = -5;
+    /// No such sale in the bucket.
+    pub const UNKNOWN_SALE: i64 = -6;
+    /// Arguments refused.
+    pub const BAD_ARGS: i64 = -7;
+}
+
+/// `lua/quota_return.lua`: give a buyer's quota back once, in the home
+/// bucket (replies 1 now, 0 before, -7 bad arguments).
+const QUOTA_RETURN_LUA: &str = include_str!("../../lua/quota_return.lua");
+
 /// `lua/ledger_snapshot.lua`: one bucket's ledger at one instant
 /// (`{initial, stock, last_id}`, no code).
 const LEDGER_SNAPSHOT_LUA: &str = include_str!("../../lua/ledger_snapshot.lua");
@@ -178,6 +210,10 @@ pub struct Scripts {
     pub ledger_snapshot: LuaScript,
     /// `lua/ack.lua`: probe write and record reads before a group commit's WAIT.
     pub ack: LuaScript,
+    /// `lua/transition.lua`: pay, cancel or expire held orders.
+    pub transition: LuaScript,
+    /// `lua/quota_return.lua`: give a quota back once in the home bucket.
+    pub quota_return: LuaScript,
 }
 
 impl Scripts {
@@ -192,12 +228,16 @@ impl Scripts {
             create_meta: LuaScript::new("create_meta", CREATE_META_LUA),
             ledger_snapshot: LuaScript::new("ledger_snapshot", LEDGER_SNAPSHOT_LUA),
             ack: LuaScript::new("ack", ACK_LUA),
+            transition: LuaScript::new("transition", TRANSITION_LUA),
+            quota_return: LuaScript::new("quota_return", QUOTA_RETURN_LUA),
         }
     }
 
     /// All scripts, for loading them on a node.
-    pub fn all(&self) -> [&LuaScript; 8] {
+    pub fn all(&self) -> [&LuaScript; 10] {
         [
+            &self.transition,
+            &self.quota_return,
             &self.ack,
             &self.create_meta,
             &self.purchase,

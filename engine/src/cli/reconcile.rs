@@ -45,17 +45,19 @@ pub async fn run(settings: Settings, args: ReconcileArgs) -> Result<ExitCode> {
         println!("{}", serde_json::to_string_pretty(&reports)?);
     } else {
         println!(
-            "{:<24} {:>9} {:>9} {:>9} {:>9} {:>6} {:>6} ok",
-            "sku", "initial", "remaining", "pending", "written", "dead", "lost"
+            "{:<24} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9} {:>6} {:>6} ok",
+            "sku", "initial", "remaining", "pending", "written", "held", "paid", "dead", "lost"
         );
         for r in &reports {
             println!(
-                "{:<24} {:>9} {:>9} {:>9} {:>9} {:>6} {:>6} {}",
+                "{:<24} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9} {:>6} {:>6} {}",
                 r.sku,
                 r.initial,
                 r.remaining,
                 r.pending,
                 r.written,
+                r.held_in_db,
+                r.paid_in_db,
                 r.dead_lettered,
                 r.lost_from_stream,
                 if r.conserved { "yes" } else { "NO" }

@@ -30,6 +30,14 @@ pub enum SaleCommand {
         /// End the sale this many seconds from now (default: never).
         #[arg(long)]
         ends_in: Option<u64>,
+        /// Hold each order this many ms for payment (0 = paid when
+        /// confirmed); unpaid holds expire and their units go back on sale.
+        #[arg(long, default_value_t = 0)]
+        hold_ms: u64,
+        /// What a payment after its hold ended gets: refuse, or retake a
+        /// unit if one is left.
+        #[arg(long, value_enum, default_value = "refuse")]
+        late_payment: LatePaymentArg,
         /// Operation id: run the same command again with the same id (after
         /// a timeout, say) and it finishes the first create instead of
         /// failing with "already exists". Default: a fresh one.
@@ -89,6 +97,8 @@ pub async fn run(settings: Settings, cmd: SaleCommand) -> Result<ExitCode> {
             per_user_limit,
             starts_in,
             ends_in,
+            hold_ms,
+            late_payment,
             op_id,
             json,
         } => {
@@ -105,6 +115,11 @@ pub async fn run(settings: Settings, cmd: SaleCommand) -> Result<ExitCode> {
                 per_user_limit,
                 starts_at: at("--starts-in", starts_in)?,
                 ends_at: at("--ends-in", ends_in)?,
+                hold_ms,
+                late_payment: match late_payment {
+                    LatePaymentArg::Refuse => flashsale::LatePayment::Refuse,
+                    LatePaymentArg::Retake => flashsale::LatePayment::Retake,
+                },
                 ..SaleSpec::new(sku, stock)
             };
             let op = op_id.unwrap_or_else(flashsale::admin::new_operation_id);
@@ -150,4 +165,13 @@ fn print(st: &SaleStatus, json: bool) -> Result<()> {
         }
     }
     Ok(())
+}
+
+/// `--late-payment`.
+#[derive(Debug, Clone, Copy, clap::ValueEnum)]
+pub enum LatePaymentArg {
+    /// Refuse it: the unit went back on sale.
+    Refuse,
+    /// Take a unit again if one is left.
+    Retake,
 }

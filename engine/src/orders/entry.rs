@@ -1,6 +1,7 @@
-//! A stream entry as `purchase.lua`/`take.lua` wrote it, parsed into an
-//! [`OrderRow`], or refused with the reason it goes to the dead-letter stream.
-//! Pure parsing; no I/O.
+//! A stream entry as the scripts wrote it, parsed into an [`OrderRow`] (a new
+//! order, from `purchase.lua`/`take.lua`) or an [`OrderEvent`] (a held
+//! order's transition, from `transition.lua`), or refused with the reason it
+//! goes to the dead-letter stream. Pure parsing; no I/O.
 
 use redis::Value;
 
@@ -32,6 +33,55 @@ pub struct OrderRow {
     pub stream_id: String,
     /// When the script ran, ms since the Unix epoch (Redis server time).
     pub created_ms: i64,
+    /// When its hold ends (ms), for an order made held; `None`: paid at once.
+    pub expires_ms: Option<i64>,
+}
+
+/// A held order's transition, ready for PostgreSQL.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OrderEvent {
+    /// The order.
+    pub order_id: String,
+    /// The order's version after it (2, 3, ...: the order writer applies an
+    /// event only over a lower version, so events apply in order whatever
+    /// order they are written in).
+    pub version: i32,
+    /// `paid`, `cancelled` or `expired`.
+    pub kind: String,
+    /// When it happened, ms since the Unix epoch (Redis server time).
+    pub at_ms: i64,
+    /// The payment reference (`paid`).
+    pub payment_ref: Option<String>,
+    /// The order's units.
+    pub qty: i32,
+    /// A late payment that took the units again (they had gone back).
+    pub retake: bool,
+    /// Shard tag of the bucket.
+    pub shard_tag: String,
+    /// Stream entry id it came from.
+    pub stream_id: String,
+}
+
+impl OrderEvent {
+    /// What it did to the units out of stock: cancelled and expired gave
+    /// them back, a retake took them again, a payment in time changed
+    /// nothing.
+    pub fn units_delta(&self) -> i64 {
+        match (self.kind.as_str(), self.retake) {
+            ("cancelled" | "expired", _) => -i64::from(self.qty),
+            ("paid", true) => i64::from(self.qty),
+            _ => 0,
+        }
+    }
+}
+
+/// What a stream entry is.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Record {
+    /// A new order.
+    Order(OrderRow),
+    /// A transition of a held order.
+    Event(OrderEvent),
 }
 
 impl RawEntry {
@@ -40,6 +90,60 @@ impl RawEntry {
             .iter()
             .find(|(f, _)| f == k)
             .map(|(_, v)| v.as_str())
+    }
+
+    /// Parses the entry, or says why it cannot be an order or a transition.
+    pub fn to_record(&self) -> Result<Record, BadEntry> {
+        match self.get("kind") {
+            None => self.to_order().map(Record::Order),
+            Some(kind) => self.to_event(kind).map(Record::Event),
+        }
+    }
+
+    fn to_event(&self, kind: &str) -> Result<OrderEvent, BadEntry> {
+        if !matches!(kind, "paid" | "cancelled" | "expired") {
+            return Err(BadEntry::UnknownKind(kind.to_owned()));
+        }
+        let order_id = match self.get("order_id") {
+            Some(v) if !v.is_empty() => v.to_owned(),
+            _ => return Err(BadEntry::Missing("order_id")),
+        };
+        let int = |k: &'static str| -> Result<i64, BadEntry> {
+            self.get(k)
+                .ok_or(BadEntry::Missing(k))?
+                .parse::<i64>()
+                .map_err(|_| BadEntry::NotInteger(k))
+        };
+        let version = int("v")?;
+        if !(2..=i64::from(i32::MAX)).contains(&version) {
+            return Err(BadEntry::OutOfRange("v", version));
+        }
+        let payment_ref = self
+            .get("pay_ref")
+            .filter(|r| !r.is_empty())
+            .map(str::to_owned);
+        if kind == "paid" && payment_ref.is_none() {
+            return Err(BadEntry::Missing("pay_ref"));
+        }
+        let qty = int("qty")?;
+        if !(1..=i64::from(i32::MAX)).contains(&qty) {
+            return Err(BadEntry::OutOfRange("qty", qty));
+        }
+        let shard_tag = match self.get("tag") {
+            Some(t) if !t.is_empty() => t.to_owned(),
+            _ => return Err(BadEntry::Missing("tag")),
+        };
+        Ok(OrderEvent {
+            order_id,
+            version: version as i32,
+            kind: kind.to_owned(),
+            at_ms: int("ts")?,
+            payment_ref,
+            qty: qty as i32,
+            retake: self.get("retake") == Some("1"),
+            shard_tag,
+            stream_id: self.id.clone(),
+        })
     }
 
     /// Parses the entry, or says why it cannot be an order.
@@ -61,6 +165,11 @@ impl RawEntry {
         if !(0..=i64::from(i32::MAX)).contains(&bucket) {
             return Err(BadEntry::OutOfRange("bucket", bucket));
         }
+        let expires_ms = match self.get("status") {
+            None | Some("paid") => None,
+            Some("held") => Some(int("expires_ms")?),
+            Some(other) => return Err(BadEntry::UnknownKind(other.to_owned())),
+        };
         Ok(OrderRow {
             order_id: text("order_id")?,
             sku: text("sku")?,
@@ -70,6 +179,7 @@ impl RawEntry {
             shard_tag: text("tag")?,
             stream_id: self.id.clone(),
             created_ms: int("ts")?,
+            expires_ms,
         })
     }
 }
@@ -86,6 +196,9 @@ pub enum BadEntry {
     /// An integer field is out of its range.
     #[error("{0} {1} out of range")]
     OutOfRange(&'static str, i64),
+    /// A transition or status the writer does not know.
+    #[error("unknown kind or status {0:?}")]
+    UnknownKind(String),
 }
 
 fn text(v: &Value) -> Option<String> {
@@ -183,6 +296,40 @@ mod tests {
         );
         let bad_qty = entry(&[("order_id", "o"), ("qty", "many")]);
         assert_eq!(bad_qty.to_order().unwrap_err(), BadEntry::NotInteger("qty"));
+    }
+
+    #[test]
+    fn a_transition_parses_and_a_bad_one_gets_a_reason() {
+        let paid = entry(&[
+            ("kind", "paid"),
+            ("order_id", "s~0~x"),
+            ("v", "2"),
+            ("ts", "17"),
+            ("pay_ref", "p1"),
+            ("qty", "2"),
+            ("retake", "0"),
+            ("tag", "s#0"),
+        ]);
+        match paid.to_record() {
+            Ok(Record::Event(e)) => {
+                assert_eq!(
+                    (e.version, e.kind.as_str(), e.payment_ref.as_deref()),
+                    (2, "paid", Some("p1"))
+                )
+            }
+            other => panic!("{other:?}"),
+        }
+        let no_ref = entry(&[("kind", "paid"), ("order_id", "o"), ("v", "2"), ("ts", "1")]);
+        assert_eq!(no_ref.to_record(), Err(BadEntry::Missing("pay_ref")));
+        let v1 = entry(&[
+            ("kind", "expired"),
+            ("order_id", "o"),
+            ("v", "1"),
+            ("ts", "1"),
+        ]);
+        assert_eq!(v1.to_record(), Err(BadEntry::OutOfRange("v", 1)));
+        let odd = entry(&[("kind", "refunded"), ("order_id", "o")]);
+        assert!(matches!(odd.to_record(), Err(BadEntry::UnknownKind(_))));
     }
 
     #[test]

@@ -1,10 +1,11 @@
-//! The order writer's SQL: one batch of orders inserted in one transaction,
+//! The order writer's SQL: one batch of orders and transitions written in
+//! one transaction,
 //! and which refusals of PostgreSQL are for good (the rows themselves) and
 //! which may pass (the server or the network). Never touches Redis.
 
 use deadpool_postgres::Pool;
 
-use super::entry::OrderRow;
+use super::entry::{OrderEvent, OrderRow};
 use crate::db::{self, DbError};
 
 /// Why a batch was not written.
@@ -37,11 +38,65 @@ pub(super) fn db_message(e: &DbError) -> String {
     }
 }
 
-/// One batch, one transaction: `INSERT ... ON CONFLICT (order_id) DO NOTHING`
-/// from arrays, so the statement is the same whatever the batch size.
-pub async fn write_batch(pool: &Pool, rows: &[OrderRow]) -> Result<u64, DbError> {
+/// One batch, one transaction: `INSERT ... ON CONFLICT DO NOTHING` from
+/// arrays, so the statement is the same whatever the batch size. Orders of
+/// sales without holds take that one statement. Held orders and
+/// transitions also lock their order ids (advisory, in one sorted order, so
+/// two writers never deadlock) and then apply every recorded transition
+/// newer than the row's version: two writers may hold an order and its
+/// transition in concurrent transactions (two consumers of one stream), and
+/// without the lock each would miss the other's uncommitted row.
+pub async fn write_batch(
+    pool: &Pool,
+    rows: &[OrderRow],
+    events: &[OrderEvent],
+) -> Result<u64, DbError> {
     let mut c = db::client(pool).await?;
     let tx = c.transaction().await?;
+    let touched: Vec<String> = rows
+        .iter()
+        .filter(|r| r.expires_ms.is_some())
+        .map(|r| r.order_id.clone())
+        .chain(events.iter().map(|e| e.order_id.clone()))
+        .collect();
+    if !touched.is_empty() {
+        tx.execute(
+            "SELECT count(pg_advisory_xact_lock(k)) FROM
+               (SELECT DISTINCT hashtextextended(x, 14) AS k FROM unnest($1::text[]) x ORDER BY 1) s",
+            &[&touched],
+        )
+        .await?;
+    }
+    let n = if rows.is_empty() {
+        0
+    } else {
+        insert_orders(&tx, rows).await?
+    };
+    if !events.is_empty() {
+        insert_events(&tx, events).await?;
+    }
+    if !touched.is_empty() {
+        tx.execute(
+            "UPDATE orders o SET status = e.kind, version = e.version,
+                 paid_at = (SELECT max(x.at) FROM order_events x WHERE x.order_id = o.order_id AND x.kind = 'paid'),
+                 payment_ref = (SELECT max(x.payment_ref) FROM order_events x WHERE x.order_id = o.order_id AND x.kind = 'paid'),
+                 cancelled_at = (SELECT max(x.at) FROM order_events x WHERE x.order_id = o.order_id AND x.kind = 'cancelled'),
+                 expired_at = (SELECT max(x.at) FROM order_events x WHERE x.order_id = o.order_id AND x.kind = 'expired')
+             FROM (SELECT DISTINCT ON (order_id) order_id, version, kind FROM order_events
+                   WHERE order_id = ANY($1::text[]) ORDER BY order_id, version DESC) e
+             WHERE o.order_id = e.order_id AND e.version > o.version",
+            &[&touched],
+        )
+        .await?;
+    }
+    tx.commit().await?;
+    Ok(n)
+}
+
+async fn insert_orders(
+    tx: &deadpool_postgres::Transaction<'_>,
+    rows: &[OrderRow],
+) -> Result<u64, DbError> {
     let col = |f: fn(&OrderRow) -> String| rows.iter().map(f).collect::<Vec<String>>();
     let ids = col(|r| r.order_id.clone());
     let skus = col(|r| r.sku.clone());
@@ -51,16 +106,45 @@ pub async fn write_batch(pool: &Pool, rows: &[OrderRow]) -> Result<u64, DbError>
     let qtys: Vec<i32> = rows.iter().map(|r| r.qty).collect();
     let buckets: Vec<i32> = rows.iter().map(|r| r.bucket).collect();
     let created: Vec<i64> = rows.iter().map(|r| r.created_ms).collect();
-    let n = tx
+    // -1: paid at once (no hold).
+    let expires: Vec<i64> = rows.iter().map(|r| r.expires_ms.unwrap_or(-1)).collect();
+    Ok(tx
         .execute(
-            "INSERT INTO orders (order_id, sku, user_id, qty, bucket, shard_tag, stream_id, created_at)
-             SELECT o, s, u, q, b, t, i, to_timestamp(ms::double precision / 1000)
-             FROM UNNEST($1::text[], $2::text[], $3::text[], $4::int4[], $5::int4[], $6::text[], $7::text[], $8::int8[])
-                  AS x(o, s, u, q, b, t, i, ms)
+            "INSERT INTO orders (order_id, sku, user_id, qty, bucket, shard_tag, stream_id, created_at,
+                                 status, expires_at, paid_at)
+             SELECT o, s, u, q, b, t, i, to_timestamp(ms::double precision / 1000),
+                    CASE WHEN e < 0 THEN 'paid' ELSE 'held' END,
+                    CASE WHEN e < 0 THEN NULL ELSE to_timestamp(e::double precision / 1000) END,
+                    CASE WHEN e < 0 THEN to_timestamp(ms::double precision / 1000) END
+             FROM UNNEST($1::text[], $2::text[], $3::text[], $4::int4[], $5::int4[], $6::text[], $7::text[], $8::int8[], $9::int8[])
+                  AS x(o, s, u, q, b, t, i, ms, e)
              ON CONFLICT (order_id) DO NOTHING",
-            &[&ids, &skus, &users, &qtys, &buckets, &tags, &stream_ids, &created],
+            &[&ids, &skus, &users, &qtys, &buckets, &tags, &stream_ids, &created, &expires],
         )
-        .await?;
-    tx.commit().await?;
-    Ok(n)
+        .await?)
+}
+
+async fn insert_events(
+    tx: &deadpool_postgres::Transaction<'_>,
+    events: &[OrderEvent],
+) -> Result<u64, DbError> {
+    let ids: Vec<&str> = events.iter().map(|e| e.order_id.as_str()).collect();
+    let versions: Vec<i32> = events.iter().map(|e| e.version).collect();
+    let kinds: Vec<&str> = events.iter().map(|e| e.kind.as_str()).collect();
+    let at: Vec<i64> = events.iter().map(|e| e.at_ms).collect();
+    let refs: Vec<Option<&str>> = events.iter().map(|e| e.payment_ref.as_deref()).collect();
+    let stream_ids: Vec<&str> = events.iter().map(|e| e.stream_id.as_str()).collect();
+    let qtys: Vec<i32> = events.iter().map(|e| e.qty).collect();
+    let retakes: Vec<bool> = events.iter().map(|e| e.retake).collect();
+    let tags: Vec<&str> = events.iter().map(|e| e.shard_tag.as_str()).collect();
+    Ok(tx
+        .execute(
+            "INSERT INTO order_events (order_id, version, kind, at, payment_ref, qty, retake, shard_tag, stream_id)
+             SELECT o, v, k, to_timestamp(ms::double precision / 1000), r, q, rt, t, i
+             FROM UNNEST($1::text[], $2::int4[], $3::text[], $4::int8[], $5::text[], $6::int4[], $7::bool[], $8::text[], $9::text[])
+                  AS x(o, v, k, ms, r, q, rt, t, i)
+             ON CONFLICT (order_id, version) DO NOTHING",
+            &[&ids, &versions, &kinds, &at, &refs, &qtys, &retakes, &tags, &stream_ids],
+        )
+        .await?)
 }

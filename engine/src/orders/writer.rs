@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use deadpool_postgres::Pool;
 use redis::cluster_async::ClusterConnection;
 
-use super::entry::{OrderRow, RawEntry};
+use super::entry::{OrderEvent, OrderRow, RawEntry, Record};
 use super::handle::{RunningWriter, Stop, WriterHandle};
 use super::sql::{db_message, is_permanent, write_batch, WriteFailure};
 use super::{stream, WriterConfig, WriterError, WriterReport};
@@ -320,13 +320,19 @@ impl OrderWriter {
         entries: Vec<RawEntry>,
     ) -> Result<(), redis::RedisError> {
         let mut rows = Vec::with_capacity(entries.len());
-        let mut row_entries = Vec::with_capacity(entries.len());
+        let mut events = Vec::new();
+        let mut record_entries = Vec::with_capacity(entries.len());
+        let mut event_entries = Vec::new();
         let mut dead: Vec<(&RawEntry, String)> = Vec::new();
         for e in &entries {
-            match e.to_order() {
-                Ok(r) => {
+            match e.to_record() {
+                Ok(Record::Order(r)) => {
                     rows.push(r);
-                    row_entries.push(e);
+                    record_entries.push(e);
+                }
+                Ok(Record::Event(ev)) => {
+                    events.push(ev);
+                    event_entries.push(e);
                 }
                 Err(reason) => dead.push((e, reason.to_string())),
             }
@@ -335,21 +341,31 @@ impl OrderWriter {
         if crate::planted::active(crate::planted::Plant::WriterAckBeforeCommit) {
             let ids: Vec<&str> = entries.iter().map(|e| e.id.as_str()).collect();
             stream::ack(&mut self.conn, key, &self.config.group, &ids).await?;
-            if let Ok(n) = write_batch(&self.pool, &rows).await {
+            if let Ok(n) = write_batch(&self.pool, &rows, &events).await {
                 self.report.written += n;
             }
             return Ok(());
         }
-        if !rows.is_empty() {
-            match self.write_with_retry(&rows).await {
+        if !rows.is_empty() || !events.is_empty() {
+            match self.write_with_retry(&rows, &events).await {
                 Ok(inserted) => self.report.written += inserted,
                 Err(WriteFailure::Stopped) => return Ok(()),
                 Err(WriteFailure::Permanent(_)) => {
                     // One bad row must not hold back the rest of the batch,
                     // nor every stream after this one: write them one by one
                     // and dead-letter each row the database refuses for good.
-                    for (row, entry) in rows.iter().zip(&row_entries) {
-                        match self.write_with_retry(std::slice::from_ref(row)).await {
+                    let one_by_one = rows
+                        .iter()
+                        .map(|r| (std::slice::from_ref(r), &[][..]))
+                        .zip(&record_entries)
+                        .chain(
+                            events
+                                .iter()
+                                .map(|e| (&[][..], std::slice::from_ref(e)))
+                                .zip(&event_entries),
+                        );
+                    for ((row, event), entry) in one_by_one {
+                        match self.write_with_retry(row, event).await {
                             Ok(n) => self.report.written += n,
                             Err(WriteFailure::Stopped) => return Ok(()),
                             Err(WriteFailure::Permanent(msg)) => {
@@ -386,16 +402,21 @@ impl OrderWriter {
     /// inserted; a refusal that will not pass (bad data: SQLSTATE classes 22
     /// and 23); or `Stopped` when shutdown's grace ran out first (nothing
     /// acknowledged, nothing lost).
-    async fn write_with_retry(&self, rows: &[OrderRow]) -> Result<u64, WriteFailure> {
+    async fn write_with_retry(
+        &self,
+        rows: &[OrderRow],
+        events: &[OrderEvent],
+    ) -> Result<u64, WriteFailure> {
         let mut attempt = 0u32;
         let mut stop_seen: Option<Instant> = None;
         loop {
             let started = Instant::now();
-            match write_batch(&self.pool, rows).await {
+            match write_batch(&self.pool, rows, events).await {
                 Ok(n) => {
                     metrics::histogram!(m::ORDER_WRITE_SECONDS)
                         .record(started.elapsed().as_secs_f64());
-                    metrics::histogram!(m::ORDER_BATCH_SIZE).record(rows.len() as f64);
+                    metrics::histogram!(m::ORDER_BATCH_SIZE)
+                        .record((rows.len() + events.len()) as f64);
                     metrics::counter!(m::ORDERS_WRITTEN).increment(n);
                     return Ok(n);
                 }

@@ -358,11 +358,11 @@ async fn drain(
     let start = Instant::now();
     // The sweeper settles abandoned fall-throughs after pending_timeout.
     tokio::time::sleep(Duration::from_secs(4)).await;
-    let mut last: Option<(u64, Instant)> = None;
+    let mut last: Option<(i64, Instant)> = None;
     loop {
         let reports = flashsale::ledger::reconcile(controller, pool, &skus).await;
         if let Ok(reports) = &reports {
-            let pending: u64 = reports.iter().map(|r| r.pending).sum();
+            let pending: i64 = reports.iter().map(|r| r.pending).sum();
             let stuck = match last {
                 Some((p, since)) if p == pending => since.elapsed() >= STUCK,
                 _ => {

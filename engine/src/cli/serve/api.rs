@@ -13,7 +13,7 @@ use axum::http::{HeaderMap, StatusCode};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
-use flashsale::{AdminError, PurchaseError, PurchaseRequest, SaleSpec};
+use flashsale::{AdminError, HoldError, PurchaseError, PurchaseRequest, SaleSpec};
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 
@@ -90,6 +90,23 @@ impl From<PurchaseError> for ApiError {
                 StatusCode::UNPROCESSABLE_ENTITY
             }
             PurchaseError::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
+            _ => StatusCode::INTERNAL_SERVER_ERROR,
+        };
+        ApiError::new(status, e.code(), e.to_string())
+    }
+}
+
+impl From<HoldError> for ApiError {
+    /// The code is [`HoldError::code`]; only the status is chosen here.
+    fn from(e: HoldError) -> Self {
+        let status = match &e {
+            HoldError::Invalid(_) => StatusCode::UNPROCESSABLE_ENTITY,
+            HoldError::UnknownOrder(_) => StatusCode::NOT_FOUND,
+            HoldError::NoHolds(_)
+            | HoldError::HoldExpired { .. }
+            | HoldError::AlreadyFinal { .. }
+            | HoldError::PaymentConflict => StatusCode::CONFLICT,
+            HoldError::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
             _ => StatusCode::INTERNAL_SERVER_ERROR,
         };
         ApiError::new(status, e.code(), e.to_string())
@@ -205,6 +222,12 @@ pub struct CreateSale {
     starts_at_ms: Option<u64>,
     /// Unix ms; absent = open-ended.
     ends_at_ms: Option<u64>,
+    /// Payment window of an order, ms; 0 (absent) = paid when confirmed.
+    #[serde(default)]
+    hold_ms: u64,
+    /// "refuse" (absent) or "retake".
+    #[serde(default)]
+    late_payment: flashsale::LatePayment,
 }
 
 fn one() -> u32 {
@@ -254,6 +277,8 @@ pub async fn create_sale(
         per_user_limit: c.per_user_limit,
         starts_at: at("starts_at_ms", c.starts_at_ms)?,
         ends_at: at("ends_at_ms", c.ends_at_ms)?,
+        hold_ms: c.hold_ms,
+        late_payment: c.late_payment,
     };
     let status = state.engine.create_sale_op(spec, &op).await?;
     Ok((StatusCode::CREATED, Json(status)).into_response())
@@ -306,6 +331,9 @@ pub struct PurchaseAnswer {
     sku: String,
     bucket: u32,
     replayed: bool,
+    /// `paid`, or `held` until `expires_at_ms` (a sale with holds).
+    status: flashsale::OrderState,
+    expires_at_ms: Option<u64>,
 }
 
 pub async fn purchase(
@@ -342,7 +370,45 @@ pub async fn purchase(
         sku,
         bucket: c.bucket,
         replayed: c.replayed,
+        status: c.status,
+        expires_at_ms: c.expires_at_ms,
     }))
+}
+
+/// `POST /v1/orders/{order_id}/pay` body.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Pay {
+    payment_ref: String,
+}
+
+/// `POST /v1/orders/{order_id}/pay` (admin: the shop's backend, once the
+/// payment went through). A retry with the same `payment_ref` answers the
+/// same.
+pub async fn pay(
+    State(state): State<AppState>,
+    Path(order_id): Path<String>,
+    ApiJson(p): ApiJson<Pay>,
+) -> Result<Json<flashsale::Transition>, ApiError> {
+    Ok(Json(state.engine.pay(&order_id, &p.payment_ref).await?))
+}
+
+/// `POST /v1/orders/{order_id}/cancel` (admin): the units go back on sale.
+pub async fn cancel(
+    State(state): State<AppState>,
+    Path(order_id): Path<String>,
+) -> Result<Json<flashsale::Transition>, ApiError> {
+    Ok(Json(state.engine.cancel(&order_id).await?))
+}
+
+/// `GET /v1/orders/{order_id}`: a held order's state, sku, user, qty and
+/// deadline. The id is 128 random bits its buyer was given, so it is its
+/// own capability, as the purchase answer is.
+pub async fn order(
+    State(state): State<AppState>,
+    Path(order_id): Path<String>,
+) -> Result<Json<flashsale::OrderView>, ApiError> {
+    Ok(Json(state.engine.order(&order_id).await?))
 }
 
 pub async fn healthz() -> &'static str {

@@ -107,6 +107,8 @@ fn router(state: AppState) -> Router {
         .route("/v1/sales", post(api::create_sale))
         .route("/v1/sales/{sku}/restock", post(api::restock))
         .route("/v1/sales/{sku}/close", post(api::close))
+        .route("/v1/orders/{order_id}/pay", post(api::pay))
+        .route("/v1/orders/{order_id}/cancel", post(api::cancel))
         .route_layer(middleware::from_fn_with_state(
             state.clone(),
             api::require_admin,
@@ -115,6 +117,7 @@ fn router(state: AppState) -> Router {
         .merge(admin)
         .route("/v1/sales/{sku}", get(api::sale_status))
         .route("/v1/sales/{sku}/purchase", post(api::purchase))
+        .route("/v1/orders/{order_id}", get(api::order))
         .route("/healthz", get(api::healthz))
         .route("/readyz", get(api::readyz))
         .route("/metrics", get(api::metrics))
@@ -441,6 +444,9 @@ pub async fn command(
     } else {
         None
     };
+    // Expires due holds of every sale with holds; safe beside other
+    // processes' sweepers (each expiry is a compare-and-set).
+    let hold_sweeper = engine.spawn_hold_sweeper();
     let background = spawn_background(
         engine.clone(),
         pool.clone(),
@@ -472,6 +478,7 @@ pub async fn command(
     run(listener, state, shutdown).await?;
 
     background.abort();
+    hold_sweeper.abort();
     if let Some(w) = writer {
         let report = w.drain(Duration::from_secs(30)).await?;
         eprintln!("order writer drained: {} written", report.written);

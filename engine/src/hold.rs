@@ -1,0 +1,574 @@
+//! Orders that wait for payment. A sale with `hold_ms > 0` confirms a
+//! purchase as a *held* order; the shop then pays it ([`Engine::pay`]) or
+//! cancels it ([`Engine::cancel`]), or its deadline passes and the hold
+//! sweeper expires it ([`Engine::expire_due`]). Cancelled and expired units
+//! go back on sale, and to the buyer's quota, once. Every transition is one
+//! compare-and-set in the order's bucket (`lua/transition.lua`), appended to
+//! the bucket's stream in the same step, so the order writer persists it; any
+//! number of callers and sweepers may race, the order's state decides.
+//!
+//! ```text
+//!            pay                     cancel
+//!   paid <-------- held ----------------------> cancelled
+//!    ^              |                               |
+//!    |              | deadline (sweeper, or a       |
+//!    |              v  payment that came too late)  |
+//!    +-------- expired <----------------------------+
+//!     late payment, late_payment = "retake",
+//!     a unit left (from expired or cancelled)
+//! ```
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use serde::Serialize;
+
+use crate::cluster::ScriptCall;
+use crate::config::Ack;
+use crate::engine::Engine;
+use crate::error::{HoldError, InvalidInput, PurchaseError, Unavailable};
+use crate::metrics as m;
+use crate::order_id;
+use crate::replies::{self, TransitionReply};
+use crate::sale::{BucketHandle, SaleHandle};
+use crate::validate;
+
+/// Most orders one `transition.lua` call expires, and one read of a
+/// bucket's deadline index returns.
+const EXPIRE_BATCH: usize = 256;
+
+/// Longest payment reference accepted.
+pub const MAX_PAYMENT_REF: usize = 128;
+
+/// Where a held order is in its life.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum OrderState {
+    /// Confirmed, its units taken, waiting for payment until its deadline.
+    Held,
+    /// Paid: final.
+    Paid,
+    /// Cancelled by the shop; its units went back on sale.
+    Cancelled,
+    /// Its deadline passed unpaid; its units went back on sale.
+    Expired,
+}
+
+impl OrderState {
+    /// The state as the scripts and PostgreSQL name it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            OrderState::Held => "held",
+            OrderState::Paid => "paid",
+            OrderState::Cancelled => "cancelled",
+            OrderState::Expired => "expired",
+        }
+    }
+
+    /// The state named `s`, if it is one.
+    pub fn parse(s: &str) -> Option<OrderState> {
+        Some(match s {
+            "held" => OrderState::Held,
+            "paid" => OrderState::Paid,
+            "cancelled" => OrderState::Cancelled,
+            "expired" => OrderState::Expired,
+            _ => return None,
+        })
+    }
+}
+
+impl std::fmt::Display for OrderState {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// The answer to a payment or a cancel.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Transition {
+    /// The order.
+    pub order_id: String,
+    /// Its state now.
+    pub state: OrderState,
+    /// When its hold ended or ends (ms since the Unix epoch, Redis time).
+    pub expires_at_ms: u64,
+    /// True when this exact transition happened before (a retry).
+    pub replayed: bool,
+    /// True when a late payment took a unit again (`late_payment = "retake"`).
+    pub retaken: bool,
+}
+
+/// A held order as [`Engine::order`] reads it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct OrderView {
+    /// The order.
+    pub order_id: String,
+    /// Its sale.
+    pub sku: String,
+    /// The buyer.
+    pub user: String,
+    /// Units.
+    pub qty: u64,
+    /// Its state.
+    pub state: OrderState,
+    /// When its hold ends or ended (ms since the Unix epoch).
+    pub expires_at_ms: u64,
+}
+
+/// What one pass of [`Engine::expire_due`] did.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct ExpiryReport {
+    /// Holds this pass expired (their units are back on sale).
+    pub expired: u64,
+    /// Due entries that were paid or cancelled meanwhile (index cleaned).
+    pub already_final: u64,
+    /// Quotas given back in another bucket (orders served away from home).
+    pub quotas_returned: u64,
+    /// Largest lag seen, deadline to units back (ms).
+    pub max_lag_ms: u64,
+    /// Buckets or sales this pass could not handle (tried again next pass).
+    pub errors: u64,
+}
+
+/// An order id checked and resolved to its sale and bucket.
+struct Located {
+    sale: Arc<SaleHandle>,
+    bucket: usize,
+}
+
+impl Located {
+    fn bucket(&self) -> &BucketHandle {
+        &self.sale.buckets[self.bucket]
+    }
+}
+
+impl Engine {
+    /// Pays the held order `order_id` under the shop's `payment_ref`. A retry
+    /// with the same reference answers the same; another reference on a paid
+    /// order is [`HoldError::PaymentConflict`]; a payment after the hold
+    /// ended is [`HoldError::HoldExpired`] (or, under `late_payment =
+    /// "retake"`, takes a unit again if one is left).
+    pub async fn pay(&self, order_id: &str, payment_ref: &str) -> Result<Transition, HoldError> {
+        check_payment_ref(payment_ref)?;
+        let result = self.transition_one(order_id, "pay", payment_ref).await;
+        if let Ok(t) = &result {
+            if t.retaken && !t.replayed {
+                metrics::counter!(m::LATE_PAYMENTS, "result" => "retaken").increment(1);
+            }
+        }
+        if let Err(HoldError::HoldExpired { .. }) = &result {
+            metrics::counter!(m::LATE_PAYMENTS, "result" => "refused").increment(1);
+        }
+        result
+    }
+
+    /// Cancels the held order `order_id`: its units go back on sale and to
+    /// the buyer's quota, once. A retry answers the same; a cancel of a paid
+    /// or expired order is [`HoldError::AlreadyFinal`].
+    pub async fn cancel(&self, order_id: &str) -> Result<Transition, HoldError> {
+        self.transition_one(order_id, "cancel", "").await
+    }
+
+    /// The held order `order_id` as its bucket has it now.
+    pub async fn order(&self, order_id: &str) -> Result<OrderView, HoldError> {
+        let at = self.locate(order_id).await?;
+        let b = at.bucket();
+        let fields: Vec<Option<String>> = self
+            .cluster()
+            .run_cmd(
+                redis::cmd("HMGET")
+                    .arg(b.keys.order(order_id))
+                    .arg("state")
+                    .arg("user")
+                    .arg("qty")
+                    .arg("expires_ms"),
+            )
+            .await?;
+        let field = |i: usize| fields.get(i).cloned().flatten();
+        let Some(state) = field(0) else {
+            return Err(HoldError::UnknownOrder(order_id.to_owned()));
+        };
+        let unreadable = || {
+            HoldError::Unavailable(Unavailable::unconfirmed(format!(
+                "order {order_id}: its record is unreadable"
+            )))
+        };
+        Ok(OrderView {
+            order_id: order_id.to_owned(),
+            sku: at.sale.sku.clone(),
+            user: field(1).ok_or_else(unreadable)?,
+            qty: field(2)
+                .and_then(|q| q.parse().ok())
+                .ok_or_else(unreadable)?,
+            state: OrderState::parse(&state).ok_or_else(unreadable)?,
+            expires_at_ms: field(3)
+                .and_then(|e| e.parse().ok())
+                .ok_or_else(unreadable)?,
+        })
+    }
+
+    /// Expires every hold whose deadline passed, in every sale that holds
+    /// orders, and gives back the quotas other buckets owe. Safe beside live
+    /// buyers, payments and other sweepers; `flashsale serve` runs it every
+    /// `hold_sweep_ms` ([`Engine::spawn_hold_sweeper`]).
+    pub async fn expire_due(&self) -> Result<ExpiryReport, HoldError> {
+        let skus = self
+            .list_sales()
+            .await
+            .map_err(|e| HoldError::Unavailable(Unavailable::unconfirmed(e.to_string())))?;
+        let mut report = ExpiryReport::default();
+        for sku in skus {
+            let sale = match self.sale(&sku).await {
+                Ok(s) if s.hold_ms > 0 => s,
+                Ok(_) | Err(PurchaseError::UnknownSale(_)) => continue,
+                Err(e) => {
+                    tracing::warn!(sku, error = %e, "hold sweeper skips a sale this pass");
+                    report.errors += 1;
+                    continue;
+                }
+            };
+            for b in &sale.buckets {
+                if let Err(e) = self.expire_bucket(&sale, b, &mut report).await {
+                    tracing::warn!(sku, bucket = b.index, error = %e, "hold sweeper skips a bucket this pass");
+                    report.errors += 1;
+                }
+            }
+        }
+        Ok(report)
+    }
+
+    /// Runs [`Engine::expire_due`] every `hold_sweep_ms` until aborted.
+    pub fn spawn_hold_sweeper(&self) -> tokio::task::JoinHandle<()> {
+        let engine = self.clone();
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(engine.config().hold_sweep);
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            loop {
+                tick.tick().await;
+                if let Err(e) = engine.expire_due().await {
+                    tracing::warn!(error = %e, "hold sweeper pass failed");
+                }
+            }
+        })
+    }
+
+    /// Expires the due holds of one bucket, a batch at a time, until none
+    /// is due, then gives back what quotas it owes.
+    async fn expire_bucket(
+        &self,
+        sale: &SaleHandle,
+        b: &BucketHandle,
+        report: &mut ExpiryReport,
+    ) -> Result<(), HoldError> {
+        loop {
+            let now = unix_ms();
+            let due: Vec<String> = self
+                .cluster()
+                .run_cmd(
+                    redis::cmd("ZRANGE")
+                        .arg(&b.keys.holds)
+                        .arg("-inf")
+                        .arg(now)
+                        .arg("BYSCORE")
+                        .arg("LIMIT")
+                        .arg(0)
+                        .arg(EXPIRE_BATCH),
+                )
+                .await?;
+            if due.is_empty() {
+                break;
+            }
+            let orders: Vec<(&str, &str)> = due.iter().map(|id| (id.as_str(), "")).collect();
+            let replies = self.transition(b, "expire", &orders).await?;
+            let mut moved = false;
+            let back_at = unix_ms();
+            for reply in replies {
+                match reply {
+                    TransitionReply::Done {
+                        expires_ms, units, ..
+                    } => {
+                        let lag = back_at.saturating_sub(expires_ms);
+                        report.expired += 1;
+                        report.max_lag_ms = report.max_lag_ms.max(lag);
+                        metrics::counter!(m::HOLDS_EXPIRED).increment(1);
+                        metrics::counter!(m::UNITS_RETURNED, "how" => "expired")
+                            .increment(units.max(0) as u64);
+                        metrics::histogram!(m::HOLD_EXPIRY_LAG_SECONDS).record(lag as f64 / 1000.0);
+                        moved = true;
+                    }
+                    TransitionReply::NotHeld | TransitionReply::UnknownOrder => {
+                        report.already_final += 1;
+                        moved = true;
+                    }
+                    // Due by this process's clock, not yet by the master's.
+                    TransitionReply::NotDue => {}
+                    other => {
+                        return Err(HoldError::Unavailable(Unavailable::unconfirmed(format!(
+                            "transition.lua answered an expiry with {other:?}"
+                        ))))
+                    }
+                }
+            }
+            if report.expired > 0 {
+                sale.clear_sold_out();
+            }
+            if !moved || due.len() < EXPIRE_BATCH {
+                break;
+            }
+        }
+        if sale.per_user_limit > 0 && sale.buckets.len() > 1 {
+            report.quotas_returned += self.return_owed_quotas(sale, b).await?;
+        }
+        Ok(())
+    }
+
+    /// Gives back, in each buyer's home bucket, the quota of every order of
+    /// bucket `b` whose units came back there while its home is another
+    /// bucket; then takes the order off `b`'s owed set. Each step is
+    /// idempotent, so a crash between them is finished by the next pass.
+    async fn return_owed_quotas(
+        &self,
+        sale: &SaleHandle,
+        b: &BucketHandle,
+    ) -> Result<u64, HoldError> {
+        let owed: Vec<String> = self
+            .cluster()
+            .run_cmd(
+                redis::cmd("ZRANGE")
+                    .arg(&b.keys.owed)
+                    .arg(0)
+                    .arg(EXPIRE_BATCH as i64 - 1),
+            )
+            .await?;
+        let mut returned = 0;
+        for order_id in owed {
+            let fields: Vec<Option<String>> = self
+                .cluster()
+                .run_cmd(
+                    redis::cmd("HMGET")
+                        .arg(b.keys.order(&order_id))
+                        .arg("user")
+                        .arg("qty")
+                        .arg("home"),
+                )
+                .await?;
+            let field = |i: usize| fields.get(i).cloned().flatten();
+            let home = field(2)
+                .and_then(|h| h.parse::<usize>().ok())
+                .and_then(|h| sale.buckets.get(h));
+            let qty = field(1).and_then(|q| q.parse::<u64>().ok());
+            if let (Some(user), Some(qty), Some(home)) = (field(0), qty, home) {
+                let (quota, marker) = (home.keys.quota(&user), home.keys.quota_returned(&order_id));
+                let mut call =
+                    ScriptCall::new(&self.scripts().quota_return, home.slot, &[&quota, &marker]);
+                call.arg(qty).arg(self.config().request_ttl_secs());
+                if self
+                    .cluster()
+                    .call(&call, replies::quota_return)
+                    .await
+                    .map_err(Unavailable::from)?
+                {
+                    returned += 1;
+                }
+            } else {
+                // The order's record is gone (kept request_ttl after it
+                // ended): nothing left to give back by.
+                tracing::warn!(order_id, "owed quota without a readable order; dropped");
+            }
+            let _: i64 = self
+                .cluster()
+                .run_cmd(redis::cmd("ZREM").arg(&b.keys.owed).arg(&order_id))
+                .await?;
+        }
+        Ok(returned)
+    }
+
+    /// One pay or cancel, with its metrics and its follow-ups: the local
+    /// sold-out flag cleared and owed quotas given back when units came
+    /// back.
+    async fn transition_one(
+        &self,
+        order_id: &str,
+        op: &'static str,
+        payment_ref: &str,
+    ) -> Result<Transition, HoldError> {
+        let at = self.locate(order_id).await?;
+        let b = at.bucket();
+        let reply = self
+            .transition(b, op, &[(order_id, payment_ref)])
+            .await?
+            .into_iter()
+            .next()
+            .ok_or_else(|| Unavailable::unconfirmed("transition.lua answered no order"))?;
+        let done = |state, expires_at_ms, replayed, retaken| Transition {
+            order_id: order_id.to_owned(),
+            state,
+            expires_at_ms,
+            replayed,
+            retaken,
+        };
+        // What this call gave back to stock (a retake: took, negative).
+        let (units, state) = match &reply {
+            TransitionReply::Done { units, state, .. }
+            | TransitionReply::HoldEnded { units, state }
+            | TransitionReply::AlreadyFinal { units, state } => (*units, *state),
+            _ => (0, OrderState::Held),
+        };
+        if units > 0 {
+            metrics::counter!(m::UNITS_RETURNED, "how" => state.as_str()).increment(units as u64);
+            at.sale.clear_sold_out();
+            if at.sale.per_user_limit > 0 && at.sale.buckets.len() > 1 {
+                self.return_owed_quotas(&at.sale, b).await?;
+            }
+        }
+        let result = match reply {
+            TransitionReply::Done {
+                state,
+                expires_ms,
+                retaken,
+                ..
+            } => Ok(done(state, expires_ms, false, retaken)),
+            TransitionReply::Already { state, expires_ms } => {
+                Ok(done(state, expires_ms, true, false))
+            }
+            TransitionReply::UnknownOrder => Err(HoldError::UnknownOrder(order_id.to_owned())),
+            TransitionReply::HoldEnded { state, .. } => Err(HoldError::HoldExpired { state }),
+            TransitionReply::AlreadyFinal { state, .. } => Err(HoldError::AlreadyFinal { state }),
+            TransitionReply::PaymentConflict => Err(HoldError::PaymentConflict),
+            TransitionReply::UnknownSale => Err(HoldError::UnknownOrder(order_id.to_owned())),
+            other => Err(HoldError::Unavailable(Unavailable::unconfirmed(format!(
+                "transition.lua answered a {op} with {other:?}"
+            )))),
+        };
+        let label = match &result {
+            Ok(t) if t.replayed => "replayed",
+            Ok(t) => t.state.as_str(),
+            Err(e) => e.code(),
+        };
+        metrics::counter!(m::HOLD_TRANSITIONS, "op" => op, "result" => label).increment(1);
+        result
+    }
+
+    /// Checks an order id and finds its sale and bucket.
+    async fn locate(&self, order_id: &str) -> Result<Located, HoldError> {
+        let route = order_id::route(order_id).map_err(HoldError::Invalid)?;
+        let sale = match self.sale(route.sku).await {
+            Ok(s) => s,
+            Err(PurchaseError::UnknownSale(_)) => {
+                return Err(HoldError::UnknownOrder(order_id.to_owned()))
+            }
+            Err(PurchaseError::Unavailable(u)) => return Err(HoldError::Unavailable(u)),
+            Err(e) => {
+                return Err(HoldError::Unavailable(Unavailable::unconfirmed(
+                    e.to_string(),
+                )))
+            }
+        };
+        let bucket = route.bucket as usize;
+        if bucket >= sale.buckets.len() {
+            return Err(HoldError::UnknownOrder(order_id.to_owned()));
+        }
+        if sale.hold_ms == 0 {
+            return Err(HoldError::NoHolds(sale.sku.clone()));
+        }
+        Ok(Located { sale, bucket })
+    }
+
+    /// One `transition.lua` call on bucket `b` for `orders` (id, payment
+    /// reference). Under `ack = replicated` the answer counts only once a
+    /// replica has the call's writes: the WAIT goes in the same pipeline,
+    /// and a call no replica acknowledged is sent again (every transition
+    /// answers its retry the same, rewriting its record so the new call
+    /// propagates) until the retry deadline.
+    async fn transition(
+        &self,
+        b: &BucketHandle,
+        op: &'static str,
+        orders: &[(&str, &str)],
+    ) -> Result<Vec<TransitionReply>, HoldError> {
+        let order_keys: Vec<String> = orders.iter().map(|(id, _)| b.keys.order(id)).collect();
+        let mut keys: Vec<&str> = vec![
+            &b.keys.sale,
+            &b.keys.stock,
+            &b.keys.orders,
+            &b.keys.holds,
+            &b.keys.owed,
+        ];
+        keys.extend(order_keys.iter().map(String::as_str));
+        let mut call = ScriptCall::new(&self.scripts().transition, b.slot, &keys);
+        call.arg(op)
+            .arg(self.config().request_ttl_secs())
+            .arg(self.config().replicated_flag());
+        for (id, payment_ref) in orders {
+            call.arg(*id).arg(*payment_ref);
+        }
+        let check = |replies: Vec<TransitionReply>| {
+            if replies.len() == orders.len() {
+                Ok(replies)
+            } else {
+                Err(HoldError::Unavailable(Unavailable::unconfirmed(format!(
+                    "transition.lua answered {} of {} orders",
+                    replies.len(),
+                    orders.len()
+                ))))
+            }
+        };
+        if self.config().ack == Ack::Leader {
+            let replies = self
+                .cluster()
+                .call(&call, replies::transition_batch)
+                .await
+                .map_err(Unavailable::from)?;
+            return check(replies);
+        }
+        let started = Instant::now();
+        loop {
+            match self
+                .cluster()
+                .call_then_wait(&call, replies::transition_batch, 1000)
+                .await
+            {
+                Some((replies, true)) => return check(replies),
+                Some((_, false)) => {}
+                None => {
+                    // Not a clean reply (NOSCRIPT, a redirect, a broken
+                    // link): the ordinary call reloads and retries; its
+                    // writes are covered by the next round's WAIT.
+                    self.cluster()
+                        .call(&call, replies::transition_batch)
+                        .await
+                        .map_err(Unavailable::from)?;
+                }
+            }
+            if started.elapsed() >= self.config().retry.deadline {
+                return Err(HoldError::Unavailable(Unavailable::unconfirmed(
+                    "no replica acknowledged the transition in time; retry",
+                )));
+            }
+            metrics::counter!(m::REDIS_RETRIES, "reason" => "replica_wait").increment(1);
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+}
+
+/// Wall-clock ms, the clock of hold deadlines (set by the masters' TIME;
+/// the scripts check again by theirs, so a skewed clock here only delays or
+/// retries an expiry).
+fn unix_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
+}
+
+/// A payment reference: 1..=128 bytes, printable, no spaces.
+fn check_payment_ref(r: &str) -> Result<(), HoldError> {
+    if r.len() > MAX_PAYMENT_REF {
+        return Err(HoldError::Invalid(InvalidInput::TooLong {
+            field: "payment_ref",
+            len: r.len(),
+            max: MAX_PAYMENT_REF,
+        }));
+    }
+    validate::id("payment_ref", r).map_err(HoldError::Invalid)
+}
