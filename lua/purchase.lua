@@ -44,7 +44,10 @@
 --                              this purchase confirms: hash state "held", user,
 --                              qty, home (this bucket), expires_ms, q (the quota
 --                              key to give back, "" when the sale has no limit),
---                              v (1: the version the order writer orders by)
+--                              v (1: the version the order writer orders by).
+--                              No expiry while held (the hold must end by a
+--                              transition, see transition.lua, which keeps it
+--                              request_ttl after)
 -- ARGV[1] seconds to keep request records (1..2^31)
 -- ARGV[2] "1" when the engine will WAIT for a replica (ack = replicated)
 -- then, for purchase i = 1..n:
@@ -194,7 +197,6 @@ local function buy(quota_key, record_key, order_key, qty_arg, order_id, user)
     local expires_ms = now + hold_ms
     redis.call('HSET', order_key, 'state', 'held', 'user', user, 'qty', qty,
       'home', sale[5], 'expires_ms', expires_ms, 'q', limit > 0 and quota_key or '', 'v', 1)
-    redis.call('PEXPIREAT', order_key, expires_ms + ttl * 1000)
     redis.call('ZADD', KEYS[5], expires_ms, order_id)
     redis.call('XADD', KEYS[3], '*',
       'order_id', order_id, 'sku', sale[7], 'user', user, 'qty', qty,

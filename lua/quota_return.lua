@@ -8,6 +8,7 @@
 -- KEYS[2] {home}:u:<order_id>    set once the quota of this order came back
 -- ARGV[1] units to give back (integer 1..2^53-1)
 -- ARGV[2] seconds to keep KEYS[2] (1..2^31)
+-- ARGV[3] "1" when the engine will WAIT for a replica (ack = replicated)
 --
 -- Returns 1 when given back now, 0 when given back before, -7 on a bad
 -- argument.
@@ -22,6 +23,11 @@ if not qty or qty < 1 or qty ~= math.floor(qty) or qty > 9007199254740991
   return -7
 end
 if redis.call('EXISTS', KEYS[2]) == 1 then
+  if ARGV[3] == '1' then
+    -- Rewrite the mark unchanged so this call propagates: the engine's
+    -- WAIT then covers the first call's give-back too.
+    redis.call('SET', KEYS[2], '1', 'KEEPTTL')
+  end
   return 0
 end
 local used = tonumber(redis.call('GET', KEYS[1]) or '0') or 0

@@ -115,7 +115,6 @@ end
 local expires_ms = now_ms + hold_ms
 redis.call('HSET', KEYS[6], 'state', 'held', 'user', ARGV[3], 'qty', qty,
   'home', ARGV[7], 'expires_ms', expires_ms, 'q', '', 'v', 1)
-redis.call('PEXPIREAT', KEYS[6], expires_ms + ttl * 1000)
 redis.call('ZADD', KEYS[5], expires_ms, ARGV[2])
 redis.call('XADD', KEYS[3], '*',
   'order_id', ARGV[2], 'sku', sale[3], 'user', ARGV[3], 'qty', qty,

@@ -5,6 +5,8 @@
 --   held --pay--> paid            held --cancel--> cancelled
 --   held --expire (deadline passed)--> expired
 --   expired / cancelled --pay, late_payment = "retake", a unit left--> paid
+--     (only while the sale sells, and, under a per-user limit, only for an
+--     order its buyer's home bucket served: the quota is counted again here)
 --
 -- Paid is final; cancelled and expired are final but for a retake. A
 -- transition that already happened answers the same again (a retry), so
@@ -26,7 +28,8 @@
 -- there, once, and takes it off KEYS[5] (the sweeper finishes what a
 -- crash left).
 --
--- KEYS[1] {tag}:sale        hash: bucket, limit, late (late_payment: "refuse" or "retake"), tag
+-- KEYS[1] {tag}:sale        hash: bucket, limit, late (late_payment: "refuse" or "retake"), tag,
+--                           state, ends_ms
 -- KEYS[2] {tag}:stock       integer, the units left in this bucket
 -- KEYS[3] {tag}:orders      the order stream (transitions go on it too)
 -- KEYS[4] {tag}:holds       sorted set of held orders (score: expires_ms)
@@ -69,7 +72,7 @@ local op = ARGV[1]
 local ttl = tonumber(ARGV[2])
 local replicated = ARGV[3] == '1'
 local out = {}
-local sale = redis.call('HMGET', KEYS[1], 'bucket', 'limit', 'late', 'tag')
+local sale = redis.call('HMGET', KEYS[1], 'bucket', 'limit', 'late', 'tag', 'state', 'ends_ms')
 if not sale[1] then
   for i = 1, n do
     out[i] = {-6, '', 0, 0}
@@ -86,8 +89,11 @@ end
 local bucket = sale[1]
 local limit = tonumber(sale[2]) or 0
 local retake = sale[3] == 'retake'
+local ends_ms = tonumber(sale[6]) or 0
 local now = redis.call('TIME')
 local now_ms = tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000)
+-- A retake is a new sale of the unit: only while the sale sells.
+local selling = sale[5] == 'open' and (ends_ms == 0 or now_ms < ends_ms)
 
 -- Writes the order's new state and version, and its event on the stream:
 -- its qty and whether it took units (a retake) let reconcile count the
@@ -121,6 +127,12 @@ local function step(key, order_id, ref)
   local o = redis.call('HMGET', key, 'state', 'qty', 'expires_ms', 'q', 'home', 'v', 'pay_ref')
   local state = o[1]
   if not state then
+    -- A held order's record lives until the hold ends, so an index entry
+    -- without one was evicted or deleted behind the engine's back: nothing
+    -- can be given back by it, and a sweeper must not find it again.
+    if op == 'expire' then
+      redis.call('ZREM', KEYS[4], order_id)
+    end
     return {-1, '', 0, 0}
   end
   local qty = tonumber(o[2])
@@ -130,6 +142,12 @@ local function step(key, order_id, ref)
     return {-7, '', 0, 0}
   end
   local due = now_ms >= expires_ms
+  if replicated then
+    -- Every answer, a replay or a refusal included, rests on this order's
+    -- state: a write (unchanged) makes this call propagate, so the WAIT the
+    -- engine sends next covers whatever call set that state.
+    redis.call('HSET', key, 'v', v)
+  end
 
   if op == 'pay' then
     if ref == '' then
@@ -138,11 +156,6 @@ local function step(key, order_id, ref)
     if state == 'paid' then
       if o[7] ~= ref then
         return {-4, state, expires_ms, 0}
-      end
-      if replicated then
-        -- Rewrite unchanged so this call propagates and the engine's WAIT
-        -- covers the first payment too.
-        redis.call('HSET', key, 'v', v)
       end
       return {2, state, expires_ms, 0}
     end
@@ -160,18 +173,26 @@ local function step(key, order_id, ref)
       record(key, order_id, 'expired', v + 1, nil, qty, false)
       return {-2, 'expired', expires_ms, qty}
     end
-    if not retake then
+    local q = o[4]
+    -- With a per-user limit, a retake must count its units against the
+    -- buyer's quota again, and that quota lives in the buyer's home bucket:
+    -- an order served by another bucket (q == "") cannot, in one atomic
+    -- step, so it is refused (its quota already came back: counting it
+    -- nowhere would let the buyer past the limit).
+    if not retake or not selling or (limit > 0 and q == '') then
       return {-2, state, expires_ms, 0}
     end
     local stock = tonumber(redis.call('GET', KEYS[2]) or '0')
-    local q = o[4]
-    local used = (q ~= '' and limit > 0) and tonumber(redis.call('GET', q) or '0') or 0
-    if stock < qty or (q ~= '' and limit > 0 and used + qty > limit) then
+    local used = (limit > 0) and tonumber(redis.call('GET', q) or '0') or 0
+    if stock < qty or (limit > 0 and used + qty > limit) then
       return {-2, state, expires_ms, 0}
     end
     redis.call('DECRBY', KEYS[2], qty)
-    if q ~= '' and limit > 0 then
+    if limit > 0 then
       redis.call('INCRBY', q, qty)
+      if ends_ms > 0 then
+        redis.call('PEXPIREAT', q, ends_ms + ttl * 1000)
+      end
     end
     record(key, order_id, 'paid', v + 1, ref, qty, true)
     return {3, 'paid', expires_ms, -qty}
@@ -179,9 +200,6 @@ local function step(key, order_id, ref)
 
   if op == 'cancel' then
     if state == 'cancelled' then
-      if replicated then
-        redis.call('HSET', key, 'v', v)
-      end
       return {2, state, expires_ms, 0}
     end
     if state ~= 'held' then

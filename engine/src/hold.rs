@@ -37,6 +37,10 @@ use crate::validate;
 /// bucket's deadline index returns.
 const EXPIRE_BATCH: usize = 256;
 
+/// Most batches one pass expires in one bucket, so one bucket (or a bad
+/// index) never holds the pass back from every other sale.
+const MAX_ROUNDS: usize = 64;
+
 /// Longest payment reference accepted.
 pub const MAX_PAYMENT_REF: usize = 128;
 
@@ -260,7 +264,7 @@ impl Engine {
         b: &BucketHandle,
         report: &mut ExpiryReport,
     ) -> Result<(), HoldError> {
-        loop {
+        for _ in 0..MAX_ROUNDS {
             let now = unix_ms();
             let due: Vec<String> = self
                 .cluster()
@@ -296,6 +300,7 @@ impl Engine {
                         metrics::histogram!(m::HOLD_EXPIRY_LAG_SECONDS).record(lag as f64 / 1000.0);
                         moved = true;
                     }
+                    // Both leave the index (transition.lua removes them).
                     TransitionReply::NotHeld | TransitionReply::UnknownOrder => {
                         report.already_final += 1;
                         moved = true;
@@ -349,7 +354,8 @@ impl Engine {
                         .arg(b.keys.order(&order_id))
                         .arg("user")
                         .arg("qty")
-                        .arg("home"),
+                        .arg("home")
+                        .arg("state"),
                 )
                 .await?;
             let field = |i: usize| fields.get(i).cloned().flatten();
@@ -357,19 +363,20 @@ impl Engine {
                 .and_then(|h| h.parse::<usize>().ok())
                 .and_then(|h| sale.buckets.get(h));
             let qty = field(1).and_then(|q| q.parse::<u64>().ok());
-            if let (Some(user), Some(qty), Some(home)) = (field(0), qty, home) {
+            // Only an order whose units went back owes its quota.
+            let ended = matches!(field(3).as_deref(), Some("cancelled" | "expired"));
+            if let (Some(user), Some(qty), Some(home), true) = (field(0), qty, home, ended) {
                 let (quota, marker) = (home.keys.quota(&user), home.keys.quota_returned(&order_id));
                 let mut call =
                     ScriptCall::new(&self.scripts().quota_return, home.slot, &[&quota, &marker]);
-                call.arg(qty).arg(self.config().request_ttl_secs());
-                if self
-                    .cluster()
-                    .call(&call, replies::quota_return)
-                    .await
-                    .map_err(Unavailable::from)?
-                {
+                call.arg(qty)
+                    .arg(self.config().request_ttl_secs())
+                    .arg(self.config().replicated_flag());
+                if self.call_acked(&call, replies::quota_return).await? {
                     returned += 1;
                 }
+            } else if field(3).is_some() && !ended {
+                tracing::warn!(order_id, "owed quota of an order that did not end; dropped");
             } else {
                 // The order's record is gone (kept request_ttl after it
                 // ended): nothing left to give back by.
@@ -418,7 +425,12 @@ impl Engine {
             metrics::counter!(m::UNITS_RETURNED, "how" => state.as_str()).increment(units as u64);
             at.sale.clear_sold_out();
             if at.sale.per_user_limit > 0 && at.sale.buckets.len() > 1 {
-                self.return_owed_quotas(&at.sale, b).await?;
+                // The transition is done whatever happens here: a quota
+                // not given back now is given back by the sweeper's next
+                // pass (the order stays on the owed set until it is).
+                if let Err(e) = self.return_owed_quotas(&at.sale, b).await {
+                    tracing::warn!(order_id, error = %e, "owed quota left to the sweeper");
+                }
             }
         }
         let result = match reply {
@@ -502,47 +514,55 @@ impl Engine {
         for (id, payment_ref) in orders {
             call.arg(*id).arg(*payment_ref);
         }
-        let check = |replies: Vec<TransitionReply>| {
-            if replies.len() == orders.len() {
-                Ok(replies)
-            } else {
-                Err(HoldError::Unavailable(Unavailable::unconfirmed(format!(
-                    "transition.lua answered {} of {} orders",
-                    replies.len(),
-                    orders.len()
-                ))))
-            }
-        };
+        let replies = self.call_acked(&call, replies::transition_batch).await?;
+        if replies.len() == orders.len() {
+            Ok(replies)
+        } else {
+            Err(HoldError::Unavailable(Unavailable::unconfirmed(format!(
+                "transition.lua answered {} of {} orders",
+                replies.len(),
+                orders.len()
+            ))))
+        }
+    }
+
+    /// A hold script call whose answer counts only once it is safe: under
+    /// `ack = leader` as soon as the master answers; under `ack =
+    /// replicated` once a replica has the call's writes (the WAIT goes in
+    /// the same pipeline). A call no replica acknowledged is sent again
+    /// until the retry deadline: every hold script answers its retry the
+    /// same and, under `replicated`, writes (unchanged) what its answer
+    /// rests on, so the new call's WAIT covers the first call's writes.
+    async fn call_acked<R>(
+        &self,
+        call: &ScriptCall<'_>,
+        decode: fn(redis::Value) -> Result<R, crate::replies::BadReply>,
+    ) -> Result<R, HoldError> {
         if self.config().ack == Ack::Leader {
-            let replies = self
+            return Ok(self
                 .cluster()
-                .call(&call, replies::transition_batch)
+                .call(call, decode)
                 .await
-                .map_err(Unavailable::from)?;
-            return check(replies);
+                .map_err(Unavailable::from)?);
         }
         let started = Instant::now();
         loop {
-            match self
-                .cluster()
-                .call_then_wait(&call, replies::transition_batch, 1000)
-                .await
-            {
-                Some((replies, true)) => return check(replies),
+            match self.cluster().call_then_wait(call, decode, 1000).await {
+                Some((reply, true)) => return Ok(reply),
                 Some((_, false)) => {}
                 None => {
                     // Not a clean reply (NOSCRIPT, a redirect, a broken
                     // link): the ordinary call reloads and retries; its
                     // writes are covered by the next round's WAIT.
                     self.cluster()
-                        .call(&call, replies::transition_batch)
+                        .call(call, decode)
                         .await
                         .map_err(Unavailable::from)?;
                 }
             }
             if started.elapsed() >= self.config().retry.deadline {
                 return Err(HoldError::Unavailable(Unavailable::unconfirmed(
-                    "no replica acknowledged the transition in time; retry",
+                    "no replica acknowledged the change in time; retry",
                 )));
             }
             metrics::counter!(m::REDIS_RETRIES, "reason" => "replica_wait").increment(1);

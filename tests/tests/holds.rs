@@ -492,3 +492,180 @@ async fn bad_order_ids_payment_refs_and_holds_get_typed_errors_and_change_nothin
     let replay = buy(e, "bad", "u", "r").await.expect("replay");
     assert_eq!((replay.replayed, replay.status), (true, OrderState::Paid));
 }
+
+/// Found by the attack: an order served by a bucket other than the buyer's
+/// home bucket expired (its quota came back), the buyer bought again, and a
+/// late payment under `late_payment = "retake"` took a unit for the first
+/// order too: two paid units for a limit of one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_late_payment_never_takes_a_unit_past_the_buyers_limit() {
+    let fx = Fixture::builder()
+        .sale(SaleSpec {
+            hold_ms: 300,
+            buckets: 2,
+            per_user_limit: 1,
+            late_payment: flashsale::LatePayment::Retake,
+            ..SaleSpec::new("retake", 4)
+        })
+        .build()
+        .await;
+    let e = &fx.engine;
+    let home0 = |p: &str| flashsale_tests::user_with_home(p, 2, 0);
+    // Empty the buyer's home bucket (2 units), so its order is served by
+    // the other bucket.
+    for p in ["fill-a", "fill-b"] {
+        let c = buy(e, "retake", &home0(p), "r").await.expect("fill");
+        assert_eq!(c.bucket, 0);
+        e.pay(&c.order_id, p).await.expect("fill paid");
+    }
+    let buyer = home0("buyer");
+    let away = buy(e, "retake", &buyer, "r1").await.expect("away");
+    assert_eq!(away.bucket, 1, "served away from home");
+    tokio::time::sleep(Duration::from_millis(
+        away.expires_at_ms.expect("held").saturating_sub(now_ms()) + 20,
+    ))
+    .await;
+    assert_eq!(e.expire_due().await.expect("sweep").expired, 1);
+    let again = buy(e, "retake", &buyer, "r2")
+        .await
+        .expect("quota came back");
+    e.pay(&again.order_id, "p2").await.expect("pay the second");
+    let late = e.pay(&away.order_id, "p1").await;
+    assert!(
+        matches!(late, Err(HoldError::HoldExpired { .. })),
+        "a retake past the limit: {late:?}"
+    );
+    assert_eq!(
+        e.order(&away.order_id).await.expect("order").state,
+        OrderState::Expired
+    );
+}
+
+/// Found by the attack: a held order's record expired with `request_ttl`
+/// before anyone swept it, so its unit never came back, and 256 or more
+/// such index entries made the sweeper loop forever (no other sale's holds
+/// expired again). A hold's record now lives until the hold ends; and an
+/// index entry whose record is gone anyway (evicted, deleted) is dropped,
+/// never spun on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hold_outliving_request_ttl_still_gives_its_unit_back_and_no_sweep_spins() {
+    let cluster = RedisCluster::start(3, 0);
+    let e = engine_with(&cluster, |c| {
+        c.request_ttl = Duration::from_secs(1);
+        c.pending_timeout = Duration::from_millis(100);
+    })
+    .await;
+    e.create_sale(SaleSpec {
+        hold_ms: 200,
+        ..SaleSpec::new("short-ttl", 300)
+    })
+    .await
+    .expect("sale");
+    let mut latest = 0;
+    for i in 0..300 {
+        let c = buy(&e, "short-ttl", &format!("u{i}"), "r")
+            .await
+            .expect("buy");
+        latest = latest.max(c.expires_at_ms.expect("held"));
+    }
+    // Past the deadline and past request_ttl, with no sweeper running.
+    tokio::time::sleep(Duration::from_millis(
+        latest.saturating_sub(now_ms()) + 2500,
+    ))
+    .await;
+    let report = tokio::time::timeout(Duration::from_secs(60), e.expire_due())
+        .await
+        .expect("a sweep pass ends")
+        .expect("sweep");
+    assert_eq!(report.expired, 300);
+    assert_eq!(remaining(&e, "short-ttl").await, 300, "every unit back");
+
+    // Records gone behind the engine's back (an eviction): the pass still
+    // ends, and drops the entries it can do nothing with.
+    e.create_sale(SaleSpec {
+        hold_ms: 200,
+        ..SaleSpec::new("evicted", 300)
+    })
+    .await
+    .expect("sale");
+    let mut ids = Vec::new();
+    for i in 0..300 {
+        ids.push(
+            buy(&e, "evicted", &format!("u{i}"), "r")
+                .await
+                .expect("buy")
+                .order_id,
+        );
+    }
+    let status = e.sale_status("evicted").await.expect("status");
+    let b = &status.buckets[0];
+    let node = cluster.node(cluster.master_of_slot(b.slot));
+    for id in &ids {
+        let _: i64 = node.cmd(&["DEL", &format!("{{{}}}:o:{id}", b.tag)]);
+    }
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    tokio::time::timeout(Duration::from_secs(60), e.expire_due())
+        .await
+        .expect("a sweep pass ends")
+        .expect("sweep");
+    let left: i64 = node.cmd(&["ZCARD", &format!("{{{}}}:holds", b.tag)]);
+    assert_eq!(left, 0, "entries without a record are dropped");
+}
+
+/// `late_payment = "retake"`: a late payment takes a unit again only if
+/// one is left (never oversells), and the ledger counts the retake.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_late_payment_retakes_a_unit_only_if_one_is_left() {
+    let fx = Fixture::builder()
+        .sale(SaleSpec {
+            hold_ms: 300,
+            late_payment: flashsale::LatePayment::Retake,
+            ..SaleSpec::new("late", 2)
+        })
+        .build()
+        .await;
+    let e = &fx.engine;
+    let a = buy(e, "late", "a", "r").await.expect("a");
+    let b = buy(e, "late", "b", "r").await.expect("b");
+    let deadline = a.expires_at_ms.max(b.expires_at_ms).expect("held");
+    tokio::time::sleep(Duration::from_millis(
+        deadline.saturating_sub(now_ms()) + 20,
+    ))
+    .await;
+    assert_eq!(e.expire_due().await.expect("sweep").expired, 2);
+    let c = buy(e, "late", "c", "r")
+        .await
+        .expect("c buys a unit back on sale");
+    e.pay(&c.order_id, "pc").await.expect("c pays");
+    let d = buy(e, "late", "d", "r").await.expect("d buys the last one");
+    e.pay(&d.order_id, "pd").await.expect("d pays");
+    assert_eq!(remaining(e, "late").await, 0);
+    assert!(
+        matches!(
+            e.pay(&a.order_id, "pa").await,
+            Err(HoldError::HoldExpired {
+                state: OrderState::Expired
+            })
+        ),
+        "no unit left: refused"
+    );
+    e.cancel(&d.order_id).await.expect_err("paid is final");
+    let c2 = buy(e, "late", "e", "r").await;
+    assert!(matches!(c2, Err(PurchaseError::SoldOut)), "{c2:?}");
+    // A unit comes back (an operator's restock); b's late payment then
+    // retakes it, as a new transition of b's order.
+    let writer = e
+        .spawn_order_writer(fx.pool.clone(), fast_writer(Duration::from_secs(5)))
+        .await
+        .expect("writer");
+    e.restock("late", 1).await.expect("restock");
+    let retaken = e.pay(&b.order_id, "pb").await.expect("retake");
+    assert_eq!((retaken.state, retaken.retaken), (OrderState::Paid, true));
+    assert_eq!(remaining(e, "late").await, 0, "the retake took the unit");
+    writer.drain(Duration::from_secs(30)).await.expect("drain");
+    let ledger = assert_conserved(e, &fx.pool, "late").await;
+    assert_eq!(
+        (ledger.initial, ledger.paid_in_db, ledger.held_in_db),
+        (3, 3, 0)
+    );
+}

@@ -202,7 +202,7 @@ async fn paused_holder_is_fenced_out_of_postgres() {
         pg.query(
             "SELECT string_agg(version::text, ',' ORDER BY version) FROM flashsale_migrations"
         ),
-        "1,2"
+        "1,2,3"
     );
     pg.query("CREATE TABLE fenced_log (who text, token bigint)");
     let dir = tempfile::TempDir::new().expect("dir");

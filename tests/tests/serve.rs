@@ -446,7 +446,7 @@ fn promtool_accepts_the_shipped_rules_and_config() {
         "{}",
         String::from_utf8_lossy(&rules.stdout)
     );
-    assert!(String::from_utf8_lossy(&rules.stdout).contains("8 rules found"));
+    assert!(String::from_utf8_lossy(&rules.stdout).contains("10 rules found"));
     let config = Command::new("promtool")
         .arg("check")
         .arg("config")

@@ -1,6 +1,9 @@
 //! `flashsale demo`: a flash sale on the local cluster, end to end. Creates a
 //! sale, sends simulated buyers through the engine API at a bounded
 //! concurrency, then checks the result against Redis itself and reports.
+//! With `--hold-ms`, orders are held for payment: a share of the buyers pay
+//! (`--pay-ratio`), the other holds expire, and a second wave of buyers buys
+//! the units that came back.
 
 use std::collections::HashSet;
 use std::sync::Arc;
@@ -30,6 +33,13 @@ pub struct DemoArgs {
     /// Most units one user may buy (0 = no limit).
     #[arg(long, default_value_t = 1)]
     pub per_user_limit: u32,
+    /// Hold each order this many ms for payment (0 = paid when confirmed).
+    #[arg(long, default_value_t = 0)]
+    pub hold_ms: u64,
+    /// With holds: the share of buyers who pay (0.0..=1.0); the others' holds
+    /// expire and their units are sold again to a second wave of buyers.
+    #[arg(long, default_value_t = 1.0)]
+    pub pay_ratio: f64,
     /// Print one JSON object instead of a progress bar and a summary.
     #[arg(long)]
     pub json: bool,
@@ -75,6 +85,18 @@ pub struct DemoReport {
     /// (it starts after the buying phase, so this is its own rate: from its
     /// start until PostgreSQL held them all, checked every 50 ms).
     pub db_orders_per_second: f64,
+    /// With holds: orders paid (first wave within their window, and every
+    /// order of the second wave).
+    pub paid: u64,
+    /// With holds: orders whose hold expired unpaid (their units went back).
+    pub expired: u64,
+    /// With holds: orders cancelled (the demo cancels none).
+    pub cancelled: u64,
+    /// With holds: units sold again, to the second wave, after they came back.
+    pub resold: u64,
+    /// With holds: orders in PostgreSQL whose state differs from the engine's
+    /// (must be 0).
+    pub state_mismatches: u64,
 }
 
 /// The `demo` command: runs the sale, prints the report (JSON or a table),
@@ -84,14 +106,19 @@ pub async fn command(settings: Settings, args: DemoArgs) -> Result<ExitCode> {
     let pool = flashsale::db::pool(&config.postgres_url, 4)?;
     let engine = Engine::connect(config).await?;
     let json = args.json;
+    if !(0.0..=1.0).contains(&args.pay_ratio) {
+        anyhow::bail!("--pay-ratio must be 0.0..=1.0, got {}", args.pay_ratio);
+    }
     let report = run(engine, pool, args).await?;
     if json {
         println!("{}", serde_json::to_string(&report)?);
     } else {
         print(&report);
     }
-    let sound =
-        report.oversold == 0 && report.unmatched_orders == 0 && report.orders_in_db == report.sold;
+    let sound = report.oversold == 0
+        && report.unmatched_orders == 0
+        && report.orders_in_db == report.sold
+        && report.state_mismatches == 0;
     Ok(if sound {
         ExitCode::SUCCESS
     } else {
@@ -115,9 +142,14 @@ pub async fn run(
         .create_sale(SaleSpec {
             buckets: args.buckets,
             per_user_limit: args.per_user_limit,
+            hold_ms: args.hold_ms,
             ..SaleSpec::new(&sku, args.stock)
         })
         .await?;
+    // With holds, the sweeper runs for the whole sale, as in `serve`.
+    let sweeper = (args.hold_ms > 0).then(|| engine.spawn_hold_sweeper());
+    // Buyer i pays when i's share falls under the ratio (spread evenly).
+    let pays = move |i: u64| (i % 100) < (args.pay_ratio * 100.0).round() as u64;
 
     let bar = if args.json {
         indicatif::ProgressBar::hidden()
@@ -131,47 +163,51 @@ pub async fn run(
         );
         b
     };
-    let sem = Arc::new(Semaphore::new(args.concurrency.max(1)));
-    let sku_arc: Arc<str> = sku.as_str().into();
     let started = Instant::now();
-    let mut tasks = Vec::with_capacity(args.buyers as usize);
-    for i in 0..args.buyers {
-        let permit = sem.clone().acquire_owned().await?;
-        let engine = engine.clone();
-        let sku = sku_arc.clone();
-        let bar = bar.clone();
-        tasks.push(tokio::spawn(async move {
-            let user = format!("buyer-{i}");
-            let r = engine
-                .purchase(PurchaseRequest {
-                    sku: &sku,
-                    user: &user,
-                    qty: 1,
-                    request_id: &user,
-                })
-                .await;
-            bar.inc(1);
-            drop(permit);
-            r
-        }));
-    }
-    let mut order_ids = HashSet::new();
-    let (mut sold, mut sold_out, mut errors) = (0u64, 0u64, 0u64);
-    for t in tasks {
-        match t.await? {
-            Ok(c) => {
-                sold += 1;
-                order_ids.insert(c.order_id);
-            }
-            Err(PurchaseError::SoldOut) => sold_out += 1,
-            Err(e) => {
-                errors += 1;
-                tracing::warn!(error = %e, "purchase failed");
-            }
-        }
-    }
+    let wave = Wave {
+        engine: &engine,
+        sku: &sku,
+        concurrency: args.concurrency,
+        bar: &bar,
+    };
+    let first = wave.run("buyer", args.buyers, pays).await?;
+    let (mut sold, mut sold_out, mut errors) = (first.sold, first.sold_out, first.errors);
+    let mut order_ids = first.order_ids;
+    let mut resold = 0;
     let elapsed = started.elapsed().as_secs_f64();
+    let (mut paid, mut expired) = (first.paid, 0u64);
+    if args.hold_ms > 0 {
+        // Wait for the first wave's unpaid holds to expire (the sweeper
+        // puts their units back), then a second wave buys and pays them.
+        tokio::time::sleep(std::time::Duration::from_millis(args.hold_ms)).await;
+        let deadline = Instant::now() + std::time::Duration::from_secs(30);
+        loop {
+            let mut still_held = 0u64;
+            expired = 0;
+            for id in &first.held {
+                match engine.order(id).await?.state {
+                    flashsale::OrderState::Held => still_held += 1,
+                    flashsale::OrderState::Expired => expired += 1,
+                    _ => {}
+                }
+            }
+            if still_held == 0 || Instant::now() >= deadline {
+                break;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        }
+        let second = wave.run("late-buyer", args.buyers, |_| true).await?;
+        resold = second.sold;
+        sold += second.sold;
+        sold_out += second.sold_out;
+        errors += second.errors;
+        paid += second.paid;
+        order_ids.extend(second.order_ids);
+    }
     bar.finish_with_message("done");
+    if let Some(s) = sweeper {
+        s.abort();
+    }
 
     // Count the streams before the writer drains (and trims) them, so the
     // report shows every confirmed order queued, then every order written.
@@ -182,17 +218,42 @@ pub async fn run(
         .await?;
     let orders_in_db = wait_for_orders(&pool, &sku, sold).await?;
     let drain = writer_started.elapsed().as_secs_f64();
-    writer.shutdown().await?;
-    let in_db: HashSet<String> = flashsale::db::client(&pool)
-        .await?
-        .query("SELECT order_id FROM orders WHERE sku = $1", &[&sku])
-        .await?
-        .iter()
-        .map(|r| r.get(0))
-        .collect();
+    // Every order's state in PostgreSQL, once its transitions are written.
+    let mut states: Vec<(String, String)> = Vec::new();
+    let wanted = paid + expired;
+    for _ in 0..600 {
+        states = flashsale::db::client(&pool)
+            .await?
+            .query(
+                "SELECT order_id, status FROM orders WHERE sku = $1",
+                &[&sku],
+            )
+            .await?
+            .iter()
+            .map(|r| (r.get(0), r.get(1)))
+            .collect();
+        let settled = states
+            .iter()
+            .filter(|(_, s)| s == "paid" || s == "expired")
+            .count() as u64;
+        if args.hold_ms == 0 || settled >= wanted {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    let mut state_mismatches = 0;
+    if args.hold_ms > 0 {
+        for (id, state) in &states {
+            if engine.order(id).await?.state.as_str() != state {
+                state_mismatches += 1;
+            }
+        }
+    }
+    let in_db: HashSet<String> = states.into_iter().map(|(id, _)| id).collect();
     let unmatched = order_ids.symmetric_difference(&in_db).count() as u64
         + sold.saturating_sub(order_ids.len() as u64);
 
+    writer.shutdown().await?;
     let below_zero: u64 = status
         .buckets
         .iter()
@@ -205,7 +266,8 @@ pub async fn run(
         buyers: args.buyers,
         sold,
         remaining: status.remaining,
-        oversold: sold.saturating_sub(args.stock) + below_zero,
+        // Units out (sold minus the expired, which went back) beyond the stock.
+        oversold: sold.saturating_sub(expired).saturating_sub(args.stock) + below_zero,
         unmatched_orders: unmatched,
         stream_entries: status.buckets.iter().map(|b| b.stream_len).sum(),
         sold_out_answers: sold_out,
@@ -215,7 +277,100 @@ pub async fn run(
         answers_per_second: args.buyers as f64 / elapsed.max(1e-9),
         orders_in_db,
         db_orders_per_second: orders_in_db as f64 / drain.max(1e-9),
+        paid,
+        expired,
+        cancelled: 0,
+        resold,
+        state_mismatches,
     })
+}
+
+/// One wave of buyers against one sale.
+struct Wave<'a> {
+    engine: &'a Engine,
+    sku: &'a str,
+    concurrency: usize,
+    bar: &'a indicatif::ProgressBar,
+}
+
+/// What a wave did.
+struct WaveResult {
+    sold: u64,
+    sold_out: u64,
+    errors: u64,
+    /// Orders paid (held orders whose buyer paid in time).
+    paid: u64,
+    order_ids: HashSet<String>,
+    /// Held orders left unpaid.
+    held: Vec<String>,
+}
+
+impl Wave<'_> {
+    /// `buyers` buyers named `<prefix>-<i>`, one purchase each, at most
+    /// `concurrency` at once; a held order is paid when `pays(i)`.
+    async fn run(
+        &self,
+        prefix: &str,
+        buyers: u64,
+        pays: impl Fn(u64) -> bool + Copy + Send + 'static,
+    ) -> Result<WaveResult> {
+        let sem = Arc::new(Semaphore::new(self.concurrency.max(1)));
+        let sku: Arc<str> = self.sku.into();
+        let mut tasks = Vec::with_capacity(buyers as usize);
+        for i in 0..buyers {
+            let permit = sem.clone().acquire_owned().await?;
+            let engine = self.engine.clone();
+            let (sku, bar) = (sku.clone(), self.bar.clone());
+            let user = format!("{prefix}-{i}");
+            tasks.push(tokio::spawn(async move {
+                let r = engine
+                    .purchase(PurchaseRequest {
+                        sku: &sku,
+                        user: &user,
+                        qty: 1,
+                        request_id: &user,
+                    })
+                    .await;
+                let paid = match &r {
+                    Ok(c) if c.status == flashsale::OrderState::Held && pays(i) => engine
+                        .pay(&c.order_id, &format!("pay-{user}"))
+                        .await
+                        .is_ok(),
+                    _ => false,
+                };
+                bar.inc(1);
+                drop(permit);
+                (r, paid)
+            }));
+        }
+        let mut out = WaveResult {
+            sold: 0,
+            sold_out: 0,
+            errors: 0,
+            paid: 0,
+            order_ids: HashSet::new(),
+            held: Vec::new(),
+        };
+        for t in tasks {
+            match t.await? {
+                (Ok(c), paid) => {
+                    out.sold += 1;
+                    if paid {
+                        out.paid += 1;
+                    } else if c.status == flashsale::OrderState::Held {
+                        out.held.push(c.order_id.clone());
+                    }
+                    out.order_ids.insert(c.order_id);
+                }
+                (Err(PurchaseError::SoldOut), _) => out.sold_out += 1,
+                (Err(e), _) => {
+                    out.errors += 1;
+                    tracing::warn!(error = %e, "purchase failed");
+                }
+            }
+        }
+        Ok(out)
+    }
 }
 
 /// Waits (at most 60 s) until PostgreSQL holds `sold` orders of `sku`;
@@ -253,4 +408,10 @@ pub fn print(r: &DemoReport) {
     println!("  answers/s       {:.0}", r.answers_per_second);
     println!("  orders in db    {}", r.orders_in_db);
     println!("  written         {:.0} orders/s", r.db_orders_per_second);
+    if r.paid + r.expired > 0 {
+        println!("  paid            {}", r.paid);
+        println!("  expired         {}", r.expired);
+        println!("  resold          {}", r.resold);
+        println!("  state mismatch  {}", r.state_mismatches);
+    }
 }

@@ -77,14 +77,19 @@ pub async fn write_batch(
     }
     if !touched.is_empty() {
         tx.execute(
-            "UPDATE orders o SET status = e.kind, version = e.version,
+            // The state follows the newest version only; each moment
+            // (paid_at, ...) is set from its own event, whatever order the
+            // events were written in.
+            "UPDATE orders o SET
+                 status = CASE WHEN e.version > o.version THEN e.kind ELSE o.status END,
+                 version = GREATEST(o.version, e.version),
                  paid_at = (SELECT max(x.at) FROM order_events x WHERE x.order_id = o.order_id AND x.kind = 'paid'),
                  payment_ref = (SELECT max(x.payment_ref) FROM order_events x WHERE x.order_id = o.order_id AND x.kind = 'paid'),
                  cancelled_at = (SELECT max(x.at) FROM order_events x WHERE x.order_id = o.order_id AND x.kind = 'cancelled'),
                  expired_at = (SELECT max(x.at) FROM order_events x WHERE x.order_id = o.order_id AND x.kind = 'expired')
              FROM (SELECT DISTINCT ON (order_id) order_id, version, kind FROM order_events
                    WHERE order_id = ANY($1::text[]) ORDER BY order_id, version DESC) e
-             WHERE o.order_id = e.order_id AND e.version > o.version",
+             WHERE o.order_id = e.order_id",
             &[&touched],
         )
         .await?;
