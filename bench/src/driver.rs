@@ -47,9 +47,13 @@ fn row(
         oversold,
         errors: stats.errors,
         ratio_to_anchor: None,
+        expiry_lag_p99_ms: None,
         note,
     }
 }
+
+/// How long the `engine hold` row holds each order.
+const HOLD_MS: u64 = 2000;
 
 /// Per master: (script calls, µs of CPU the server process used), from
 /// `INFO commandstats` and `INFO cpu`.
@@ -487,6 +491,7 @@ impl Bench {
             oversold,
             errors,
             ratio_to_anchor: None,
+            expiry_lag_p99_ms: None,
             note: format!(
                 "redis-benchmark EVALSHA {}, {} bucket(s), {connections} connection(s) x {} in flight; checked against stock{}",
                 match script {
@@ -593,6 +598,117 @@ impl Bench {
             ),
             ..sold
         }))
+    }
+
+    /// The `engine hold` row: a hot1 sale with holds (`HOLD_MS`), each buyer
+    /// with an even index paying at once and the others never, while a
+    /// sweeper expires due holds every 100 ms (serve's default). Throughput
+    /// is purchases per second (a payment is part of its buyer's op); the
+    /// note and `expiry_lag_p99_ms` give the lag from each unpaid hold's
+    /// deadline to its units back on sale, the sweeper running until every
+    /// unpaid hold expired (or the cap).
+    async fn hold_run(&mut self) -> Result<RunResult> {
+        let ops = self.args.ops;
+        let sku = format!("bench-{}-hot1-hold", self.run);
+        self.engine
+            .create_sale(SaleSpec {
+                hold_ms: HOLD_MS,
+                ..SaleSpec::new(&sku, ops / 2)
+            })
+            .await?;
+        self.created.push(sku.clone());
+        let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let sweeper = {
+            let (engine, stop) = (self.engine.clone(), stop.clone());
+            tokio::spawn(async move {
+                let mut lags = Vec::new();
+                let mut expired = 0u64;
+                while !stop.load(Ordering::Relaxed) {
+                    if let Ok(r) = engine.expire_due().await {
+                        expired += r.expired;
+                        lags.extend(r.lags_ms);
+                    }
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
+                (expired, lags)
+            })
+        };
+        let (engine, sku_arc, run): (Engine, Arc<str>, Arc<str>) = (
+            self.engine.clone(),
+            sku.as_str().into(),
+            format!("{}-hold", self.run).into(),
+        );
+        let before = master_time(&self.engine, &mut self.conn).await?;
+        let batches_before = self.engine.stats().purchase_batch_sizes.snapshot();
+        let stats = self
+            .load("hot1 engine hold".into(), ops, None, move |i| {
+                strategies::hold_op(engine.clone(), sku_arc.clone(), run.clone(), i)
+            })
+            .await;
+        let after = master_time(&self.engine, &mut self.conn).await?;
+        let batches: Vec<u64> = self
+            .engine
+            .stats()
+            .purchase_batch_sizes
+            .snapshot()
+            .iter()
+            .zip(&batches_before)
+            .map(|(a, b)| a.saturating_sub(*b))
+            .collect();
+        // Every unpaid hold expires HOLD_MS after it was made: wait for the
+        // units of all of them (half the confirmed) to be back.
+        let unpaid = stats.confirmed / 2;
+        let deadline = std::time::Instant::now() + self.cap() + Duration::from_millis(HOLD_MS);
+        loop {
+            let st = self.engine.sale_status(&sku).await?;
+            let back = st.remaining;
+            if back >= unpaid || std::time::Instant::now() >= deadline {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        stop.store(true, Ordering::Relaxed);
+        let (expired, mut lags) = sweeper.await.unwrap_or_default();
+        lags.sort_unstable();
+        let at = |q: f64| {
+            (!lags.is_empty())
+                .then(|| lags[((q * lags.len() as f64) as usize).min(lags.len() - 1)] as f64)
+        };
+        let st = self.engine.sale_status(&sku).await?;
+        let below_zero: u64 = st
+            .buckets
+            .iter()
+            .map(|b| b.remaining.min(0).unsigned_abs())
+            .sum();
+        let mut r = row(
+            "hot1",
+            "engine hold",
+            self.args.concurrency,
+            &stats,
+            ops / 2,
+            // Units out are the confirmed minus the expired (those came back
+            // and may have been sold again): beyond the stock, or not what
+            // the stock says, is an oversell.
+            stats
+                .confirmed
+                .saturating_sub(expired)
+                .saturating_sub(ops / 2)
+                + below_zero
+                + (ops / 2)
+                    .saturating_sub(st.remaining)
+                    .abs_diff(stats.confirmed.saturating_sub(expired)),
+            format!(
+                "hold_ms {HOLD_MS}, half the buyers pay at once (inside their op), {expired} holds expired; expiry lag p50 {} / p99 {} / max {} ms (sweeper every 100 ms)",
+                at(0.5).unwrap_or(f64::NAN),
+                at(0.99).unwrap_or(f64::NAN),
+                lags.last().copied().unwrap_or(0)
+            ),
+        );
+        r.expiry_lag_p99_ms = at(0.99);
+        r.batch_p50 = targets::size_at(&batches, 0.5);
+        r.batch_p99 = targets::size_at(&batches, 0.99);
+        // Master time of the selling phase (payments included).
+        Ok(with_master_time(r, &before, &after))
     }
 
     /// Loads `code` on every master; returns its SHA.
@@ -788,6 +904,8 @@ impl Bench {
                         .arg(&b.stream)
                         .arg(&keys.sale)
                         .arg(&keys.pending)
+                        .arg(&keys.holds)
+                        .arg(&keys.owed)
                         .query_async(&mut self.conn)
                         .await?;
                 }
@@ -932,6 +1050,7 @@ pub async fn measure(b: &mut Bench) -> Result<(Vec<RunResult>, Vec<lockbench::Lo
                         .await?,
                     );
                 }
+                results.push(b.hold_run().await?);
                 // The durability knob: confirm only once a replica has the
                 // order (needs replicas; without them every WAIT times out).
                 if b.has_replicas {

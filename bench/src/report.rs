@@ -60,6 +60,9 @@ pub struct RunResult {
     pub errors: u64,
     /// Throughput / the scenario's anchor throughput.
     pub ratio_to_anchor: Option<f64>,
+    /// The `engine hold` row: p99 of the lag from a hold's deadline to its
+    /// units back on sale, ms.
+    pub expiry_lag_p99_ms: Option<f64>,
     /// What to know when reading the row.
     pub note: String,
 }

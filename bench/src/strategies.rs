@@ -31,6 +31,30 @@ pub async fn engine_op(engine: Engine, skus: Arc<Vec<String>>, run: Arc<str>, i:
     }
 }
 
+/// One purchase on a sale with holds; buyers with an even `i` pay at once
+/// (the shop's backend, after the payment went through), the others never
+/// do and their holds expire.
+pub async fn hold_op(engine: Engine, sku: Arc<str>, run: Arc<str>, i: u64) -> Outcome {
+    let user = format!("{run}-u{i}");
+    match engine
+        .purchase(PurchaseRequest {
+            sku: &sku,
+            user: &user,
+            qty: 1,
+            request_id: &user,
+        })
+        .await
+    {
+        Ok(c) if i % 2 == 0 => match engine.pay(&c.order_id, &user).await {
+            Ok(_) => Outcome::Confirmed,
+            Err(_) => Outcome::Error,
+        },
+        Ok(_) => Outcome::Confirmed,
+        Err(PurchaseError::SoldOut) => Outcome::SoldOut,
+        Err(_) => Outcome::Error,
+    }
+}
+
 /// GET, check, DECR: two round trips and a race between them.
 async fn get_check_decr(conn: &mut ClusterConnection, key: &str) -> Outcome {
     let stock: Result<Option<i64>, _> = redis::cmd("GET").arg(key).query_async(conn).await;

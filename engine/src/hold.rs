@@ -130,6 +130,9 @@ pub struct ExpiryReport {
     pub quotas_returned: u64,
     /// Largest lag seen, deadline to units back (ms).
     pub max_lag_ms: u64,
+    /// Each expired hold's lag (ms), for whoever measures it (the bench).
+    #[serde(skip)]
+    pub lags_ms: Vec<u64>,
     /// Buckets or sales this pass could not handle (tried again next pass).
     pub errors: u64,
 }
@@ -294,6 +297,7 @@ impl Engine {
                         let lag = back_at.saturating_sub(expires_ms);
                         report.expired += 1;
                         report.max_lag_ms = report.max_lag_ms.max(lag);
+                        report.lags_ms.push(lag);
                         metrics::counter!(m::HOLDS_EXPIRED).increment(1);
                         metrics::counter!(m::UNITS_RETURNED, "how" => "expired")
                             .increment(units.max(0) as u64);

@@ -4,7 +4,7 @@
 //! are judged in the harness's own output.
 
 use flashsale_tests::{bench_bin, RedisCluster, RedisServer};
-use serde_json::Value;
+use serde_json::{json, Value};
 
 #[test]
 fn every_strategy_runs_and_the_json_is_complete() {
@@ -133,6 +133,15 @@ fn every_strategy_runs_and_the_json_is_complete() {
             );
         }
     }
+    // Holds: sells, never oversells, and measures its expiry lag.
+    let hold = find("hot1", "engine hold");
+    assert_eq!(
+        (&hold["oversold"], &hold["errors"]),
+        (&json!(0), &json!(0)),
+        "{hold}"
+    );
+    assert!(hold["throughput"].as_f64().unwrap_or(0.0) > 0.0, "{hold}");
+    assert!(hold["expiry_lag_p99_ms"].as_f64().is_some(), "{hold}");
     for (sc, st) in [
         ("hot1", "anchor"),
         ("hot1", "engine"),
@@ -178,7 +187,7 @@ fn every_strategy_runs_and_the_json_is_complete() {
     assert!(locks
         .iter()
         .all(|l| l["pairs"].as_u64().unwrap_or(0) > 0 && l["errors"] == 0));
-    assert_eq!(report["targets"].as_array().map(Vec::len), Some(15));
+    assert_eq!(report["targets"].as_array().map(Vec::len), Some(16));
     // Batch sizes on every engine row, and never on an anchor's; one call
     // per purchase where batch_max = 1.
     for r in results.iter().filter(|r| {

@@ -12,6 +12,55 @@ fn json(out: std::process::Output) -> serde_json::Value {
     serde_json::from_slice(&out.stdout).expect("stdout is one JSON object")
 }
 
+/// With holds, the unpaid units go back on sale and a second wave buys
+/// them: sold counts both waves, never more than the stock net of what
+/// expired, and PostgreSQL agrees with the engine on every order's state.
+#[test]
+fn demo_with_holds_resells_the_unpaid_units_and_postgres_agrees() {
+    let cluster = RedisCluster::start(3, 0);
+    let pg = PgDb::create();
+    let report = json(
+        flashsale_cmd(Some(&cluster), Some(&pg), &[])
+            .args([
+                "demo",
+                "--stock",
+                "200",
+                "--buyers",
+                "600",
+                "--hold-ms",
+                "1000",
+                "--pay-ratio",
+                "0.6",
+                "--json",
+            ])
+            .output()
+            .expect("run demo"),
+    );
+    let n = |k: &str| report[k].as_u64().unwrap_or(u64::MAX);
+    assert_eq!(
+        (n("oversold"), n("state_mismatches"), n("errors")),
+        (0, 0, 0)
+    );
+    assert!(n("expired") > 0, "some holds went unpaid: {report}");
+    assert_eq!(
+        n("resold"),
+        n("expired"),
+        "every unit that came back was sold again"
+    );
+    assert_eq!(n("sold"), 200 + n("expired"));
+    assert_eq!(n("paid"), 200, "in the end every unit is paid");
+    assert_eq!(n("remaining"), 0);
+    assert_eq!(
+        pg.query("SELECT count(*) FROM orders WHERE status = 'paid'"),
+        "200"
+    );
+    let bad = flashsale_cmd(Some(&cluster), Some(&pg), &[])
+        .args(["demo", "--hold-ms", "100", "--pay-ratio", "1.5", "--json"])
+        .output()
+        .expect("run demo");
+    assert!(!bad.status.success(), "a ratio above 1 is refused");
+}
+
 #[test]
 fn demo_json_reports_no_oversell_and_matches_redis() {
     let cluster = RedisCluster::start(3, 0);
