@@ -139,6 +139,10 @@ local function step(key, order_id, ref)
   local expires_ms = tonumber(o[3])
   local v = tonumber(o[6])
   if not qty or not expires_ms or not v then
+    -- A record this script never wrote: no sweeper should find it again.
+    if op == 'expire' then
+      redis.call('ZREM', KEYS[4], order_id)
+    end
     return {-7, '', 0, 0}
   end
   local due = now_ms >= expires_ms

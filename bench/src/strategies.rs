@@ -34,7 +34,15 @@ pub async fn engine_op(engine: Engine, skus: Arc<Vec<String>>, run: Arc<str>, i:
 /// One purchase on a sale with holds; buyers with an even `i` pay at once
 /// (the shop's backend, after the payment went through), the others never
 /// do and their holds expire.
-pub async fn hold_op(engine: Engine, sku: Arc<str>, run: Arc<str>, i: u64) -> Outcome {
+pub async fn hold_op(
+    engine: Engine,
+    sku: Arc<str>,
+    run: Arc<str>,
+    i: u64,
+    paid: Arc<std::sync::atomic::AtomicU64>,
+    pay_errors: Arc<std::sync::atomic::AtomicU64>,
+) -> Outcome {
+    use std::sync::atomic::Ordering;
     let user = format!("{run}-u{i}");
     match engine
         .purchase(PurchaseRequest {
@@ -45,10 +53,15 @@ pub async fn hold_op(engine: Engine, sku: Arc<str>, run: Arc<str>, i: u64) -> Ou
         })
         .await
     {
-        Ok(c) if i % 2 == 0 => match engine.pay(&c.order_id, &user).await {
-            Ok(_) => Outcome::Confirmed,
-            Err(_) => Outcome::Error,
-        },
+        // The purchase is confirmed either way; a failed payment leaves
+        // the hold to expire, and is counted on its own.
+        Ok(c) if i % 2 == 0 => {
+            match engine.pay(&c.order_id, &user).await {
+                Ok(_) => paid.fetch_add(1, Ordering::Relaxed),
+                Err(_) => pay_errors.fetch_add(1, Ordering::Relaxed),
+            };
+            Outcome::Confirmed
+        }
         Ok(_) => Outcome::Confirmed,
         Err(PurchaseError::SoldOut) => Outcome::SoldOut,
         Err(_) => Outcome::Error,

@@ -11,7 +11,7 @@ use flashsale::{
     SaleSpec,
 };
 use flashsale_tests::fixture::Fixture;
-use flashsale_tests::{engine_with, fast_writer, RedisCluster};
+use flashsale_tests::{engine_with, fast_writer, wait_until, RedisCluster};
 
 fn now_ms() -> u64 {
     SystemTime::now()
@@ -668,4 +668,123 @@ async fn a_late_payment_retakes_a_unit_only_if_one_is_left() {
         (ledger.initial, ledger.paid_in_db, ledger.held_in_db),
         (3, 3, 0)
     );
+}
+
+/// A failover mid-window under `ack = replicated`: the master of the
+/// sale's bucket is killed while payments and cancels flow. Every payment
+/// and cancel answered OK is still so on the promoted replica, and once
+/// the window is over every unit not paid is back exactly once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failover_mid_window_under_replicated_ack_loses_no_payment_and_returns_no_unit_twice() {
+    const N: usize = 40;
+    let mut cluster = RedisCluster::start(3, 1);
+    let e = engine_with(&cluster, |c| {
+        c.ack = flashsale::Ack::Replicated;
+        // Long enough to outlast the failover: answers come after it.
+        c.retry.deadline = Duration::from_secs(30);
+    })
+    .await;
+    let status = e
+        .create_sale(SaleSpec {
+            hold_ms: 6000,
+            ..SaleSpec::new("failover", N as u64)
+        })
+        .await
+        .expect("sale");
+    let mut ids = Vec::new();
+    for i in 0..N {
+        ids.push(
+            buy(&e, "failover", &format!("u{i}"), "r")
+                .await
+                .expect("buy")
+                .order_id,
+        );
+    }
+    let mut paid_ok = Vec::new();
+    for id in &ids[..10] {
+        e.pay(id, "before").await.expect("pay before");
+        paid_ok.push(id.clone());
+    }
+    let mut cancelled_ok = Vec::new();
+    for id in &ids[10..15] {
+        e.cancel(id).await.expect("cancel before");
+        cancelled_ok.push(id.clone());
+    }
+    // Payments and cancels in flight while the master dies.
+    let during: Vec<_> = ids[15..30]
+        .iter()
+        .enumerate()
+        .map(|(k, id)| {
+            let (e, id) = (e.clone(), id.clone());
+            tokio::spawn(async move {
+                let r = if k % 3 == 0 {
+                    e.cancel(&id).await
+                } else {
+                    e.pay(&id, "during").await
+                };
+                (id, r)
+            })
+        })
+        .collect();
+    let master = cluster.master_of_slot(status.buckets[0].slot);
+    let replica = cluster.replica_of(master);
+    cluster.node_mut(master).kill();
+    tokio::task::block_in_place(|| {
+        flashsale_tests::wait_for(
+            Duration::from_secs(60),
+            || cluster.master_ports().contains(&replica),
+            || "the replica was not promoted".into(),
+        )
+    });
+    for t in during {
+        let (id, r) = t.await.expect("task");
+        match r {
+            Ok(t) if t.state == OrderState::Paid => paid_ok.push(id),
+            Ok(t) if t.state == OrderState::Cancelled => cancelled_ok.push(id),
+            Ok(t) => panic!("{id}: {t:?}"),
+            Err(HoldError::Unavailable(_)) => {}
+            Err(other) => panic!("{id}: {other}"),
+        }
+    }
+    for id in &paid_ok {
+        assert_eq!(
+            e.order(id).await.expect("order").state,
+            OrderState::Paid,
+            "{id}: answered paid, lost in the failover"
+        );
+    }
+    for id in &cancelled_ok {
+        assert_eq!(
+            e.order(id).await.expect("order").state,
+            OrderState::Cancelled
+        );
+    }
+    // After the window every hold ends; units back = orders not paid.
+    wait_until(Duration::from_secs(60), "every hold ended", || {
+        let (e, ids) = (e.clone(), ids.clone());
+        async move {
+            let _ = e.expire_due().await;
+            let mut held = 0;
+            for id in &ids {
+                if let Ok(v) = e.order(id).await {
+                    held += usize::from(v.state == OrderState::Held);
+                }
+            }
+            held == 0
+        }
+    })
+    .await;
+    let mut paid = 0u64;
+    for id in &ids {
+        paid += u64::from(e.order(id).await.expect("order").state == OrderState::Paid);
+    }
+    assert_eq!(
+        remaining(&e, "failover").await,
+        N as u64 - paid,
+        "every unit not paid came back, once"
+    );
+    let status = e.sale_status("failover").await.expect("status");
+    for (id, kinds) in events_by_order(&cluster, &status) {
+        assert!(kinds.len() <= 1, "{id}: one transition, got {kinds:?}");
+    }
 }

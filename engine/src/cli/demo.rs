@@ -66,7 +66,8 @@ pub struct DemoReport {
     /// ids missing from the table, plus rows nobody was confirmed (must be 0).
     pub unmatched_orders: u64,
     /// Entries in the sale's order streams after the buying phase, before the
-    /// writer drained them.
+    /// writer drained them: one per order, plus one per transition of a held
+    /// order (paid, expired).
     pub stream_entries: u64,
     /// Answers "sold out".
     pub sold_out_answers: u64,
@@ -97,6 +98,12 @@ pub struct DemoReport {
     /// With holds: orders in PostgreSQL whose state differs from the engine's
     /// (must be 0).
     pub state_mismatches: u64,
+    /// Units that are neither left in Redis nor in an order that kept them
+    /// (sold - expired): must be 0, holds or not.
+    pub units_unaccounted: u64,
+    /// `flashsale reconcile` of the sale once the writer drained: initial =
+    /// remaining + pending + written.
+    pub ledger_conserved: bool,
 }
 
 /// The `demo` command: runs the sale, prints the report (JSON or a table),
@@ -118,7 +125,10 @@ pub async fn command(settings: Settings, args: DemoArgs) -> Result<ExitCode> {
     let sound = report.oversold == 0
         && report.unmatched_orders == 0
         && report.orders_in_db == report.sold
-        && report.state_mismatches == 0;
+        && report.state_mismatches == 0
+        && report.units_unaccounted == 0
+        && report.errors == 0
+        && report.ledger_conserved;
     Ok(if sound {
         ExitCode::SUCCESS
     } else {
@@ -255,6 +265,10 @@ pub async fn run(
         + sold.saturating_sub(order_ids.len() as u64);
 
     writer.shutdown().await?;
+    let ledger_conserved = flashsale::ledger::reconcile(&engine, &pool, std::slice::from_ref(&sku))
+        .await?
+        .iter()
+        .all(|r| r.conserved);
     let below_zero: u64 = status
         .buckets
         .iter()
@@ -284,6 +298,8 @@ pub async fn run(
         cancelled: 0,
         resold,
         state_mismatches,
+        units_unaccounted: (args.stock).abs_diff(status.remaining + sold.saturating_sub(expired)),
+        ledger_conserved,
     })
 }
 
