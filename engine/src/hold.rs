@@ -234,12 +234,19 @@ impl Engine {
                     continue;
                 }
             };
+            let mut held = 0u64;
             for b in &sale.buckets {
                 if let Err(e) = self.expire_bucket(&sale, b, &mut report).await {
                     tracing::warn!(sku, bucket = b.index, error = %e, "hold sweeper skips a bucket this pass");
                     report.errors += 1;
                 }
+                held += self
+                    .cluster()
+                    .run_cmd::<u64>(redis::cmd("ZCARD").arg(&b.keys.holds))
+                    .await
+                    .unwrap_or(0);
             }
+            metrics::gauge!(m::HOLDS_HELD, "sku" => sku.clone()).set(held as f64);
         }
         Ok(report)
     }

@@ -39,6 +39,8 @@ pub const HOLD_EXPIRY_LAG_SECONDS: &str = "flashsale_hold_expiry_lag_seconds";
 pub const LATE_PAYMENTS: &str = "flashsale_late_payments_total";
 /// Units returned to stock by cancels and expiries, by how (cancelled, expired).
 pub const UNITS_RETURNED: &str = "flashsale_units_returned_total";
+/// Orders held right now (Redis's deadline index, set by each sweep), by SKU.
+pub const HOLDS_HELD: &str = "flashsale_holds_held";
 /// Units in held orders (PostgreSQL's view, set by reconcile), by SKU.
 pub const UNITS_HELD: &str = "flashsale_units_held";
 /// Units in paid orders (PostgreSQL's view, set by reconcile), by SKU.
@@ -109,6 +111,10 @@ pub fn describe() {
     describe_counter!(
         UNITS_RETURNED,
         "Units back on sale from cancels and expiries, by how"
+    );
+    describe_gauge!(
+        HOLDS_HELD,
+        "Orders held now, by SKU (from the hold sweeper)"
     );
     describe_gauge!(UNITS_HELD, "Units in held orders, by SKU (from reconcile)");
     describe_gauge!(UNITS_PAID, "Units in paid orders, by SKU (from reconcile)");

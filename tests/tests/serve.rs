@@ -572,3 +572,116 @@ async fn sigterm_under_load_loses_no_confirmed_order() {
         missing.first()
     );
 }
+
+/// The hold routes end to end through `flashsale serve`: a purchase answers
+/// `held` with its deadline; pay and cancel are admin routes with typed
+/// errors; the server's own sweeper expires an unpaid hold (its units back
+/// on sale); the hold metrics are on `/metrics`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hold_routes_pay_cancel_and_the_servers_sweeper_expire() {
+    let cluster = RedisCluster::start(3, 0);
+    let pg = PgDb::create();
+    let server = ServeProcess::start(&cluster, &pg, "hold_sweep_ms = 50", "");
+    let base = server.base();
+    let c = http();
+    let (s, _) = create(
+        &c,
+        &base,
+        json!({"sku": "holdy", "stock": 2, "hold_ms": 1500, "late_payment": "refuse"}),
+    )
+    .await;
+    assert_eq!(s, 201);
+    let (s, a) = buy(&c, &base, "holdy", "ann", 1, "r1").await;
+    assert_eq!((s, a["status"].as_str()), (200, Some("held")), "{a}");
+    assert!(a["expires_at_ms"].as_u64().is_some(), "{a}");
+    let (_, b) = buy(&c, &base, "holdy", "bob", 1, "r1").await;
+    let (a, b) = (
+        a["order_id"].as_str().expect("id").to_owned(),
+        b["order_id"].as_str().expect("id").to_owned(),
+    );
+    let send = |path: String, token: bool, body: Option<Value>| {
+        let c = c.clone();
+        async move {
+            let mut r = c.post(path);
+            if token {
+                r = r.bearer_auth(ADMIN_TOKEN);
+            }
+            if let Some(b) = body {
+                r = r.json(&b);
+            }
+            let r = r.send().await.expect("request");
+            (
+                r.status().as_u16(),
+                r.json::<Value>().await.unwrap_or(Value::Null),
+            )
+        }
+    };
+    let pay = |id: &str| format!("{base}/v1/orders/{id}/pay");
+    let (s, _) = send(pay(&a), false, Some(json!({"payment_ref": "p1"}))).await;
+    assert_eq!(s, 401, "pay is an admin route");
+    let (s, t) = send(pay(&a), true, Some(json!({"payment_ref": "p1"}))).await;
+    assert_eq!((s, t["state"].as_str()), (200, Some("paid")), "{t}");
+    let (s, t) = send(pay(&a), true, Some(json!({"payment_ref": "p2"}))).await;
+    assert_eq!(
+        (s, t["error"].as_str()),
+        (409, Some("payment_conflict")),
+        "{t}"
+    );
+    let (s, t) = send(format!("{base}/v1/orders/{a}/cancel"), true, None).await;
+    assert_eq!(
+        (s, t["error"].as_str()),
+        (409, Some("already_final")),
+        "{t}"
+    );
+    let unknown = format!("holdy~0~{}", "0".repeat(32));
+    let (s, t) = send(format!("{base}/v1/orders/{unknown}/cancel"), true, None).await;
+    assert_eq!(
+        (s, t["error"].as_str()),
+        (404, Some("unknown_order")),
+        "{t}"
+    );
+    let (s, t) = send(pay("nonsense"), true, Some(json!({"payment_ref": "p"}))).await;
+    assert_eq!((s, t["error"].as_str()), (422, Some("invalid")), "{t}");
+    // Bob never pays: the server's sweeper expires his hold.
+    let start = Instant::now();
+    loop {
+        let r = c
+            .get(format!("{base}/v1/orders/{b}"))
+            .send()
+            .await
+            .expect("order");
+        let v: Value = r.json().await.unwrap_or(Value::Null);
+        if v["state"] == "expired" {
+            assert_eq!(
+                (v["user"].as_str(), v["qty"].as_u64()),
+                (Some("bob"), Some(1))
+            );
+            break;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(30),
+            "never expired: {v}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let (s, t) = send(pay(&b), true, Some(json!({"payment_ref": "late"}))).await;
+    assert_eq!((s, t["error"].as_str()), (409, Some("hold_expired")), "{t}");
+    let (s, again) = buy(&c, &base, "holdy", "cy", 1, "r1").await;
+    assert_eq!(s, 200, "bob's unit is back on sale: {again}");
+    let metrics = c
+        .get(format!("{base}/metrics"))
+        .send()
+        .await
+        .expect("metrics")
+        .text()
+        .await
+        .expect("text");
+    for name in [
+        "flashsale_hold_transitions_total",
+        "flashsale_holds_expired_total",
+        "flashsale_hold_expiry_lag_seconds_bucket",
+        "flashsale_holds_held",
+    ] {
+        assert!(metrics.contains(name), "{name} missing from /metrics");
+    }
+}
