@@ -61,8 +61,8 @@ pub mod keys;
 pub mod ledger;
 pub mod lock;
 pub mod metrics;
-#[cfg(feature = "postgres")]
 pub mod order_id;
+#[cfg(feature = "postgres")]
 pub mod orders;
 pub mod placement;
 #[cfg(feature = "planted-bugs")]
