@@ -111,11 +111,15 @@ fn every_strategy_runs_and_the_json_is_complete() {
             // As rates only where the run is not paced: a paced run answers
             // at the pace throughout, so its answers over the whole run and
             // its confirmations over the selling phase come out the same
-            // up to noise.
+            // up to noise. Within 10 %: the row's throughput is the median
+            // of its repetitions and its answer rate one repetition's, and
+            // where sold-out answers cost as much as sales (`lock` takes the
+            // lock for each) the two rates are close enough for noise to
+            // swap them (CI saw 1,970 answers/s beside 1,977 confirmed/s).
             if !st.contains('@') {
                 assert!(
                     r["answers_per_s"].as_f64().unwrap_or(0.0)
-                        >= r["throughput"].as_f64().unwrap_or(f64::MAX),
+                        >= 0.9 * r["throughput"].as_f64().unwrap_or(f64::MAX),
                     "{sc}/{st} answers per second include the confirmations: {r}"
                 );
             }
