@@ -19,15 +19,19 @@ pub enum Plant {
     WriterAckBeforeCommit = 3,
     /// `purchase.lua` takes stock without checking there is enough.
     NoStockCheck = 4,
+    /// `transition.lua` gives a cancelled order's units back again on every
+    /// repeated cancel, not only on the one that left `held`.
+    CancelReturnsTwice = 5,
 }
 
 impl Plant {
     /// Every plant, with the name `--plant` takes.
-    pub const ALL: [(&'static str, Plant); 4] = [
+    pub const ALL: [(&'static str, Plant); 5] = [
         ("skip-request-check", Plant::SkipRequestCheck),
         ("skip-wait", Plant::SkipWait),
         ("writer-ack-before-commit", Plant::WriterAckBeforeCommit),
         ("no-stock-check", Plant::NoStockCheck),
+        ("cancel-returns-twice", Plant::CancelReturnsTwice),
     ];
 
     /// The plant called `name`.
@@ -53,4 +57,16 @@ pub fn active(plant: Plant) -> bool {
 pub(crate) fn purchase_without_stock_check(code: &str) -> String {
     code.replace("if have < qty and buckets <= 1 then", "if false then")
         .replace("if have >= qty then", "if true then")
+}
+
+/// `transition.lua` whose repeated cancel gives the units back again (for
+/// [`Plant::CancelReturnsTwice`]).
+pub(crate) fn transition_returning_twice(code: &str) -> String {
+    let replay = "    if state == 'cancelled' then\n      return {2, state, expires_ms, 0}";
+    let twice = "    if state == 'cancelled' then\n      redis.call('INCRBY', KEYS[2], qty)\n      return {2, state, expires_ms, 0}";
+    assert!(
+        code.contains(replay),
+        "transition.lua changed: update the plant"
+    );
+    code.replace(replay, twice)
 }

@@ -228,7 +228,7 @@ impl Scripts {
             create_meta: LuaScript::new("create_meta", CREATE_META_LUA),
             ledger_snapshot: LuaScript::new("ledger_snapshot", LEDGER_SNAPSHOT_LUA),
             ack: LuaScript::new("ack", ACK_LUA),
-            transition: LuaScript::new("transition", TRANSITION_LUA),
+            transition: LuaScript::new("transition", transition_code()),
             quota_return: LuaScript::new("quota_return", QUOTA_RETURN_LUA),
         }
     }
@@ -292,6 +292,18 @@ fn purchase_code() -> &'static str {
     if crate::planted::active(crate::planted::Plant::NoStockCheck) {
         // Leaked once per engine: only planted test builds ever get here.
         return Box::leak(crate::planted::purchase_without_stock_check(code).into_boxed_str());
+    }
+    code
+}
+
+/// The text of `lua/transition.lua` (in a `planted-bugs` build, possibly
+/// broken on purpose; see `crate::planted`).
+fn transition_code() -> &'static str {
+    let code = TRANSITION_LUA;
+    #[cfg(feature = "planted-bugs")]
+    if crate::planted::active(crate::planted::Plant::CancelReturnsTwice) {
+        // Leaked once per engine: only planted test builds ever get here.
+        return Box::leak(crate::planted::transition_returning_twice(code).into_boxed_str());
     }
     code
 }

@@ -83,6 +83,19 @@ fn a_short_run_under_every_fault_with_replicated_ack_is_valid() {
         "seed {seed}: the workload confirmed almost nothing: {}",
         run.output
     );
+    // Holds were exercised: payments and cancels went through.
+    for op in ["pay", "cancel"] {
+        assert!(
+            run.summary["by_op"][op]["ok"].as_u64().unwrap_or(0) > 10,
+            "seed {seed}: almost no {op} succeeded: {}",
+            run.summary["by_op"]
+        );
+    }
+    assert!(
+        run.summary["order_states"]["expired"].as_u64().unwrap_or(0) > 0,
+        "seed {seed}: no hold expired: {}",
+        run.summary["order_states"]
+    );
 }
 
 #[test]
@@ -186,5 +199,17 @@ fn the_checker_catches_a_purchase_without_a_stock_check() {
         "none",
         10,
         &["oversold_units", "negative_stock"],
+    );
+}
+
+/// Holds: a repeated cancel that gives an order's units back a second time
+/// must show in the ledger.
+#[test]
+fn the_checker_catches_a_cancel_that_returns_units_twice() {
+    caught(
+        "cancel-returns-twice",
+        "none",
+        10,
+        &["ledger_unbalanced", "oversold_units"],
     );
 }

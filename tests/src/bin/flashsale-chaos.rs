@@ -43,7 +43,7 @@ struct Cli {
     history: Option<PathBuf>,
     /// Run a deliberately broken engine (builds with the `planted-bugs`
     /// feature only): skip-request-check, skip-wait,
-    /// writer-ack-before-commit, no-stock-check.
+    /// writer-ack-before-commit, no-stock-check, cancel-returns-twice.
     #[arg(long)]
     plant: Option<String>,
 }

@@ -21,6 +21,25 @@ pub struct DbOrder {
     pub user: String,
     /// Units.
     pub qty: u64,
+    /// `held`, `paid`, `cancelled` or `expired`.
+    pub status: String,
+    /// The payment reference of a paid order of a sale with holds.
+    pub payment_ref: Option<String>,
+    /// The deadline of a held order (ms since the Unix epoch).
+    pub expires_ms: Option<i64>,
+    /// The order's version (1, plus one per transition).
+    pub version: i32,
+    /// When it was paid (a held order), by the master's clock.
+    pub paid_ms: Option<i64>,
+    /// When it expired, by the master's clock.
+    pub expired_ms: Option<i64>,
+}
+
+impl DbOrder {
+    /// True when the order keeps its units (not cancelled, not expired).
+    pub fn keeps_units(&self) -> bool {
+        matches!(self.status.as_str(), "held" | "paid")
+    }
 }
 
 /// One SKU's side of the ledger in Redis at the end of a run.
@@ -32,6 +51,23 @@ pub struct EndLedger {
     pub stocks: Vec<i64>,
     /// Orders still in the buckets' streams: (order id, units).
     pub in_streams: Vec<(String, u64)>,
+    /// Transitions still in the buckets' streams: (order id, version).
+    pub events_in_streams: Vec<(String, i32)>,
+    /// What holds left behind.
+    pub left: HoldsLeft,
+}
+
+/// What a SKU's holds left in Redis at the end.
+#[derive(Debug, Clone, Default)]
+pub struct HoldsLeft {
+    /// Orders whose quota another bucket still owes back.
+    pub owed: u64,
+    /// Deadline index entries more than a second overdue.
+    pub overdue_in_index: u64,
+    /// Entries in the dead-letter streams.
+    pub dead_letters: u64,
+    /// Each buyer's quota, summed over the buckets (sales with a limit).
+    pub quotas: BTreeMap<String, i64>,
 }
 
 /// What the checker reads besides the history.
@@ -50,10 +86,17 @@ pub struct Inputs<'a> {
     pub negative_samples: &'a [(String, usize)],
     /// The ack mode of the run.
     pub ack: flashsale::Ack,
+    /// Every transition in PostgreSQL: (order id, version).
+    pub db_events: &'a HashSet<(String, i32)>,
+    /// The state and version of each held order's record still in Redis.
+    pub redis_states: &'a HashMap<String, (String, i32)>,
+    /// When the checker's reads were made (ms since the Unix epoch): every
+    /// hold whose deadline is well before it must have ended.
+    pub checked_at_ms: i64,
 }
 
 /// Names of the counts, in report order.
-pub const KINDS: [&str; 15] = [
+pub const KINDS: [&str; 27] = [
     "oversold_units",
     "lost_confirmed",
     "unwritten_orders",
@@ -69,6 +112,18 @@ pub const KINDS: [&str; 15] = [
     "lock_token_regressed",
     "restock_overapplied",
     "lost_restocks",
+    "transition_lost",
+    "transition_conflict",
+    "transition_answer_changed",
+    "late_payment_accepted",
+    "expired_early",
+    "unwritten_transitions",
+    "dead_letters",
+    "holds_not_expired",
+    "order_state_mismatch",
+    "quota_mismatch",
+    "transition_failover",
+    "limit_after_failover",
 ];
 
 /// One broken promise and its proof.
@@ -91,6 +146,10 @@ pub struct Verdict {
     pub counts: BTreeMap<&'static str, u64>,
     /// Each violation.
     pub violations: Vec<Violation>,
+    /// Orders in PostgreSQL by final status (`paid`, `expired`, ...).
+    pub order_states: BTreeMap<String, u64>,
+    /// Each expiry's lag, deadline to expired (ms, sorted).
+    pub expiry_lag_ms: Vec<i64>,
 }
 
 impl Verdict {
@@ -113,12 +172,22 @@ impl Verdict {
     /// The kinds that must be zero for the run to be valid under `ack`:
     /// under `leader`, lost confirmations, and the second orders and changed
     /// answers of requests whose record a failover took back (a retry is
-    /// then a new purchase), are the measured price of the mode.
+    /// then a new purchase), are the measured price of the mode; so are,
+    /// for orders touched while a master was killed or paused, a payment or
+    /// cancel a failover took back (`transition_failover`), and, for buyers
+    /// who bought or gave back then, a quota a failover parted from their
+    /// orders (`limit_after_failover`; README: what `ack = leader` does not
+    /// guarantee).
     pub fn must_be_zero(kind: &str, ack: flashsale::Ack) -> bool {
         !(ack == flashsale::Ack::Leader
             && matches!(
                 kind,
-                "lost_confirmed" | "orphan_orders" | "failover_duplicates" | "lost_restocks"
+                "lost_confirmed"
+                    | "orphan_orders"
+                    | "failover_duplicates"
+                    | "lost_restocks"
+                    | "transition_failover"
+                    | "limit_after_failover"
             ))
     }
 
@@ -251,7 +320,11 @@ pub fn check(inp: &Inputs<'_>) -> Verdict {
         }
     }
 
+    for r in inp.rows {
+        *v.order_states.entry(r.status.clone()).or_default() += 1;
+    }
     check_stock(&mut v, inp);
+    check_transitions(&mut v, inp, &in_db);
     check_locks(&mut v, inp.ops);
     v
 }
@@ -380,6 +453,7 @@ fn check_request(
 /// Oversell, per-user limits, negative stock and reconcile's verdict.
 fn check_stock(v: &mut Verdict, inp: &Inputs<'_>) {
     let restocked = applied_restocks(inp.ops);
+    let excused = failover_excused(inp);
     for plan in inp.sales {
         let sku = plan.sku.as_str();
         let rows: Vec<&DbOrder> = inp.rows.iter().filter(|r| r.sku == sku).collect();
@@ -393,7 +467,13 @@ fn check_stock(v: &mut Verdict, inp: &Inputs<'_>) {
             .filter(|(id, _)| !db_ids.contains(id.as_str()))
             .map(|(_, q)| q)
             .sum();
-        let sold: u64 = rows.iter().map(|r| r.qty).sum::<u64>() + unwritten;
+        // Cancelled and expired orders gave their units back.
+        let sold: u64 = rows
+            .iter()
+            .filter(|r| r.keeps_units())
+            .map(|r| r.qty)
+            .sum::<u64>()
+            + unwritten;
         let (confirmed, maybe) = restocked.get(sku).copied().unwrap_or((0, 0));
         // A restock that ended `unknown` and was refused on resend (the
         // sale closed meanwhile) may still have been applied.
@@ -434,11 +514,25 @@ fn check_stock(v: &mut Verdict, inp: &Inputs<'_>) {
         }
         if plan.limit > 0 {
             let mut per_user: BTreeMap<&str, u64> = BTreeMap::new();
+            let mut gave_back: HashSet<&str> = HashSet::new();
             for r in &rows {
-                *per_user.entry(r.user.as_str()).or_default() += r.qty;
+                if r.keeps_units() {
+                    *per_user.entry(r.user.as_str()).or_default() += r.qty;
+                } else {
+                    gave_back.insert(r.user.as_str());
+                }
             }
             for (user, units) in per_user {
                 if units > u64::from(plan.limit) {
+                    // Under `leader`, a failover can take back a cancel
+                    // whose quota was already given back in another bucket.
+                    let kind = if inp.ack == flashsale::Ack::Leader
+                        && excused(sku, user, gave_back.contains(user))
+                    {
+                        "limit_after_failover"
+                    } else {
+                        "limit_exceeded"
+                    };
                     let ops: Vec<&OpRecord> = inp
                         .ops
                         .iter()
@@ -446,7 +540,7 @@ fn check_stock(v: &mut Verdict, inp: &Inputs<'_>) {
                         .filter(|o| order_id(o).is_some())
                         .collect();
                     v.add(
-                        "limit_exceeded",
+                        kind,
                         1,
                         format!(
                             "{sku}: {user} holds {units} units, the limit is {}",
@@ -500,6 +594,409 @@ fn check_stock(v: &mut Verdict, inp: &Inputs<'_>) {
             lines: vec![*line],
             fault: None,
         });
+    }
+}
+
+/// True when `o` was sent while a fault that fails a master over (`kill`,
+/// `pause`) was in force: under `ack = leader` its write may be taken back.
+fn at_risk(o: &OpRecord) -> bool {
+    matches!(o.fault.as_deref(), Some("kill" | "pause"))
+}
+
+/// A payment's reference and its answer's `retaken`, when it was `ok`.
+fn pay_ok(o: &OpRecord) -> Option<(&str, bool)> {
+    match (&o.op, &o.outcome) {
+        (
+            Op::Pay { payment_ref, .. },
+            Outcome::Ok {
+                value: OkValue::Transition { retaken, .. },
+            },
+        ) => Some((payment_ref, *retaken)),
+        _ => None,
+    }
+}
+
+fn fail_code(o: &OpRecord) -> Option<&str> {
+    match &o.outcome {
+        Outcome::Fail { code } => Some(code),
+        _ => None,
+    }
+}
+
+/// Payments and cancels of held orders, and the hold records themselves.
+/// Per order, from the history: every `ok` stuck (PostgreSQL ends with the
+/// order paid under the reference that paid it, or cancelled, or retaken
+/// after the cancel by a late payment); no order is paid under two
+/// references, or cancelled after it was paid, or (where late payments are
+/// refused) both; a retry never gets another answer than its first `ok`; a
+/// retake happens only where the sale allows it and before its close. From
+/// PostgreSQL and Redis: no payment after the deadline where late payments
+/// are refused, no expiry before the deadline, every transition written
+/// (versions 2..v, nothing dead-lettered), no hold outlives its deadline,
+/// Redis' record matches PostgreSQL's, and each buyer's quota equals the
+/// units they keep.
+fn check_transitions(v: &mut Verdict, inp: &Inputs<'_>, in_db: &HashMap<&str, &DbOrder>) {
+    let leader = inp.ack == flashsale::Ack::Leader;
+    let plans: HashMap<&str, &SalePlan> = inp.sales.iter().map(|s| (s.sku.as_str(), s)).collect();
+    let mut by_order: BTreeMap<&str, Vec<&OpRecord>> = BTreeMap::new();
+    let mut closed_at: HashMap<&str, u64> = HashMap::new();
+    for o in inp.ops {
+        match &o.op {
+            Op::Pay { order_id, .. } | Op::Cancel { order_id } => {
+                by_order.entry(order_id).or_default().push(o);
+            }
+            Op::Close { sku } if matches!(o.outcome, Outcome::Ok { .. }) => {
+                let t = closed_at.entry(sku).or_insert(o.complete_ms);
+                *t = (*t).min(o.complete_ms);
+            }
+            _ => {}
+        }
+    }
+    for (id, ops) in &by_order {
+        let Some(row) = in_db.get(id) else { continue };
+        let Some(plan) = plans.get(row.sku.as_str()) else {
+            continue;
+        };
+        check_order(v, row, plan, ops, closed_at.get(row.sku.as_str()), leader);
+    }
+    check_hold_records(v, inp, &plans, leader);
+    check_quotas(v, inp, leader);
+}
+
+/// One order's payments and cancels against each other and its row.
+fn check_order(
+    v: &mut Verdict,
+    row: &DbOrder,
+    plan: &SalePlan,
+    ops: &[&OpRecord],
+    closed_at: Option<&u64>,
+    leader: bool,
+) {
+    let id = row.order_id.as_str();
+    let retake = plan.late == flashsale::LatePayment::Retake;
+    // Under `leader`, a failover may take back any of this order's writes.
+    let excused = |kind: &'static str| {
+        if leader && ops.iter().any(|o| at_risk(o)) {
+            "transition_failover"
+        } else {
+            kind
+        }
+    };
+    let pays: Vec<(&OpRecord, &str, bool)> = ops
+        .iter()
+        .filter_map(|o| pay_ok(o).map(|(r, t)| (*o, r, t)))
+        .collect();
+    let cancels: Vec<&OpRecord> = ops
+        .iter()
+        .copied()
+        .filter(|o| matches!(o.op, Op::Cancel { .. }) && matches!(o.outcome, Outcome::Ok { .. }))
+        .collect();
+    let refs: HashSet<&str> = pays.iter().map(|(_, r, _)| *r).collect();
+    let pay_ops: Vec<&OpRecord> = pays.iter().map(|(o, _, _)| *o).collect();
+    if refs.len() > 1 {
+        v.add(
+            excused("transition_conflict"),
+            (refs.len() - 1) as u64,
+            format!(
+                "order {id} was paid under {} different payment references",
+                refs.len()
+            ),
+            &pay_ops,
+        );
+    }
+    let paid_as_answered =
+        row.status == "paid" && row.payment_ref.as_deref().is_some_and(|r| refs.contains(r));
+    if !pays.is_empty() && !paid_as_answered {
+        v.add(
+            excused("transition_lost"),
+            1,
+            format!(
+                "order {id}: a payment was answered ok, PostgreSQL has it {} (payment ref {:?})",
+                row.status, row.payment_ref
+            ),
+            &pay_ops,
+        );
+    }
+    let cancel_stuck = row.status == "cancelled" || (retake && row.status == "paid");
+    if !cancels.is_empty() && !cancel_stuck {
+        v.add(
+            excused("transition_lost"),
+            1,
+            format!(
+                "order {id}: a cancel was answered ok, PostgreSQL has it {}",
+                row.status
+            ),
+            &cancels,
+        );
+    }
+    // Paid is final: no cancel succeeds after a payment did; and where late
+    // payments are refused, a cancelled order is never paid.
+    for c in &cancels {
+        let before = pays.iter().find(|(p, _, _)| p.complete_ms < c.invoke_ms);
+        let both = pays.first().filter(|_| !retake);
+        if let Some((p, _, _)) = before.or(both) {
+            v.add(
+                excused("transition_conflict"),
+                1,
+                format!("order {id} was answered both paid and cancelled"),
+                &[p, c],
+            );
+            break;
+        }
+    }
+    // A retry answers as the first `ok` did.
+    for f in ops.iter().filter(|o| fail_code(o).is_some()) {
+        let code = fail_code(f).unwrap_or_default();
+        let changed = match &f.op {
+            Op::Pay { payment_ref, .. } => pays
+                .iter()
+                .find(|(p, r, _)| r == payment_ref && p.complete_ms < f.invoke_ms)
+                .map(|(p, _, _)| *p),
+            Op::Cancel { .. } if code == "already_final" => {
+                // Under retake, a late payment may have paid it since.
+                let paid_since = retake
+                    && ops
+                        .iter()
+                        .any(|o| matches!(o.op, Op::Pay { .. }) && o.invoke_ms < f.complete_ms);
+                cancels
+                    .iter()
+                    .find(|c| c.complete_ms < f.invoke_ms)
+                    .filter(|_| !paid_since)
+                    .copied()
+            }
+            _ => None,
+        };
+        if let Some(first) = changed {
+            v.add(
+                excused("transition_answer_changed"),
+                1,
+                format!(
+                    "order {id}: a retry was refused ({code}) after the same call was answered ok"
+                ),
+                &[first, f],
+            );
+        }
+    }
+    // A retake only where the sale allows it, and only while it sells.
+    for (p, _, retaken) in &pays {
+        let after_close = closed_at.is_some_and(|t| *t < p.invoke_ms);
+        if *retaken && (!retake || after_close) {
+            v.add(
+                "late_payment_accepted",
+                1,
+                format!(
+                    "order {id}: a late payment retook units {}",
+                    if retake {
+                        "after the sale closed"
+                    } else {
+                        "where late payments are refused"
+                    }
+                ),
+                &[p],
+            );
+        }
+    }
+}
+
+/// Every held order's row and record: deadlines kept, transitions written,
+/// Redis and PostgreSQL agreeing, nothing dead-lettered.
+fn check_hold_records(
+    v: &mut Verdict,
+    inp: &Inputs<'_>,
+    plans: &HashMap<&str, &SalePlan>,
+    leader: bool,
+) {
+    let mut risky: HashSet<&str> = HashSet::new();
+    for o in inp.ops.iter().filter(|o| at_risk(o)) {
+        match &o.op {
+            Op::Pay { order_id, .. } | Op::Cancel { order_id } => {
+                risky.insert(order_id);
+            }
+            _ => {
+                if let Some(id) = order_id(o) {
+                    risky.insert(id);
+                }
+            }
+        }
+    }
+    let mut lags = Vec::new();
+    let mut missing_versions = 0u64;
+    let mut first_missing = None;
+    for r in inp.rows {
+        let Some(plan) = plans.get(r.sku.as_str()).filter(|p| p.hold_ms > 0) else {
+            continue;
+        };
+        let deadline = r.expires_ms.unwrap_or(i64::MAX);
+        if plan.late == flashsale::LatePayment::Refuse
+            && r.status == "paid"
+            && r.paid_ms.is_some_and(|t| t >= deadline)
+        {
+            v.add(
+                "late_payment_accepted",
+                1,
+                format!(
+                    "order {} was paid {} ms after its deadline; late payments are refused",
+                    r.order_id,
+                    r.paid_ms.unwrap_or(0) - deadline
+                ),
+                &[],
+            );
+        }
+        if let Some(t) = r.expired_ms {
+            if t < deadline {
+                v.add(
+                    "expired_early",
+                    1,
+                    format!(
+                        "order {} expired {} ms before its deadline",
+                        r.order_id,
+                        deadline - t
+                    ),
+                    &[],
+                );
+            }
+            lags.push(t - deadline);
+        }
+        for version in 2..=r.version {
+            if !inp.db_events.contains(&(r.order_id.clone(), version)) {
+                missing_versions += 1;
+                first_missing.get_or_insert((r.order_id.clone(), version));
+            }
+        }
+        if r.status == "held" && r.expires_ms.is_some_and(|e| e + 5_000 < inp.checked_at_ms) {
+            v.add(
+                "holds_not_expired",
+                1,
+                format!(
+                    "order {} is still held {} ms past its deadline",
+                    r.order_id,
+                    inp.checked_at_ms - deadline
+                ),
+                &[],
+            );
+        }
+        if let Some((state, version)) = inp.redis_states.get(&r.order_id) {
+            if *state != r.status || *version != r.version {
+                let kind = if leader && risky.contains(r.order_id.as_str()) {
+                    "transition_failover"
+                } else {
+                    "order_state_mismatch"
+                };
+                v.add(
+                    kind,
+                    1,
+                    format!(
+                        "order {}: Redis has it {state} (version {version}), PostgreSQL {} (version {})",
+                        r.order_id, r.status, r.version
+                    ),
+                    &[],
+                );
+            }
+        }
+    }
+    if let Some((id, version)) = first_missing {
+        v.add(
+            "unwritten_transitions",
+            missing_versions,
+            format!("{missing_versions} transitions are missing from order_events (first: order {id} version {version})"),
+            &[],
+        );
+    }
+    let unwritten: Vec<&(String, i32)> = inp
+        .end
+        .values()
+        .flat_map(|e| e.events_in_streams.iter())
+        .filter(|e| !inp.db_events.contains(e))
+        .collect();
+    if let Some((id, version)) = unwritten.first() {
+        v.add(
+            "unwritten_transitions",
+            unwritten.len() as u64,
+            format!(
+                "{} transitions are in their streams and never reached PostgreSQL (first: order {id} version {version})",
+                unwritten.len()
+            ),
+            &[],
+        );
+    }
+    let dead: u64 = inp.end.values().map(|e| e.left.dead_letters).sum();
+    v.add(
+        "dead_letters",
+        dead,
+        format!("{dead} stream entries were dead-lettered, never written"),
+        &[],
+    );
+    lags.sort_unstable();
+    v.expiry_lag_ms = lags;
+}
+
+/// Under `ack = leader`, whether a buyer's quota or limit may have been
+/// parted from their orders by a failover: they bought, paid or cancelled
+/// while a master was killed or paused, or (once any was) gave units back,
+/// since the sweeper's expiries are not in the history.
+fn failover_excused<'a>(inp: &'a Inputs<'_>) -> impl Fn(&str, &str, bool) -> bool + 'a {
+    let failovers = inp.ops.iter().any(at_risk);
+    let owner: HashMap<&str, (&str, &str)> = inp
+        .rows
+        .iter()
+        .map(|r| (r.order_id.as_str(), (r.sku.as_str(), r.user.as_str())))
+        .collect();
+    let mut risky: HashSet<(&str, &str)> = HashSet::new();
+    for o in inp.ops.iter().filter(|o| at_risk(o)) {
+        match &o.op {
+            Op::Purchase { sku, user, .. } => {
+                risky.insert((sku, user));
+            }
+            Op::Pay { order_id, .. } | Op::Cancel { order_id } => {
+                if let Some(k) = owner.get(order_id.as_str()) {
+                    risky.insert(*k);
+                }
+            }
+            _ => {}
+        }
+    }
+    move |sku: &str, user: &str, gave_back: bool| {
+        risky.contains(&(sku, user)) || (failovers && gave_back)
+    }
+}
+
+/// Each buyer's quota in a sale with a limit equals the units they keep,
+/// once nothing is pending or owed.
+fn check_quotas(v: &mut Verdict, inp: &Inputs<'_>, leader: bool) {
+    let excused = failover_excused(inp);
+    for plan in inp.sales.iter().filter(|p| p.limit > 0) {
+        let Some(end) = inp.end.get(&plan.sku) else {
+            continue;
+        };
+        let mut kept: BTreeMap<&str, i64> = BTreeMap::new();
+        let mut gave_back: HashSet<&str> = HashSet::new();
+        for r in inp.rows.iter().filter(|r| r.sku == plan.sku) {
+            if r.keeps_units() {
+                *kept.entry(&r.user).or_default() += r.qty as i64;
+            } else {
+                gave_back.insert(&r.user);
+            }
+        }
+        for (user, quota) in &end.left.quotas {
+            let units = kept.get(user.as_str()).copied().unwrap_or(0);
+            if *quota == units {
+                continue;
+            }
+            let kind = if leader && excused(&plan.sku, user, gave_back.contains(user.as_str())) {
+                "limit_after_failover"
+            } else {
+                "quota_mismatch"
+            };
+            v.add(
+                kind,
+                1,
+                format!(
+                    "{}: {user}'s quota counts {quota} units, they keep {units}",
+                    plan.sku
+                ),
+                &[],
+            );
+        }
     }
 }
 

@@ -94,6 +94,8 @@ pub async fn run(options: Options) -> anyhow::Result<RunResult> {
             .create_sale(flashsale::SaleSpec {
                 buckets: s.buckets,
                 per_user_limit: s.limit,
+                hold_ms: s.hold_ms,
+                late_payment: s.late,
                 ..flashsale::SaleSpec::new(&s.sku, s.stock)
             })
             .await
@@ -155,9 +157,15 @@ pub async fn run(options: Options) -> anyhow::Result<RunResult> {
     let faults = faults?;
     nemesis::heal_all(&targets).await?;
     resolve(&engines, &history).await;
+    // Every hold made so far ends by now, paid or not: the engines'
+    // sweepers must have ended it within the drain.
+    tokio::time::sleep(workload.longest_hold()).await;
     let reconcile = drain(&controller, &pool, &history, &workload).await?;
     let end = ledger_end(&controller, &workload).await?;
+    let checked_at_ms = unix_ms();
     let rows = db_orders(&pool).await?;
+    let db_events = db_events(&pool).await?;
+    let redis_states = redis_states(&controller, &workload, &rows).await?;
     for e in &engines {
         e.stop().await;
     }
@@ -171,6 +179,9 @@ pub async fn run(options: Options) -> anyhow::Result<RunResult> {
         reconcile: &reconcile,
         negative_samples: &negative_samples,
         ack: options.ack,
+        db_events: &db_events,
+        redis_states: &redis_states,
+        checked_at_ms,
     });
     if let Some(path) = &options.history {
         history
@@ -198,12 +209,26 @@ async fn drive(
     let permits = Arc::new(tokio::sync::Semaphore::new(IN_FLIGHT));
     let start = Instant::now();
     let mut next_id = 0u64;
+    // Orders of sales with holds, as their purchases are confirmed: what
+    // payments and cancels pick from.
+    let held: Arc<std::sync::Mutex<Vec<String>>> = Arc::default();
+    let hold_skus: Arc<std::collections::HashSet<String>> = Arc::new(
+        workload
+            .sales
+            .iter()
+            .filter(|s| s.hold_ms > 0)
+            .map(|s| s.sku.clone())
+            .collect(),
+    );
     while Instant::now() < until && next_id < MAX_OPS {
         let Ok(permit) = permits.clone().acquire_owned().await else {
             break;
         };
         let progress = start.elapsed().as_secs_f64() / duration.as_secs_f64().max(0.001);
-        let step = workload.next(progress);
+        let step = {
+            let held = held.lock().unwrap_or_else(|p| p.into_inner());
+            workload.next(progress, &held)
+        };
         let mut sends = vec![step.process];
         if step.twice {
             sends.push((step.process + 1) % engines.len());
@@ -213,14 +238,16 @@ async fn drive(
             next_id += 1;
             let (engine, history, op) =
                 (engines[process].clone(), history.clone(), step.op.clone());
+            let (held, hold_skus) = (held.clone(), hold_skus.clone());
             let id = next_id;
             let retry = step.retry_on_unknown;
             calls.push(async move {
-                let r = call(&engine, &history, id, process, &op, Phase::Run).await;
+                let mut r = call(&engine, &history, id, process, &op, Phase::Run).await;
                 if retry && matches!(r.outcome, Outcome::Unknown { .. }) {
                     tokio::time::sleep(Duration::from_millis(200)).await;
-                    call(&engine, &history, id + MAX_OPS, process, &op, Phase::Run).await;
+                    r = call(&engine, &history, id + MAX_OPS, process, &op, Phase::Run).await;
                 }
+                note_held(&r, &hold_skus, &held);
             });
         }
         // A "twice" step's calls really run at once: each on its own task.
@@ -234,6 +261,29 @@ async fn drive(
     }
     // Every call in flight ends before the run is healed and checked.
     let _ = permits.acquire_many(IN_FLIGHT as u32).await;
+}
+
+/// Adds the order a confirmed purchase of a sale with holds named.
+fn note_held(
+    r: &OpRecord,
+    hold_skus: &std::collections::HashSet<String>,
+    held: &std::sync::Mutex<Vec<String>>,
+) {
+    if let (
+        Op::Purchase { sku, .. },
+        Outcome::Ok {
+            value: protocol::OkValue::Order { order_id, .. },
+        },
+    ) = (&r.op, &r.outcome)
+    {
+        if hold_skus.contains(sku) {
+            // A replayed answer adds its order again: retries are paid and
+            // cancelled more often, as in life.
+            held.lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .push(order_id.clone());
+        }
+    }
 }
 
 /// One call, recorded as invoke and completion.
@@ -344,9 +394,10 @@ async fn sample_during(
     }
 }
 
-/// Waits until the writer has written every order still in a stream (or
-/// makes no more progress for [`STUCK`]: the checker then counts what never
-/// arrived), then returns reconcile's verdict per SKU.
+/// Waits until the writer has written every order and transition still in
+/// a stream and no hold is left past its deadline (or nothing moves for
+/// [`STUCK`]: the checker then counts what never arrived), then returns
+/// reconcile's verdict per SKU.
 async fn drain(
     controller: &flashsale::Engine,
     pool: &deadpool_postgres::Pool,
@@ -358,27 +409,36 @@ async fn drain(
     let start = Instant::now();
     // The sweeper settles abandoned fall-throughs after pending_timeout.
     tokio::time::sleep(Duration::from_secs(4)).await;
-    let mut last: Option<(i64, Instant)> = None;
+    let mut last: Option<(Backlog, Instant)> = None;
     loop {
         let reports = flashsale::ledger::reconcile(controller, pool, &skus).await;
-        if let Ok(reports) = &reports {
+        let backlog = backlog(controller, pool, workload).await;
+        if let (Ok(reports), Ok(backlog)) = (&reports, &backlog) {
+            let backlog = *backlog;
             let pending: i64 = reports.iter().map(|r| r.pending).sum();
+            let backlog = Backlog { pending, ..backlog };
             let stuck = match last {
-                Some((p, since)) if p == pending => since.elapsed() >= STUCK,
+                Some((b, since)) if b == backlog => since.elapsed() >= STUCK,
                 _ => {
-                    last = Some((pending, Instant::now()));
+                    last = Some((backlog, Instant::now()));
                     false
                 }
             };
-            if pending == 0 || stuck || start.elapsed() > Duration::from_secs(120) {
+            if backlog == Backlog::default() || stuck || start.elapsed() > Duration::from_secs(120)
+            {
                 history.info(
                     "reconcile",
                     serde_json::to_value(reports).unwrap_or_default(),
                 );
-                if pending > 0 {
+                if backlog != Backlog::default() {
                     history.info(
                         "writer_stuck",
-                        serde_json::json!({ "pending_units": pending }),
+                        serde_json::json!({
+                            "pending_units": backlog.pending,
+                            "unwritten": backlog.unwritten,
+                            "overdue_holds": backlog.overdue_holds,
+                            "owed_quotas": backlog.owed,
+                        }),
                     );
                 }
                 return Ok(reports
@@ -388,15 +448,80 @@ async fn drain(
             }
         } else if start.elapsed() > Duration::from_secs(120) {
             return Err(anyhow::anyhow!(
-                "reconcile failed after healing: {reports:?}"
+                "after healing, reconcile or the backlog read failed: {:?} / {:?}",
+                reports.err(),
+                backlog.err()
             ));
         }
         tokio::time::sleep(Duration::from_millis(250)).await;
     }
 }
 
+/// What is left to settle after healing.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+struct Backlog {
+    /// Units reconcile counts as pending (in streams, not in PostgreSQL).
+    pending: i64,
+    /// Orders and transitions in streams, not in PostgreSQL.
+    unwritten: usize,
+    /// Orders held more than a second past their deadline, in PostgreSQL
+    /// or in a bucket's deadline index.
+    overdue_holds: i64,
+    /// Quotas other buckets still owe back (orders on an `owed` set).
+    owed: u64,
+}
+
+/// The backlog now (its `pending` is filled in from reconcile).
+async fn backlog(
+    controller: &flashsale::Engine,
+    pool: &deadpool_postgres::Pool,
+    workload: &Workload,
+) -> anyhow::Result<Backlog> {
+    let end = ledger_end(controller, workload).await?;
+    let rows = db_orders(pool).await?;
+    let events = db_events(pool).await?;
+    let ids: std::collections::HashSet<&str> = rows.iter().map(|r| r.order_id.as_str()).collect();
+    let unwritten = end
+        .values()
+        .map(|e| {
+            e.in_streams
+                .iter()
+                .filter(|(id, _)| !ids.contains(id.as_str()))
+                .count()
+                + e.events_in_streams
+                    .iter()
+                    .filter(|ev| !events.contains(*ev))
+                    .count()
+        })
+        .sum();
+    let now = unix_ms();
+    let overdue_holds = rows
+        .iter()
+        .filter(|r| r.status == "held" && r.expires_ms.is_some_and(|e| e + 1_000 < now))
+        .count() as i64
+        + end
+            .values()
+            .map(|e| e.left.overdue_in_index as i64)
+            .sum::<i64>();
+    Ok(Backlog {
+        pending: 0,
+        unwritten,
+        overdue_holds,
+        owed: end.values().map(|e| e.left.owed).sum(),
+    })
+}
+
+/// Wall-clock milliseconds since the Unix epoch (the masters' clocks are
+/// this machine's).
+fn unix_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as i64)
+        .unwrap_or(0)
+}
+
 /// Per SKU, read from Redis: units ever put in, every bucket's stock, and
-/// the orders still in its streams (id, units).
+/// the orders and transitions still in its streams.
 async fn ledger_end(
     controller: &flashsale::Engine,
     workload: &Workload,
@@ -412,7 +537,40 @@ async fn ledger_end(
             .await
             .map_err(|e| anyhow::anyhow!("status {}: {e}", s.sku))?;
         let mut in_streams = Vec::new();
+        let mut events_in_streams = Vec::new();
+        let mut left = checker::HoldsLeft::default();
+        let now = unix_ms();
         for b in &status.buckets {
+            let keys = flashsale::keys::BucketKeys::new(&b.tag);
+            let (owed, overdue, dead): (u64, u64, u64) = redis::pipe()
+                .cmd("ZCARD")
+                .arg(&keys.owed)
+                .cmd("ZCOUNT")
+                .arg(&keys.holds)
+                .arg("-inf")
+                .arg(now - 1_000)
+                .cmd("XLEN")
+                .arg(flashsale::keys::dead_letter_stream(&b.tag))
+                .query_async(&mut conn)
+                .await
+                .map_err(|e| anyhow::anyhow!("holds of {}: {e}", b.tag))?;
+            left.owed += owed;
+            left.overdue_in_index += overdue;
+            left.dead_letters += dead;
+            if s.limit > 0 {
+                let users = workload.users();
+                let mut mget = redis::cmd("MGET");
+                for u in &users {
+                    mget.arg(keys.quota(u));
+                }
+                let used: Vec<Option<i64>> = mget
+                    .query_async(&mut conn)
+                    .await
+                    .map_err(|e| anyhow::anyhow!("quotas of {}: {e}", b.tag))?;
+                for (u, n) in users.into_iter().zip(used) {
+                    *left.quotas.entry(u).or_default() += n.unwrap_or(0);
+                }
+            }
             let v: redis::Value = redis::cmd("XRANGE")
                 .arg(&b.stream)
                 .arg("-")
@@ -427,7 +585,13 @@ async fn ledger_end(
                         .find(|(f, _)| f == k)
                         .map(|(_, v)| v.clone())
                 };
-                if let Some(id) = field("order_id") {
+                let Some(id) = field("order_id") else {
+                    continue;
+                };
+                if field("kind").is_some() {
+                    let version = field("v").and_then(|v| v.parse().ok()).unwrap_or(0);
+                    events_in_streams.push((id, version));
+                } else {
                     let qty = field("qty").and_then(|q| q.parse().ok()).unwrap_or(0);
                     in_streams.push((id, qty));
                 }
@@ -439,6 +603,8 @@ async fn ledger_end(
                 initial: status.buckets.iter().map(|b| b.initial).sum(),
                 stocks: status.buckets.iter().map(|b| b.remaining).collect(),
                 in_streams,
+                events_in_streams,
+                left,
             },
         );
     }
@@ -448,7 +614,14 @@ async fn ledger_end(
 async fn db_orders(pool: &deadpool_postgres::Pool) -> anyhow::Result<Vec<checker::DbOrder>> {
     let c = pool.get().await?;
     let rows = c
-        .query("SELECT order_id, sku, user_id, qty FROM orders", &[])
+        .query(
+            "SELECT order_id, sku, user_id, qty, status, payment_ref,
+                    (extract(epoch FROM expires_at) * 1000)::int8, version,
+                    (extract(epoch FROM paid_at) * 1000)::int8,
+                    (extract(epoch FROM expired_at) * 1000)::int8
+             FROM orders",
+            &[],
+        )
         .await?;
     Ok(rows
         .iter()
@@ -457,6 +630,65 @@ async fn db_orders(pool: &deadpool_postgres::Pool) -> anyhow::Result<Vec<checker
             sku: r.get(1),
             user: r.get(2),
             qty: u64::try_from(r.get::<_, i32>(3)).unwrap_or(0),
+            status: r.get(4),
+            payment_ref: r.get(5),
+            expires_ms: r.get(6),
+            version: r.get(7),
+            paid_ms: r.get(8),
+            expired_ms: r.get(9),
         })
         .collect())
+}
+
+/// Every transition PostgreSQL holds: (order id, version).
+async fn db_events(
+    pool: &deadpool_postgres::Pool,
+) -> anyhow::Result<std::collections::HashSet<(String, i32)>> {
+    let c = pool.get().await?;
+    let rows = c
+        .query("SELECT order_id, version FROM order_events", &[])
+        .await?;
+    Ok(rows.iter().map(|r| (r.get(0), r.get(1))).collect())
+}
+
+/// The state and version of every order of a sale with holds, as its
+/// record in Redis says (orders whose record is gone are left out).
+async fn redis_states(
+    controller: &flashsale::Engine,
+    workload: &Workload,
+    rows: &[checker::DbOrder],
+) -> anyhow::Result<std::collections::HashMap<String, (String, i32)>> {
+    let mut conn = controller
+        .dedicated_connection()
+        .await
+        .map_err(|e| anyhow::anyhow!("connection: {e}"))?;
+    let mut tags = std::collections::HashMap::new();
+    for s in workload.sales.iter().filter(|s| s.hold_ms > 0) {
+        let status = controller
+            .sale_status(&s.sku)
+            .await
+            .map_err(|e| anyhow::anyhow!("status {}: {e}", s.sku))?;
+        for b in status.buckets {
+            tags.insert((s.sku.clone(), b.index), b.tag);
+        }
+    }
+    let mut out = std::collections::HashMap::new();
+    for r in rows.iter().filter(|r| workload.holds(&r.sku)) {
+        // `<sku>~<bucket>~<nonce>`: the bucket that holds the record.
+        let bucket = r.order_id.split('~').nth(1).and_then(|b| b.parse().ok());
+        let Some(tag) = bucket.and_then(|b: u32| tags.get(&(r.sku.clone(), b))) else {
+            continue;
+        };
+        let (state, v): (Option<String>, Option<i32>) = redis::cmd("HMGET")
+            .arg(flashsale::keys::BucketKeys::new(tag).order(&r.order_id))
+            .arg("state")
+            .arg("v")
+            .query_async(&mut conn)
+            .await
+            .map_err(|e| anyhow::anyhow!("order {}: {e}", r.order_id))?;
+        if let (Some(state), Some(v)) = (state, v) {
+            out.insert(r.order_id.clone(), (state, v));
+        }
+    }
+    Ok(out)
 }

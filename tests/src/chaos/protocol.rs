@@ -38,6 +38,18 @@ pub enum Op {
         /// SKU.
         sku: String,
     },
+    /// `Engine::pay` of a held order.
+    Pay {
+        /// The order (an id a confirmed purchase answered).
+        order_id: String,
+        /// The shop's payment reference.
+        payment_ref: String,
+    },
+    /// `Engine::cancel` of a held order.
+    Cancel {
+        /// The order.
+        order_id: String,
+    },
     /// Take a lock, write to a fenced resource twice with the grant's
     /// token (holding it `hold_ms` in between), release.
     Lock {
@@ -89,6 +101,13 @@ pub enum OkValue {
         /// Units left over all buckets.
         remaining: i64,
     },
+    /// A payment or a cancel was applied (or had been: a replay).
+    Transition {
+        /// The order's state after the call.
+        state: String,
+        /// A late payment took a unit again (`late_payment = "retake"`).
+        retaken: bool,
+    },
     /// A lock was granted, used and released.
     Lock {
         /// The grant's fencing token.
@@ -114,6 +133,21 @@ pub struct Reply {
     pub id: u64,
     /// What happened.
     pub outcome: Outcome,
+}
+
+impl Op {
+    /// The operation's kind, as the history's `f` field names it.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Op::Purchase { .. } => "purchase",
+            Op::Restock { .. } => "restock",
+            Op::Close { .. } => "close",
+            Op::Status { .. } => "status",
+            Op::Pay { .. } => "pay",
+            Op::Cancel { .. } => "cancel",
+            Op::Lock { .. } => "lock",
+        }
+    }
 }
 
 impl Outcome {

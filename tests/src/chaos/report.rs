@@ -57,11 +57,42 @@ pub fn json(r: &RunResult) -> serde_json::Value {
         "fail": fail,
         "unknown": unknown,
         "faults": faults,
+        "by_op": by_op(r),
+        "order_states": r.verdict.order_states,
+        "expiry_lag_ms": lag_summary(&r.verdict.expiry_lag_ms),
         "violations": violations,
         "must_be_zero": KINDS.iter().filter(|k| Verdict::must_be_zero(k, r.options.ack)).collect::<Vec<_>>(),
         "valid": r.verdict.valid(r.options.ack),
         "evidence": evidence,
     })
+}
+
+/// Outcomes per kind of operation (`purchase`, `pay`, ...), so a run shows
+/// that every kind was exercised.
+fn by_op(r: &RunResult) -> BTreeMap<&'static str, BTreeMap<&'static str, u64>> {
+    let mut out: BTreeMap<&'static str, BTreeMap<&'static str, u64>> = BTreeMap::new();
+    for o in &r.ops {
+        let outcome = match o.outcome {
+            Outcome::Ok { .. } => "ok",
+            Outcome::Fail { .. } => "fail",
+            Outcome::Unknown { .. } => "unknown",
+        };
+        *out.entry(o.op.name())
+            .or_default()
+            .entry(outcome)
+            .or_default() += 1;
+    }
+    out
+}
+
+/// Expiry lag (deadline to expired, ms): count, p50, p99 and max.
+fn lag_summary(sorted: &[i64]) -> serde_json::Value {
+    let at = |q: f64| {
+        sorted
+            .get(((sorted.len() as f64 - 1.0) * q).round() as usize)
+            .copied()
+    };
+    json!({ "n": sorted.len(), "p50": at(0.5), "p99": at(0.99), "max": sorted.last() })
 }
 
 fn ack_name(a: flashsale::Ack) -> &'static str {
@@ -155,7 +186,7 @@ pub fn text(r: &RunResult) -> String {
         } else {
             "  (measured: the price of ack = leader)"
         };
-        let _ = writeln!(out, "  {k:<24} {n}{note}");
+        let _ = writeln!(out, "  {k:<26} {n}{note}");
     }
     let mut shown: BTreeMap<&str, usize> = BTreeMap::new();
     for v in &r.verdict.violations {

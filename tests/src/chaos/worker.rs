@@ -37,6 +37,9 @@ pub async fn run_engine(config: flashsale::Config, resource_url: String) -> anyh
         .get_multiplexed_async_connection()
         .await
         .map_err(|e| anyhow::anyhow!("fenced resource: {e}"))?;
+    // Every engine process sweeps due holds, as every `flashsale serve`
+    // does: several sweepers at once, and the nemesis kills them mid-batch.
+    let _sweeper = engine.spawn_hold_sweeper();
     let (tx, mut rx) = mpsc::unbounded_channel::<Reply>();
     let out = tokio::spawn(async move {
         let mut stdout = tokio::io::stdout();
@@ -105,6 +108,11 @@ async fn perform(
                 remaining: s.buckets.iter().map(|b| b.remaining).sum(),
             }))
         }
+        Op::Pay {
+            order_id,
+            payment_ref,
+        } => transition_outcome(engine.pay(order_id, payment_ref).await),
+        Op::Cancel { order_id } => transition_outcome(engine.cancel(order_id).await),
         Op::Lock {
             name,
             owner,
@@ -123,6 +131,20 @@ pub fn purchase_outcome(r: Result<flashsale::Confirmed, PurchaseError>) -> Outco
             },
         },
         Err(PurchaseError::Unavailable(why)) => Outcome::unknown(why.to_string()),
+        Err(e) => Outcome::fail(e.code()),
+    }
+}
+
+/// A payment's or a cancel's answer as the history records it.
+fn transition_outcome(r: Result<flashsale::hold::Transition, flashsale::HoldError>) -> Outcome {
+    match r {
+        Ok(t) => Outcome::Ok {
+            value: OkValue::Transition {
+                state: t.state.as_str().to_owned(),
+                retaken: t.retaken,
+            },
+        },
+        Err(flashsale::HoldError::Unavailable(why)) => Outcome::unknown(why.to_string()),
         Err(e) => Outcome::fail(e.code()),
     }
 }

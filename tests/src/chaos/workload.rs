@@ -20,6 +20,10 @@ pub struct SalePlan {
     pub buckets: u32,
     /// Per-user limit (0: none).
     pub limit: u32,
+    /// Payment window of its orders (0: paid when confirmed).
+    pub hold_ms: u64,
+    /// What a payment after the window gets.
+    pub late: flashsale::LatePayment,
 }
 
 /// What the driver sends next.
@@ -63,6 +67,18 @@ impl Workload {
                 stock: rng.random_range(20..=120),
                 buckets: rng.random_range(1..=4),
                 limit: [0, 0, 5, 8][rng.random_range(0..4)],
+                // Sale 0 always holds orders, so every run has holds to
+                // pay, cancel and expire; windows short enough that many
+                // end inside a run, and some payments come too late.
+                hold_ms: match (i, rng.random_range(0..3)) {
+                    (0, w) | (_, w @ 1..) => [800, 1500, 3000][w as usize],
+                    _ => 0,
+                },
+                late: if rng.random_bool(0.5) {
+                    flashsale::LatePayment::Retake
+                } else {
+                    flashsale::LatePayment::Refuse
+                },
             })
             .collect();
         Workload {
@@ -79,8 +95,10 @@ impl Workload {
     }
 
     /// The next step; `progress` is the share of the run already gone
-    /// (closes happen only late, so most of a run sells).
-    pub fn next(&mut self, progress: f64) -> Step {
+    /// (closes happen only late, so most of a run sells); `held` is every
+    /// order of a sale with holds confirmed so far, oldest first (payments
+    /// and cancels pick from it).
+    pub fn next(&mut self, progress: f64, held: &[String]) -> Step {
         let roll: u32 = self.rng.random_range(0..100);
         let process = self.rng.random_range(0..self.engines);
         let step = |op: Op, twice: bool, retry: bool| Step {
@@ -157,6 +175,30 @@ impl Workload {
                 let sku = self.sku();
                 step(Op::Status { sku }, false, false)
             }
+            34..=45 if !held.is_empty() => {
+                let order_id = self.pick(held);
+                // Mostly the shop's one reference for the order (its
+                // retries replay); now and then another (a conflict).
+                let payment_ref = if self.rng.random_bool(0.9) {
+                    format!("pay-{order_id}")
+                } else {
+                    format!("alt-{}", self.rng.random_range(0..1000))
+                };
+                let twice = self.rng.random_bool(0.1);
+                step(
+                    Op::Pay {
+                        order_id,
+                        payment_ref,
+                    },
+                    twice,
+                    true,
+                )
+            }
+            46..=50 if !held.is_empty() => {
+                let order_id = self.pick(held);
+                let twice = self.rng.random_bool(0.2);
+                step(Op::Cancel { order_id }, twice, true)
+            }
             31..=33 => {
                 self.locks += 1;
                 let name = format!("chaos-lock-{}", self.rng.random_range(0..2));
@@ -193,6 +235,34 @@ impl Workload {
                 )
             }
         }
+    }
+
+    /// Mostly a recent order (still in its window, often paid or cancelled
+    /// already: a retry), else any (often past its window: late).
+    fn pick(&mut self, held: &[String]) -> String {
+        let n = held.len();
+        let i = if self.rng.random_bool(0.7) {
+            n - 1 - self.rng.random_range(0..n.min(16))
+        } else {
+            self.rng.random_range(0..n)
+        };
+        held[i].clone()
+    }
+
+    /// Every buyer's name.
+    pub fn users(&self) -> Vec<String> {
+        (0..self.users).map(|u| format!("u{u}")).collect()
+    }
+
+    /// True when `sku`'s orders wait for payment.
+    pub fn holds(&self, sku: &str) -> bool {
+        self.sales.iter().any(|s| s.sku == sku && s.hold_ms > 0)
+    }
+
+    /// The longest payment window of any sale.
+    pub fn longest_hold(&self) -> std::time::Duration {
+        let ms = self.sales.iter().map(|s| s.hold_ms).max().unwrap_or(0);
+        std::time::Duration::from_millis(ms)
     }
 
     fn sku(&mut self) -> String {
