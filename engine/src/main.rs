@@ -43,6 +43,9 @@ enum Command {
     /// Distributed locks on the lock nodes.
     #[command(subcommand)]
     Lock(cli::lock_exec::LockCommand),
+    /// Semaphores with leased permits on the lock nodes.
+    #[command(subcommand)]
+    Semaphore(cli::semaphore_exec::SemaphoreCommand),
     /// Check initial = remaining + pending + written per SKU; exit 1 if not.
     Reconcile(cli::reconcile::ReconcileArgs),
 }
@@ -84,6 +87,9 @@ async fn dispatch(cli: Cli) -> Result<ExitCode> {
         Command::Orders(cmd) => cli::orders::run(settings, cmd).await,
         Command::Serve(args) => cli::serve::command(settings, args, cli::shutdown_signal()).await,
         Command::Lock(cmd) => cli::lock_exec::command(&settings.engine.lock_nodes, cmd).await,
+        Command::Semaphore(cmd) => {
+            cli::semaphore_exec::command(&settings.engine.lock_nodes, cmd).await
+        }
         Command::Reconcile(args) => cli::reconcile::run(settings, args).await,
     }
 }

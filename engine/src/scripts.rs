@@ -182,6 +182,8 @@ const LOCK_RELEASE_LUA: &str = include_str!("../../lua/lock_release.lua");
 const LOCK_EXTEND_LUA: &str = include_str!("../../lua/lock_extend.lua");
 /// `lua/lock_waiting.lua`: count a waiter in or out (replies the count).
 const LOCK_WAITING_LUA: &str = include_str!("../../lua/lock_waiting.lua");
+/// `lua/semaphore_permits.lua`: read or raise a semaphore's total.
+const SEMAPHORE_PERMITS_LUA: &str = include_str!("../../lua/semaphore_permits.lua");
 /// Reply codes of the lock scripts.
 pub mod lock {
     /// lock_acquire: taken on this node; release/extend: done.
@@ -263,6 +265,8 @@ pub struct LockScripts {
     pub extend: LuaScript,
     /// `lua/lock_waiting.lua`.
     pub waiting: LuaScript,
+    /// `lua/semaphore_permits.lua`.
+    pub permits: LuaScript,
 }
 
 impl LockScripts {
@@ -274,6 +278,7 @@ impl LockScripts {
             release: LuaScript::new("lock_release", LOCK_RELEASE_LUA),
             extend: LuaScript::new("lock_extend", LOCK_EXTEND_LUA),
             waiting: LuaScript::new("lock_waiting", LOCK_WAITING_LUA),
+            permits: LuaScript::new("semaphore_permits", SEMAPHORE_PERMITS_LUA),
         }
     }
 }

@@ -7,7 +7,7 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use anyhow::{anyhow, Result};
-use flashsale::lock::{LockClient, LockConfig, LockError, LockOptions};
+use flashsale::lock::{LockClient, LockConfig, LockError, LockGuard, LockOptions};
 
 /// Exit code when the lock could not be taken within `--wait` (EX_TEMPFAIL).
 pub const EXIT_NOT_ACQUIRED: u8 = 75;
@@ -118,14 +118,30 @@ pub async fn run(lock_nodes: &[String], args: LockExecArgs) -> Result<ExitCode> 
         }
         Err(e) => return Err(e.into()),
     };
-    let Some((program, rest)) = args.command.split_first() else {
+    let env = [
+        ("FLASHSALE_FENCING_TOKEN", guard.fencing_token().to_string()),
+        ("FLASHSALE_LOCK_NAME", args.name.clone()),
+    ];
+    supervise(guard, &format!("lock {:?}", args.name), &env, &args.command).await
+}
+
+/// Runs `command` with `env` while `guard` is held, and releases it however
+/// the command ends. SIGTERM, SIGINT and SIGHUP are passed on as SIGTERM;
+/// if the grant is lost, the command gets SIGTERM and the exit code is
+/// [`EXIT_LOCK_LOST`]. `what` names the grant in messages.
+pub async fn supervise(
+    guard: LockGuard,
+    what: &str,
+    env: &[(&str, String)],
+    command: &[String],
+) -> Result<ExitCode> {
+    let Some((program, rest)) = command.split_first() else {
         guard.unlock().await;
         return Err(anyhow!("no command given"));
     };
     let spawned = tokio::process::Command::new(program)
         .args(rest)
-        .env("FLASHSALE_FENCING_TOKEN", guard.fencing_token().to_string())
-        .env("FLASHSALE_LOCK_NAME", &args.name)
+        .envs(env.iter().map(|(k, v)| (*k, v.as_str())))
         .spawn();
     let mut child = match spawned {
         Ok(c) => c,
@@ -133,7 +149,7 @@ pub async fn run(lock_nodes: &[String], args: LockExecArgs) -> Result<ExitCode> 
             // The lock is released now, not left to its TTL, and the exit
             // code is the shell's: 127 not found, 126 not executable.
             guard.unlock().await;
-            eprintln!("flashsale lock exec: cannot run {program:?}: {e}");
+            eprintln!("flashsale: cannot run {program:?}: {e}");
             return Ok(ExitCode::from(match e.kind() {
                 std::io::ErrorKind::NotFound => EXIT_NOT_FOUND,
                 _ => EXIT_NOT_EXECUTABLE,
@@ -189,10 +205,7 @@ pub async fn run(lock_nodes: &[String], args: LockExecArgs) -> Result<ExitCode> 
             Ok(ExitCode::from(exit_code(status?)))
         }
         None => {
-            eprintln!(
-                "flashsale lock exec: lock {:?} lost; sending SIGTERM to the command",
-                args.name
-            );
+            eprintln!("flashsale: {what} lost; sending SIGTERM to the command");
             signal(pid, libc::SIGTERM);
             if tokio::time::timeout(Duration::from_secs(10), child.wait())
                 .await

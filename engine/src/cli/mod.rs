@@ -8,6 +8,7 @@ pub mod lock_exec;
 pub mod orders;
 pub mod reconcile;
 pub mod sale;
+pub mod semaphore_exec;
 pub mod serve;
 
 /// Resolves on SIGINT or SIGTERM.

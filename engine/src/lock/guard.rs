@@ -2,9 +2,10 @@
 //! loss signal, and release on unlock or drop (never a lock it does not hold).
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use super::client::Held;
-use super::LockClient;
+use super::{LockClient, LockError};
 
 /// A held lock. Unlock it with [`LockGuard::unlock`]; dropping it releases
 /// it in the background.
@@ -35,6 +36,14 @@ impl LockGuard {
     pub async fn lost(&self) {
         let mut rx = self.held.lost.subscribe();
         let _ = rx.wait_for(|l| *l).await;
+    }
+
+    /// Sets the lease to `lease` from now, on a majority of the nodes (a
+    /// fixed-lease grant then lasts that much longer; under the watchdog the
+    /// next renewal sets the watchdog's lease again). A grant already lost
+    /// is [`LockError::Expired`].
+    pub async fn extend(&self, lease: Duration) -> Result<(), LockError> {
+        self.client.extend_held(&self.held, lease).await
     }
 
     /// Releases this hold (the last hold of a reentrant owner releases the

@@ -21,7 +21,7 @@
 //! The files: `client.rs` the client, its nodes and the quorum call;
 //! `acquire.rs` reentry, the FIFO gate, attempts and the grant;
 //! `watchdog.rs` renewal, the lease timer and release; `guard.rs` what a
-//! holder keeps; `fence.rs` the tokens; `waiters.rs` the pub/sub wake-ups.
+//! holder keeps; `semaphore.rs` leased permits as slots of locks; `fence.rs` the tokens; `waiters.rs` the pub/sub wake-ups.
 
 mod acquire;
 mod client;
@@ -29,9 +29,11 @@ pub mod fence;
 mod guard;
 mod node;
 mod options;
+pub mod semaphore;
 mod waiters;
 mod watchdog;
 
 pub use client::LockClient;
 pub use guard::LockGuard;
 pub use options::{LockConfig, LockError, LockOptions, TokenClock};
+pub use semaphore::{Permit, PermitOptions, Semaphore};

@@ -29,6 +29,13 @@ pub enum LockError {
         /// The last node error seen.
         detail: String,
     },
+    /// The grant or permit had already run out (its lease ended, or a
+    /// majority no longer holds it): nothing was released or extended.
+    #[error("{name:?}: the lease had already run out")]
+    Expired {
+        /// The lock, or the semaphore's permit slot.
+        name: String,
+    },
     /// A name or owner that is empty or too long.
     #[error("invalid {0}")]
     Invalid(&'static str),

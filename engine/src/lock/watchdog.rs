@@ -10,7 +10,7 @@ use tokio::task::JoinHandle;
 
 use super::client::*;
 use super::waiters::CHANNEL;
-use super::LockClient;
+use super::{LockClient, LockError};
 use crate::metrics as m;
 
 impl LockClient {
@@ -55,18 +55,59 @@ impl LockClient {
         })
     }
 
-    /// With a fixed lease, reports the loss when the lease runs out.
+    /// With a fixed lease, reports the loss when the lease runs out (later,
+    /// if [`LockClient::extend_held`] pushed it forward meanwhile).
     pub(super) fn spawn_lease_timer(&self, held: Arc<Held>) -> JoinHandle<()> {
         let client = self.clone();
         tokio::spawn(async move {
-            let left = held
-                .valid_until_ms
-                .load(Ordering::SeqCst)
-                .saturating_sub(client.now_ms());
-            tokio::time::sleep(Duration::from_millis(left)).await;
+            loop {
+                let left = held
+                    .valid_until_ms
+                    .load(Ordering::SeqCst)
+                    .saturating_sub(client.now_ms());
+                if left == 0 {
+                    break;
+                }
+                tokio::time::sleep(Duration::from_millis(left)).await;
+            }
             metrics::counter!(m::LOCK_LOST).increment(1);
             let _ = held.lost.send(true);
         })
+    }
+
+    /// Sets the lease of a live grant to `lease` from now, on a majority.
+    /// Refused once the grant is lost: a lease that ran out is not revived,
+    /// even where a node still has the key.
+    pub(super) async fn extend_held(&self, held: &Held, lease: Duration) -> Result<(), LockError> {
+        let expired = || LockError::Expired {
+            name: held.name.clone(),
+        };
+        if *held.lost.borrow() || self.now_ms() >= held.valid_until_ms.load(Ordering::SeqCst) {
+            return Err(expired());
+        }
+        let sent = Instant::now();
+        let lease_ms = (lease.as_millis().max(1) as u64).to_string();
+        let replies = self
+            .on_all_nodes(
+                &self.inner.scripts.extend,
+                &[&lock_key(&held.name)],
+                &[&held.token, &lease_ms],
+            )
+            .await;
+        let confirmed = replies
+            .iter()
+            .filter(|r| matches!(r.as_ref().map(crate::replies::lock_done), Ok(Ok(true))))
+            .count();
+        if confirmed < self.quorum() {
+            return Err(expired());
+        }
+        let drift = lease / 100 + Duration::from_millis(2);
+        let validity = lease.saturating_sub(sent.elapsed() + drift);
+        held.valid_until_ms.store(
+            self.now_ms() + validity.as_millis() as u64,
+            Ordering::SeqCst,
+        );
+        Ok(())
     }
 
     /// Releases one reentrant hold; the last one stops the watchdog (first,
