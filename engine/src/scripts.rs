@@ -184,6 +184,8 @@ const LOCK_EXTEND_LUA: &str = include_str!("../../lua/lock_extend.lua");
 const LOCK_WAITING_LUA: &str = include_str!("../../lua/lock_waiting.lua");
 /// `lua/semaphore_permits.lua`: read or raise a semaphore's total.
 const SEMAPHORE_PERMITS_LUA: &str = include_str!("../../lua/semaphore_permits.lua");
+/// `lua/latch.lua`: a count-down latch (init, count down, read).
+const LATCH_LUA: &str = include_str!("../../lua/latch.lua");
 /// Reply codes of the lock scripts.
 pub mod lock {
     /// lock_acquire: taken on this node; release/extend: done.
@@ -267,6 +269,8 @@ pub struct LockScripts {
     pub waiting: LuaScript,
     /// `lua/semaphore_permits.lua`.
     pub permits: LuaScript,
+    /// `lua/latch.lua`.
+    pub latch: LuaScript,
 }
 
 impl LockScripts {
@@ -279,6 +283,7 @@ impl LockScripts {
             extend: LuaScript::new("lock_extend", LOCK_EXTEND_LUA),
             waiting: LuaScript::new("lock_waiting", LOCK_WAITING_LUA),
             permits: LuaScript::new("semaphore_permits", SEMAPHORE_PERMITS_LUA),
+            latch: LuaScript::new("latch", LATCH_LUA),
         }
     }
 }

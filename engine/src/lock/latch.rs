@@ -1,0 +1,191 @@
+//! A count-down latch on the lock nodes: `wait` returns once `count`
+//! distinct count-downs happened, woken by pub/sub, across processes.
+//!
+//! Why a set of ids and not a counter: a counter decremented on a majority
+//! of N nodes can end with no majority at zero (3 nodes, count 2: one
+//! count-down reaches A and B, the other B and C; A and C still say 1). Each
+//! node here keeps the ids of the count-downs it saw, and a reader takes the
+//! union over a majority: every count-down that reached a majority is in it
+//! (two majorities share a node), so the latch opens exactly when `count`
+//! count-downs succeeded, and never earlier. An id makes a count-down
+//! idempotent: a retry after a timeout is not a second count-down.
+
+use std::collections::HashSet;
+use std::time::{Duration, Instant};
+
+use redis::Value;
+
+use super::node::NodeError;
+use super::waiters::CHANNEL;
+use super::{LockClient, LockError};
+
+/// Longest pause between two looks when no opening was heard.
+const POLL: Duration = Duration::from_millis(200);
+
+/// A count-down latch; cheap to clone.
+#[derive(Clone)]
+pub struct Latch {
+    client: LockClient,
+    name: String,
+}
+
+impl LockClient {
+    /// The latch `name` (1-180 bytes).
+    pub fn latch(&self, name: &str) -> Result<Latch, LockError> {
+        if name.is_empty() || name.len() > 180 {
+            return Err(LockError::Invalid("latch name (1-180 bytes)"));
+        }
+        Ok(Latch {
+            client: self.clone(),
+            name: name.to_owned(),
+        })
+    }
+}
+
+/// One node's answer: its count (None: never set) and what came with it.
+struct NodeView {
+    count: Option<u64>,
+    rest: Value,
+}
+
+impl Latch {
+    fn keys(&self) -> [String; 2] {
+        [
+            format!("flashsale:latch:{}:count", self.name),
+            format!("flashsale:latch:{}:downs", self.name),
+        ]
+    }
+
+    fn topic(&self) -> String {
+        format!("latch:{}", self.name)
+    }
+
+    async fn call(&self, args: &[&str]) -> Result<Vec<NodeView>, LockError> {
+        let [count_key, downs_key] = self.keys();
+        let replies = self
+            .client
+            .on_all_nodes(
+                &self.client.inner.scripts.latch,
+                &[&count_key, &downs_key],
+                args,
+            )
+            .await;
+        self.views(replies)
+    }
+
+    /// The answers of a majority, or `NoQuorum`.
+    fn views(&self, replies: Vec<Result<Value, NodeError>>) -> Result<Vec<NodeView>, LockError> {
+        let nodes = replies.len();
+        let mut views = Vec::new();
+        let mut detail = String::new();
+        for r in replies {
+            match r {
+                Ok(Value::Array(mut parts)) if parts.len() == 2 => {
+                    let rest = parts.pop().unwrap_or(Value::Nil);
+                    let count = parts
+                        .pop()
+                        .and_then(|c| redis::from_redis_value::<String>(c).ok())
+                        .and_then(|c| c.parse().ok());
+                    views.push(NodeView { count, rest });
+                }
+                Ok(other) => detail = format!("unexpected reply {other:?}"),
+                Err(e) => detail = e.to_string(),
+            }
+        }
+        if views.len() < self.client.quorum() {
+            return Err(LockError::NoQuorum {
+                name: self.name.clone(),
+                reachable: views.len(),
+                nodes,
+                quorum: self.client.quorum(),
+                detail,
+            });
+        }
+        Ok(views)
+    }
+
+    fn not_set() -> LockError {
+        LockError::Invalid("latch: no count set (set_count first)")
+    }
+
+    /// Sets the count (1 to 1,000,000) if the latch has none yet, on a
+    /// majority; returns the count in force (an earlier one is kept).
+    pub async fn set_count(&self, count: u64) -> Result<u64, LockError> {
+        if !(1..=1_000_000).contains(&count) {
+            return Err(LockError::Invalid("latch count (1-1000000)"));
+        }
+        let views = self.call(&["init", &count.to_string()]).await?;
+        views
+            .iter()
+            .filter_map(|v| v.count)
+            .max()
+            .ok_or_else(Latch::not_set)
+    }
+
+    /// Counts down once (a fresh id).
+    pub async fn count_down(&self) -> Result<(), LockError> {
+        self.count_down_as(&format!("{:032x}", rand::random::<u128>()))
+            .await
+    }
+
+    /// Counts down as `id` (1-200 bytes): however often the same id is sent,
+    /// it counts once, so a retry after a timeout is safe.
+    pub async fn count_down_as(&self, id: &str) -> Result<(), LockError> {
+        if id.is_empty() || id.len() > 200 {
+            return Err(LockError::Invalid("count-down id (1-200 bytes)"));
+        }
+        let topic = self.topic();
+        let views = self.call(&["down", id, CHANNEL, &topic]).await?;
+        let counted = views
+            .iter()
+            .filter(|v| v.count.is_some() && !matches!(v.rest, Value::Int(-1)))
+            .count();
+        if counted < self.client.quorum() {
+            return Err(Latch::not_set());
+        }
+        Ok(())
+    }
+
+    /// Count-downs still missing before the latch opens.
+    pub async fn remaining(&self) -> Result<u64, LockError> {
+        let views = self.call(&["read"]).await?;
+        let count = views
+            .iter()
+            .filter_map(|v| v.count)
+            .max()
+            .ok_or_else(Latch::not_set)?;
+        let mut seen: HashSet<String> = HashSet::new();
+        for v in views {
+            if let Ok(ids) = redis::from_redis_value::<Vec<String>>(v.rest) {
+                seen.extend(ids);
+            }
+        }
+        Ok(count.saturating_sub(seen.len() as u64))
+    }
+
+    /// Waits until the latch is open, at most `timeout`
+    /// ([`LockError::Timeout`] then).
+    pub async fn wait(&self, timeout: Duration) -> Result<(), LockError> {
+        let started = Instant::now();
+        let wake = self.client.inner.waiters.register(&self.topic());
+        loop {
+            let notified = wake.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            if self.remaining().await? == 0 {
+                return Ok(());
+            }
+            let left = timeout.saturating_sub(started.elapsed());
+            if left.is_zero() {
+                return Err(LockError::Timeout {
+                    name: self.name.clone(),
+                    waited: started.elapsed(),
+                });
+            }
+            tokio::select! {
+                _ = &mut notified => {}
+                _ = tokio::time::sleep(POLL.min(left)) => {}
+            }
+        }
+    }
+}

@@ -1,0 +1,150 @@
+//! The count-down latch (`flashsale::lock::Latch`) against real,
+//! independent redis-server lock nodes: it opens after exactly `count`
+//! distinct count-downs and not before, a resent count-down counts once, a
+//! waiter times out with a typed error, and count-downs that reached
+//! different majorities still open it.
+
+use std::time::Duration;
+
+use flashsale::lock::{LockClient, LockConfig, LockError};
+use flashsale_tests::RedisServer;
+
+fn servers(n: usize) -> Vec<RedisServer> {
+    (0..n).map(|_| RedisServer::start()).collect()
+}
+
+fn client(s: &[RedisServer]) -> LockClient {
+    let urls: Vec<String> = s.iter().map(|s| s.url()).collect();
+    LockClient::new(&urls, LockConfig::default()).expect("lock client")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_latch_opens_after_exactly_its_count_and_a_resent_count_down_counts_once() {
+    let nodes = servers(3);
+    // The waiter and the counters are separate clients, as separate
+    // processes would be.
+    let latch = client(&nodes).latch("batch-7").expect("latch");
+    assert_eq!(latch.set_count(3).await.expect("set"), 3);
+    assert_eq!(
+        latch.set_count(5).await.expect("set again"),
+        3,
+        "the first count stays"
+    );
+    let waiter = {
+        let latch = client(&nodes).latch("batch-7").expect("latch");
+        tokio::spawn(async move { latch.wait(Duration::from_secs(30)).await })
+    };
+    let counter = client(&nodes).latch("batch-7").expect("latch");
+    counter.count_down_as("worker-1").await.expect("down 1");
+    counter.count_down_as("worker-2").await.expect("down 2");
+    // worker-2 retries after a timeout: the same id counts once.
+    counter.count_down_as("worker-2").await.expect("resent");
+    assert_eq!(latch.remaining().await.expect("remaining"), 1);
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(
+        !waiter.is_finished(),
+        "not open with one count-down missing"
+    );
+    counter.count_down().await.expect("down 3");
+    tokio::time::timeout(Duration::from_secs(10), waiter)
+        .await
+        .expect("the waiter wakes")
+        .expect("task")
+        .expect("open");
+    assert_eq!(latch.remaining().await.expect("remaining"), 0);
+    latch
+        .wait(Duration::ZERO)
+        .await
+        .expect("an open latch stays open");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_closed_latch_times_out_and_bad_input_changes_nothing() {
+    let nodes = servers(1);
+    let locks = client(&nodes);
+    let latch = locks.latch("closed").expect("latch");
+    assert!(
+        matches!(latch.count_down().await, Err(LockError::Invalid(_))),
+        "no count set"
+    );
+    assert!(matches!(
+        latch.wait(Duration::ZERO).await,
+        Err(LockError::Invalid(_))
+    ));
+    latch.set_count(1).await.expect("set");
+    let err = latch
+        .wait(Duration::from_millis(300))
+        .await
+        .expect_err("closed");
+    assert!(matches!(err, LockError::Timeout { .. }), "{err:?}");
+    assert!(matches!(
+        latch.set_count(0).await,
+        Err(LockError::Invalid(_))
+    ));
+    assert!(matches!(
+        latch.count_down_as("").await,
+        Err(LockError::Invalid(_))
+    ));
+    let long = "x".repeat(201);
+    assert!(matches!(
+        latch.count_down_as(&long).await,
+        Err(LockError::Invalid(_))
+    ));
+    assert!(matches!(locks.latch(""), Err(LockError::Invalid(_))));
+    assert_eq!(
+        latch.remaining().await.expect("remaining"),
+        1,
+        "nothing counted"
+    );
+}
+
+/// Count 2 on 3 nodes; one count-down reaches A and B, the other B and C
+/// (each sent by a client that knows only those two nodes). A counter would
+/// end A = 1, B = 0, C = 1, with no majority at zero; the union of ids over
+/// any majority has both.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn count_downs_that_reached_different_majorities_still_open_the_latch() {
+    let nodes = servers(3);
+    let latch = client(&nodes).latch("split").expect("latch");
+    latch.set_count(2).await.expect("set");
+    let (a, b, c) = (&nodes[0], &nodes[1], &nodes[2]);
+    let ab = LockClient::new(&[a.url(), b.url()], LockConfig::default()).expect("client");
+    let bc = LockClient::new(&[b.url(), c.url()], LockConfig::default()).expect("client");
+    ab.latch("split")
+        .expect("latch")
+        .count_down_as("one")
+        .await
+        .expect("down on A and B");
+    bc.latch("split")
+        .expect("latch")
+        .count_down_as("two")
+        .await
+        .expect("down on B and C");
+    let on_a: Vec<String> = a.node.cmd(&["SMEMBERS", "flashsale:latch:split:downs"]);
+    let on_c: Vec<String> = c.node.cmd(&["SMEMBERS", "flashsale:latch:split:downs"]);
+    assert_eq!(
+        (on_a.len(), on_c.len()),
+        (1, 1),
+        "each saw one: {on_a:?} {on_c:?}"
+    );
+    // Any majority: a client over each pair of nodes.
+    for (x, y) in [(a, b), (a, c), (b, c)] {
+        let pair = LockClient::new(&[x.url(), y.url()], LockConfig::default()).expect("client");
+        let left = pair.latch("split").expect("latch").remaining().await;
+        assert_eq!(
+            left.expect("both answer"),
+            0,
+            "open on {} and {}",
+            x.url(),
+            y.url()
+        );
+    }
+    latch.wait(Duration::from_secs(5)).await.expect("open");
+    // Two nodes frozen: no majority, a typed error.
+    a.node.signal("STOP");
+    b.node.signal("STOP");
+    let r = latch.remaining().await;
+    a.node.signal("CONT");
+    b.node.signal("CONT");
+    assert!(matches!(r, Err(LockError::NoQuorum { .. })), "{r:?}");
+}
