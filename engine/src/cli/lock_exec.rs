@@ -7,7 +7,7 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use anyhow::{anyhow, Result};
-use flashsale::lock::{LockClient, LockConfig, LockError, LockGuard, LockOptions};
+use flashsale::lock::{LockClient, LockConfig, LockError, LockGuard, LockOptions, MultiGuard};
 
 /// Exit code when the lock could not be taken within `--wait` (EX_TEMPFAIL).
 pub const EXIT_NOT_ACQUIRED: u8 = 75;
@@ -17,9 +17,10 @@ pub const EXIT_LOCK_LOST: u8 = 79;
 /// Arguments of `lock exec`.
 #[derive(Debug, Clone, clap::Args)]
 pub struct LockExecArgs {
-    /// Lock name.
-    #[arg(long)]
-    pub name: String,
+    /// Lock name; several `--name`s make a multi-lock (all or none, taken
+    /// in sorted order, one token per name).
+    #[arg(long, required = true)]
+    pub name: Vec<String>,
     /// Lease the watchdog keeps renewing (e.g. 500ms, 10s, 1m).
     #[arg(long, default_value = "10s", value_parser = parse_duration)]
     pub ttl: Duration,
@@ -107,22 +108,77 @@ pub async fn run(lock_nodes: &[String], args: LockExecArgs) -> Result<ExitCode> 
         .owner
         .clone()
         .unwrap_or_else(|| format!("exec-{}", std::process::id()));
-    let guard = match client
-        .lock(&args.name, &LockOptions::new(owner).wait(args.wait))
-        .await
-    {
+    let opts = LockOptions::new(owner).wait(args.wait);
+    if let [name] = &args.name[..] {
+        let guard = match client.lock(name, &opts).await {
+            Ok(g) => g,
+            Err(e) => return not_acquired(e),
+        };
+        let env = [
+            ("FLASHSALE_FENCING_TOKEN", guard.fencing_token().to_string()),
+            ("FLASHSALE_LOCK_NAME", name.clone()),
+        ];
+        return supervise(guard, &format!("lock {name:?}"), &env, &args.command).await;
+    }
+    let names: Vec<&str> = args.name.iter().map(String::as_str).collect();
+    let guard = match client.lock_all(&names, &opts).await {
         Ok(g) => g,
-        Err(e @ (LockError::Timeout { .. } | LockError::NoQuorum { .. })) => {
-            eprintln!("flashsale lock exec: {e}");
-            return Ok(ExitCode::from(EXIT_NOT_ACQUIRED));
-        }
-        Err(e) => return Err(e.into()),
+        Err(e) => return not_acquired(e),
     };
-    let env = [
-        ("FLASHSALE_FENCING_TOKEN", guard.fencing_token().to_string()),
-        ("FLASHSALE_LOCK_NAME", args.name.clone()),
-    ];
-    supervise(guard, &format!("lock {:?}", args.name), &env, &args.command).await
+    // One token per name, numbered in the order the names were given.
+    let mut env = Vec::new();
+    for (n, name) in args.name.iter().enumerate() {
+        let token = guard.fencing_token(name).unwrap_or_default();
+        env.push((format!("FLASHSALE_FENCING_TOKEN_{n}"), token.to_string()));
+        env.push((format!("FLASHSALE_LOCK_NAME_{n}"), name.clone()));
+    }
+    let env: Vec<(&str, String)> = env.iter().map(|(k, v)| (k.as_str(), v.clone())).collect();
+    supervise(
+        guard,
+        &format!("locks {:?}", args.name),
+        &env,
+        &args.command,
+    )
+    .await
+}
+
+/// Exit 75 when the lock was not free within `--wait` or no majority
+/// answered; any other error is the caller's.
+fn not_acquired(e: LockError) -> Result<ExitCode> {
+    match e {
+        LockError::Timeout { .. } | LockError::NoQuorum { .. } => {
+            eprintln!("flashsale lock exec: {e}");
+            Ok(ExitCode::from(EXIT_NOT_ACQUIRED))
+        }
+        e => Err(e.into()),
+    }
+}
+
+/// What `supervise` holds while the command runs: a lock, several, or a
+/// semaphore's permit.
+pub trait Grant {
+    /// Resolves when the grant is lost.
+    fn lost(&self) -> impl std::future::Future<Output = ()>;
+    /// Gives it back; true when it was still held.
+    fn unlock(self) -> impl std::future::Future<Output = bool>;
+}
+
+impl Grant for LockGuard {
+    async fn lost(&self) {
+        LockGuard::lost(self).await
+    }
+    async fn unlock(self) -> bool {
+        LockGuard::unlock(self).await
+    }
+}
+
+impl Grant for MultiGuard {
+    async fn lost(&self) {
+        MultiGuard::lost(self).await
+    }
+    async fn unlock(self) -> bool {
+        MultiGuard::unlock(self).await
+    }
 }
 
 /// Runs `command` with `env` while `guard` is held, and releases it however
@@ -130,7 +186,7 @@ pub async fn run(lock_nodes: &[String], args: LockExecArgs) -> Result<ExitCode> 
 /// if the grant is lost, the command gets SIGTERM and the exit code is
 /// [`EXIT_LOCK_LOST`]. `what` names the grant in messages.
 pub async fn supervise(
-    guard: LockGuard,
+    guard: impl Grant,
     what: &str,
     env: &[(&str, String)],
     command: &[String],

@@ -21,13 +21,14 @@
 //! The files: `client.rs` the client, its nodes and the quorum call;
 //! `acquire.rs` reentry, the FIFO gate, attempts and the grant;
 //! `watchdog.rs` renewal, the lease timer and release; `guard.rs` what a
-//! holder keeps; `semaphore.rs` leased permits as slots of locks; `latch.rs` a count-down latch; `fence.rs` the tokens; `waiters.rs` the pub/sub wake-ups.
+//! holder keeps; `semaphore.rs` leased permits as slots of locks; `latch.rs` a count-down latch; `multi.rs` several names all or none; `fence.rs` the tokens; `waiters.rs` the pub/sub wake-ups.
 
 mod acquire;
 mod client;
 pub mod fence;
 mod guard;
 pub mod latch;
+pub mod multi;
 mod node;
 mod options;
 pub mod semaphore;
@@ -37,5 +38,6 @@ mod watchdog;
 pub use client::LockClient;
 pub use guard::LockGuard;
 pub use latch::Latch;
+pub use multi::MultiGuard;
 pub use options::{LockConfig, LockError, LockOptions, TokenClock};
 pub use semaphore::{Permit, PermitOptions, Semaphore};
