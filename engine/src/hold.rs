@@ -359,6 +359,21 @@ impl Engine {
                     .arg(EXPIRE_BATCH as i64 - 1),
             )
             .await?;
+        if owed.is_empty() {
+            return Ok(0);
+        }
+        if self.config().ack == Ack::Replicated {
+            // The quota goes back in another slot, durably: first make sure
+            // the state it rests on (cancelled or expired here) is on a
+            // replica of this bucket, or a failover could bring the order
+            // back held, payable, with its quota already returned. Under
+            // replicated every transition.lua answer rewrites the order's
+            // version, so this no-op "expire" and its WAIT cover whatever
+            // call set each state; if no replica answers, nothing is given
+            // back this pass.
+            let ids: Vec<(&str, &str)> = owed.iter().map(|id| (id.as_str(), "")).collect();
+            self.transition(b, "expire", &ids).await?;
+        }
         let mut returned = 0;
         for order_id in owed {
             let fields: Vec<Option<String>> = self

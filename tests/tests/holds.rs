@@ -788,3 +788,79 @@ async fn a_failover_mid_window_under_replicated_ack_loses_no_payment_and_returns
         assert!(kinds.len() <= 1, "{id}: one transition, got {kinds:?}");
     }
 }
+
+/// Found by the second chaos attack: under `ack = replicated`, the sweeper
+/// gave an away-served order's quota back in the buyer's home bucket as
+/// soon as the serving bucket's master said the order was cancelled, before
+/// any replica had the cancel. A failover then brought the order back held
+/// (payable) with its quota already returned: the buyer could go over the
+/// limit. The quota now goes back only once the serving bucket's state is
+/// on a replica.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn under_replicated_ack_an_owed_quota_waits_for_the_serving_buckets_replica() {
+    let cluster = RedisCluster::start(3, 1);
+    let e = engine_with(&cluster, |c| {
+        c.ack = flashsale::Ack::Replicated;
+        c.retry.deadline = Duration::from_millis(1500);
+    })
+    .await;
+    let status = e
+        .create_sale(SaleSpec {
+            hold_ms: 60_000,
+            buckets: 2,
+            per_user_limit: 1,
+            ..SaleSpec::new("owed", 4)
+        })
+        .await
+        .expect("sale");
+    let home0 = |p: &str| flashsale_tests::user_with_home(p, 2, 0);
+    for p in ["fill-a", "fill-b"] {
+        let c = buy(&e, "owed", &home0(p), "r").await.expect("fill");
+        assert_eq!(c.bucket, 0);
+        e.pay(&c.order_id, p).await.expect("fill paid");
+    }
+    let buyer = home0("buyer");
+    let away = buy(&e, "owed", &buyer, "r1").await.expect("away");
+    assert_eq!(away.bucket, 1, "served away from home");
+    let quota_key = flashsale::keys::BucketKeys::new(&status.buckets[0].tag).quota(&buyer);
+    let home_master = cluster.node(cluster.master_of_slot(status.buckets[0].slot));
+    let quota = || {
+        home_master
+            .cmd::<Option<i64>>(&["GET", &quota_key])
+            .unwrap_or(0)
+    };
+    assert_eq!(quota(), 1);
+
+    // The serving bucket's replica stops acknowledging: the cancel runs on
+    // its master but cannot be confirmed.
+    let serving = cluster.master_of_slot(status.buckets[1].slot);
+    let replica = cluster.node(cluster.replica_of(serving));
+    replica.signal("STOP");
+    let cancel = e.cancel(&away.order_id).await;
+    assert!(
+        matches!(cancel, Err(HoldError::Unavailable(_))),
+        "unconfirmed: {cancel:?}"
+    );
+    let _ = e.expire_due().await;
+    let before = quota();
+    replica.signal("CONT");
+    assert_eq!(
+        before, 1,
+        "the quota went back before the cancel it rests on was on a replica"
+    );
+    // Once the replica has it, the sweeper gives the quota back, once.
+    wait_until(
+        Duration::from_secs(30),
+        "the owed quota to come back",
+        || async {
+            let _ = e.expire_due().await;
+            quota() == 0
+        },
+    )
+    .await;
+    let _ = e.expire_due().await;
+    assert_eq!(quota(), 0);
+    buy(&e, "owed", &buyer, "r2")
+        .await
+        .expect("the quota came back");
+}
