@@ -470,7 +470,10 @@ fn transition(v: Value) -> Result<TransitionReply, BadReply> {
         code::DONE | code::RETAKEN => TransitionReply::Done {
             state: state()?,
             expires_ms,
-            retaken: code == code::RETAKEN,
+            // A late payment that found its hold past the deadline but
+            // not yet swept keeps the unit it has (code 3, units 0): only
+            // one that took units back from stock retook.
+            retaken: code == code::RETAKEN && units < 0,
             units,
         },
         code::ALREADY => TransitionReply::Already {

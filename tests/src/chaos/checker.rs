@@ -33,6 +33,19 @@ pub struct DbOrder {
     pub paid_ms: Option<i64>,
     /// When it expired, by the master's clock.
     pub expired_ms: Option<i64>,
+    /// When it was made, by the master's clock.
+    pub created_ms: Option<i64>,
+}
+
+/// One transition in PostgreSQL's `order_events`.
+#[derive(Debug, Clone)]
+pub struct DbEvent {
+    /// `paid`, `cancelled` or `expired`.
+    pub kind: String,
+    /// A late payment that took units back from stock.
+    pub retake: bool,
+    /// When, by the master's clock (ms since the Unix epoch).
+    pub at_ms: Option<i64>,
 }
 
 impl DbOrder {
@@ -68,6 +81,8 @@ pub struct HoldsLeft {
     pub dead_letters: u64,
     /// Each buyer's quota, summed over the buckets (sales with a limit).
     pub quotas: BTreeMap<String, i64>,
+    /// Purchases still walking other buckets (pending fall-throughs).
+    pub pending_walks: u64,
 }
 
 /// What the checker reads besides the history.
@@ -87,7 +102,10 @@ pub struct Inputs<'a> {
     /// The ack mode of the run.
     pub ack: flashsale::Ack,
     /// Every transition in PostgreSQL: (order id, version).
-    pub db_events: &'a HashSet<(String, i32)>,
+    pub db_events: &'a HashMap<(String, i32), DbEvent>,
+    /// The history's start by the wall clock (ms since the Unix epoch), to
+    /// set its times beside the masters' (the same machine's clock).
+    pub history_start_ms: i64,
     /// The state and version of each held order's record still in Redis.
     pub redis_states: &'a HashMap<String, (String, i32)>,
     /// When the checker's reads were made (ms since the Unix epoch): every
@@ -96,7 +114,7 @@ pub struct Inputs<'a> {
 }
 
 /// Names of the counts, in report order.
-pub const KINDS: [&str; 27] = [
+pub const KINDS: [&str; 29] = [
     "oversold_units",
     "lost_confirmed",
     "unwritten_orders",
@@ -116,7 +134,9 @@ pub const KINDS: [&str; 27] = [
     "transition_conflict",
     "transition_answer_changed",
     "late_payment_accepted",
+    "refused_in_time",
     "expired_early",
+    "hold_deadline_wrong",
     "unwritten_transitions",
     "dead_letters",
     "holds_not_expired",
@@ -175,9 +195,9 @@ impl Verdict {
     /// then a new purchase), are the measured price of the mode; so are,
     /// for orders touched while a master was killed or paused, a payment or
     /// cancel a failover took back (`transition_failover`), and, for buyers
-    /// who bought or gave back then, a quota a failover parted from their
-    /// orders (`limit_after_failover`; README: what `ack = leader` does not
-    /// guarantee).
+    /// who bought, paid or cancelled then, a quota a failover parted from
+    /// their orders (`limit_after_failover`; README: what `ack = leader`
+    /// does not guarantee).
     pub fn must_be_zero(kind: &str, ack: flashsale::Ack) -> bool {
         !(ack == flashsale::Ack::Leader
             && matches!(
@@ -514,21 +534,14 @@ fn check_stock(v: &mut Verdict, inp: &Inputs<'_>) {
         }
         if plan.limit > 0 {
             let mut per_user: BTreeMap<&str, u64> = BTreeMap::new();
-            let mut gave_back: HashSet<&str> = HashSet::new();
-            for r in &rows {
-                if r.keeps_units() {
-                    *per_user.entry(r.user.as_str()).or_default() += r.qty;
-                } else {
-                    gave_back.insert(r.user.as_str());
-                }
+            for r in rows.iter().filter(|r| r.keeps_units()) {
+                *per_user.entry(r.user.as_str()).or_default() += r.qty;
             }
             for (user, units) in per_user {
                 if units > u64::from(plan.limit) {
                     // Under `leader`, a failover can take back a cancel
                     // whose quota was already given back in another bucket.
-                    let kind = if inp.ack == flashsale::Ack::Leader
-                        && excused(sku, user, gave_back.contains(user))
-                    {
+                    let kind = if inp.ack == flashsale::Ack::Leader && excused(sku, user) {
                         "limit_after_failover"
                     } else {
                         "limit_exceeded"
@@ -652,26 +665,42 @@ fn check_transitions(v: &mut Verdict, inp: &Inputs<'_>, in_db: &HashMap<&str, &D
             _ => {}
         }
     }
+    let mut events: HashMap<&str, Vec<&DbEvent>> = HashMap::new();
+    for ((id, _), e) in inp.db_events {
+        events.entry(id).or_default().push(e);
+    }
     for (id, ops) in &by_order {
         let Some(row) = in_db.get(id) else { continue };
         let Some(plan) = plans.get(row.sku.as_str()) else {
             continue;
         };
-        check_order(v, row, plan, ops, closed_at.get(row.sku.as_str()), leader);
+        let order = OrderFacts {
+            row,
+            plan,
+            events: events.get(id).map(Vec::as_slice).unwrap_or_default(),
+            closed_at: closed_at.get(row.sku.as_str()).copied(),
+            history_start_ms: inp.history_start_ms,
+        };
+        check_order(v, &order, ops, leader);
     }
     check_hold_records(v, inp, &plans, leader);
     check_quotas(v, inp, leader);
 }
 
+/// What the checker knows of one order besides its operations.
+struct OrderFacts<'a> {
+    row: &'a DbOrder,
+    plan: &'a SalePlan,
+    /// Its transitions in PostgreSQL.
+    events: &'a [&'a DbEvent],
+    /// When its sale's close completed (history ms), if it did.
+    closed_at: Option<u64>,
+    history_start_ms: i64,
+}
+
 /// One order's payments and cancels against each other and its row.
-fn check_order(
-    v: &mut Verdict,
-    row: &DbOrder,
-    plan: &SalePlan,
-    ops: &[&OpRecord],
-    closed_at: Option<&u64>,
-    leader: bool,
-) {
+fn check_order(v: &mut Verdict, f: &OrderFacts<'_>, ops: &[&OpRecord], leader: bool) {
+    let (row, plan) = (f.row, f.plan);
     let id = row.order_id.as_str();
     let retake = plan.late == flashsale::LatePayment::Retake;
     // Under `leader`, a failover may take back any of this order's writes.
@@ -777,10 +806,12 @@ fn check_order(
             );
         }
     }
-    // A retake only where the sale allows it, and only while it sells.
+    // A retake (units taken back from stock, by PostgreSQL's record) only
+    // where the sale allows it, and only while it sells.
+    let retook = f.events.iter().any(|e| e.retake);
     for (p, _, retaken) in &pays {
-        let after_close = closed_at.is_some_and(|t| *t < p.invoke_ms);
-        if *retaken && (!retake || after_close) {
+        let after_close = f.closed_at.is_some_and(|t| t < p.invoke_ms);
+        if *retaken && retook && (!retake || after_close) {
             v.add(
                 "late_payment_accepted",
                 1,
@@ -793,6 +824,42 @@ fn check_order(
                     }
                 ),
                 &[p],
+            );
+        }
+    }
+    if retook && !retake {
+        v.add(
+            "late_payment_accepted",
+            1,
+            format!("order {id}: PostgreSQL records a retake where late payments are refused"),
+            &[],
+        );
+    }
+    // Refusals answered before the deadline (by the one clock of this
+    // machine): a payment refused as late though no cancel ended the hold,
+    // a cancel refused as final though no payment did.
+    let deadline = row.expires_ms.unwrap_or(i64::MAX);
+    let had = |kind: &str| f.events.iter().any(|e| e.kind == kind);
+    for o in ops {
+        let done_at = f.history_start_ms + o.complete_ms as i64;
+        if done_at + 50 >= deadline {
+            continue;
+        }
+        let wrong = match (&o.op, fail_code(o)) {
+            (Op::Pay { .. }, Some("hold_expired")) => !had("cancelled"),
+            (Op::Cancel { .. }, Some("already_final")) => !had("paid"),
+            _ => false,
+        };
+        if wrong {
+            v.add(
+                excused("refused_in_time"),
+                1,
+                format!(
+                    "order {id}: {} refused {} ms before its deadline",
+                    o.op.name(),
+                    deadline - done_at
+                ),
+                &[o],
             );
         }
     }
@@ -827,6 +894,21 @@ fn check_hold_records(
             continue;
         };
         let deadline = r.expires_ms.unwrap_or(i64::MAX);
+        if let (Some(made), Some(due)) = (r.created_ms, r.expires_ms) {
+            if due - made != plan.hold_ms as i64 {
+                v.add(
+                    "hold_deadline_wrong",
+                    1,
+                    format!(
+                        "order {}: held {} ms, the sale's window is {} ms",
+                        r.order_id,
+                        due - made,
+                        plan.hold_ms
+                    ),
+                    &[],
+                );
+            }
+        }
         if plan.late == flashsale::LatePayment::Refuse
             && r.status == "paid"
             && r.paid_ms.is_some_and(|t| t >= deadline)
@@ -858,7 +940,7 @@ fn check_hold_records(
             lags.push(t - deadline);
         }
         for version in 2..=r.version {
-            if !inp.db_events.contains(&(r.order_id.clone(), version)) {
+            if !inp.db_events.contains_key(&(r.order_id.clone(), version)) {
                 missing_versions += 1;
                 first_missing.get_or_insert((r.order_id.clone(), version));
             }
@@ -906,7 +988,7 @@ fn check_hold_records(
         .end
         .values()
         .flat_map(|e| e.events_in_streams.iter())
-        .filter(|e| !inp.db_events.contains(e))
+        .filter(|e| !inp.db_events.contains_key(*e))
         .collect();
     if let Some((id, version)) = unwritten.first() {
         v.add(
@@ -932,10 +1014,9 @@ fn check_hold_records(
 
 /// Under `ack = leader`, whether a buyer's quota or limit may have been
 /// parted from their orders by a failover: they bought, paid or cancelled
-/// while a master was killed or paused, or (once any was) gave units back,
-/// since the sweeper's expiries are not in the history.
-fn failover_excused<'a>(inp: &'a Inputs<'_>) -> impl Fn(&str, &str, bool) -> bool + 'a {
-    let failovers = inp.ops.iter().any(at_risk);
+/// while a master was killed or paused. (A failover that undid only a
+/// sweeper's expiry is not in the history; it is not excused.)
+fn failover_excused<'a>(inp: &'a Inputs<'_>) -> impl Fn(&str, &str) -> bool + 'a {
     let owner: HashMap<&str, (&str, &str)> = inp
         .rows
         .iter()
@@ -955,9 +1036,7 @@ fn failover_excused<'a>(inp: &'a Inputs<'_>) -> impl Fn(&str, &str, bool) -> boo
             _ => {}
         }
     }
-    move |sku: &str, user: &str, gave_back: bool| {
-        risky.contains(&(sku, user)) || (failovers && gave_back)
-    }
+    move |sku: &str, user: &str| risky.contains(&(sku, user))
 }
 
 /// Each buyer's quota in a sale with a limit equals the units they keep,
@@ -969,20 +1048,19 @@ fn check_quotas(v: &mut Verdict, inp: &Inputs<'_>, leader: bool) {
             continue;
         };
         let mut kept: BTreeMap<&str, i64> = BTreeMap::new();
-        let mut gave_back: HashSet<&str> = HashSet::new();
-        for r in inp.rows.iter().filter(|r| r.sku == plan.sku) {
-            if r.keeps_units() {
-                *kept.entry(&r.user).or_default() += r.qty as i64;
-            } else {
-                gave_back.insert(&r.user);
-            }
+        for r in inp
+            .rows
+            .iter()
+            .filter(|r| r.sku == plan.sku && r.keeps_units())
+        {
+            *kept.entry(&r.user).or_default() += r.qty as i64;
         }
         for (user, quota) in &end.left.quotas {
             let units = kept.get(user.as_str()).copied().unwrap_or(0);
             if *quota == units {
                 continue;
             }
-            let kind = if leader && excused(&plan.sku, user, gave_back.contains(user.as_str())) {
+            let kind = if leader && excused(&plan.sku, user) {
                 "limit_after_failover"
             } else {
                 "quota_mismatch"

@@ -46,6 +46,7 @@ pub struct OpRecord {
 /// The history, shared by every task of the controller.
 pub struct History {
     start: Instant,
+    start_unix_ms: i64,
     lines: Mutex<Vec<String>>,
     ops: Mutex<Vec<OpRecord>>,
     fault: Mutex<Option<String>>,
@@ -56,10 +57,20 @@ impl History {
     pub fn new() -> History {
         History {
             start: Instant::now(),
+            start_unix_ms: std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map(|d| d.as_millis() as i64)
+                .unwrap_or(0),
             lines: Mutex::new(Vec::new()),
             ops: Mutex::new(Vec::new()),
             fault: Mutex::new(None),
         }
+    }
+
+    /// The wall clock at the start (ms since the Unix epoch): a history
+    /// time `t_ms` is at about `start_unix_ms + t_ms`.
+    pub fn start_unix_ms(&self) -> i64 {
+        self.start_unix_ms
     }
 
     /// Milliseconds since the start.

@@ -180,6 +180,7 @@ pub async fn run(options: Options) -> anyhow::Result<RunResult> {
         negative_samples: &negative_samples,
         ack: options.ack,
         db_events: &db_events,
+        history_start_ms: history.start_unix_ms(),
         redis_states: &redis_states,
         checked_at_ms,
     });
@@ -438,6 +439,7 @@ async fn drain(
                             "unwritten": backlog.unwritten,
                             "overdue_holds": backlog.overdue_holds,
                             "owed_quotas": backlog.owed,
+                            "pending_walks": backlog.walks,
                         }),
                     );
                 }
@@ -469,6 +471,8 @@ struct Backlog {
     overdue_holds: i64,
     /// Quotas other buckets still owe back (orders on an `owed` set).
     owed: u64,
+    /// Purchases still walking other buckets (their quota is reserved).
+    walks: u64,
 }
 
 /// The backlog now (its `pending` is filled in from reconcile).
@@ -490,7 +494,7 @@ async fn backlog(
                 .count()
                 + e.events_in_streams
                     .iter()
-                    .filter(|ev| !events.contains(*ev))
+                    .filter(|ev| !events.contains_key(*ev))
                     .count()
         })
         .sum();
@@ -508,6 +512,7 @@ async fn backlog(
         unwritten,
         overdue_holds,
         owed: end.values().map(|e| e.left.owed).sum(),
+        walks: end.values().map(|e| e.left.pending_walks).sum(),
     })
 }
 
@@ -542,7 +547,7 @@ async fn ledger_end(
         let now = unix_ms();
         for b in &status.buckets {
             let keys = flashsale::keys::BucketKeys::new(&b.tag);
-            let (owed, overdue, dead): (u64, u64, u64) = redis::pipe()
+            let (owed, overdue, dead, walks): (u64, u64, u64, u64) = redis::pipe()
                 .cmd("ZCARD")
                 .arg(&keys.owed)
                 .cmd("ZCOUNT")
@@ -551,12 +556,15 @@ async fn ledger_end(
                 .arg(now - 1_000)
                 .cmd("XLEN")
                 .arg(flashsale::keys::dead_letter_stream(&b.tag))
+                .cmd("ZCARD")
+                .arg(&keys.pending)
                 .query_async(&mut conn)
                 .await
                 .map_err(|e| anyhow::anyhow!("holds of {}: {e}", b.tag))?;
             left.owed += owed;
             left.overdue_in_index += overdue;
             left.dead_letters += dead;
+            left.pending_walks += walks;
             if s.limit > 0 {
                 let users = workload.users();
                 let mut mget = redis::cmd("MGET");
@@ -618,7 +626,8 @@ async fn db_orders(pool: &deadpool_postgres::Pool) -> anyhow::Result<Vec<checker
             "SELECT order_id, sku, user_id, qty, status, payment_ref,
                     (extract(epoch FROM expires_at) * 1000)::int8, version,
                     (extract(epoch FROM paid_at) * 1000)::int8,
-                    (extract(epoch FROM expired_at) * 1000)::int8
+                    (extract(epoch FROM expired_at) * 1000)::int8,
+                    (extract(epoch FROM created_at) * 1000)::int8
              FROM orders",
             &[],
         )
@@ -636,19 +645,36 @@ async fn db_orders(pool: &deadpool_postgres::Pool) -> anyhow::Result<Vec<checker
             version: r.get(7),
             paid_ms: r.get(8),
             expired_ms: r.get(9),
+            created_ms: r.get(10),
         })
         .collect())
 }
 
-/// Every transition PostgreSQL holds: (order id, version).
+/// Every transition PostgreSQL holds, by (order id, version).
 async fn db_events(
     pool: &deadpool_postgres::Pool,
-) -> anyhow::Result<std::collections::HashSet<(String, i32)>> {
+) -> anyhow::Result<std::collections::HashMap<(String, i32), checker::DbEvent>> {
     let c = pool.get().await?;
     let rows = c
-        .query("SELECT order_id, version FROM order_events", &[])
+        .query(
+            "SELECT order_id, version, kind, retake, (extract(epoch FROM at) * 1000)::int8
+             FROM order_events",
+            &[],
+        )
         .await?;
-    Ok(rows.iter().map(|r| (r.get(0), r.get(1))).collect())
+    Ok(rows
+        .iter()
+        .map(|r| {
+            (
+                (r.get(0), r.get(1)),
+                checker::DbEvent {
+                    kind: r.get(2),
+                    retake: r.get(3),
+                    at_ms: r.get(4),
+                },
+            )
+        })
+        .collect())
 }
 
 /// The state and version of every order of a sale with holds, as its
