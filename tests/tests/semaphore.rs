@@ -273,3 +273,101 @@ async fn set_permits_changes_the_total_live_and_wakes_a_waiter() {
         .expect("third permit");
     assert_eq!(third[0].slot(), 0);
 }
+
+fn alive(pid: &str) -> bool {
+    std::path::Path::new(&format!("/proc/{pid}")).exists()
+        && !std::fs::read_to_string(format!("/proc/{pid}/stat"))
+            .map(|s| s.contains(") Z "))
+            .unwrap_or(true)
+}
+
+/// Found by the attack: only the command's own pid was signalled, so what
+/// it started ran on after the permit was lost, and a kill -9 of the exec
+/// left the command running once its lease ended: more than K commands at
+/// once. The command now runs in its own process group, signalled as a
+/// whole, and dies with the exec.
+#[test]
+fn nothing_the_command_started_outlives_a_lost_permit_or_a_killed_exec() {
+    let nodes = servers(1);
+    let dir = tempfile::TempDir::new().expect("dir");
+    let pidfile = dir.path().join("grandchild");
+    let script = format!("sleep 60 & echo $! > {}; wait", pidfile.display());
+    let exec = flashsale_cmd(None, None, &urls(&nodes))
+        .args([
+            "semaphore",
+            "exec",
+            "--name",
+            "g",
+            "--permits",
+            "1",
+            "--lease",
+            "1s",
+            "--",
+            "sh",
+            "-c",
+            &script,
+        ])
+        .spawn()
+        .expect("spawn");
+    let mut exec = exec;
+    flashsale_tests::wait_for(
+        Duration::from_secs(20),
+        || std::fs::read_to_string(&pidfile).is_ok_and(|p| !p.trim().is_empty()),
+        || "the command never started".into(),
+    );
+    let grandchild = std::fs::read_to_string(&pidfile)
+        .expect("pid")
+        .trim()
+        .to_owned();
+    // The only lock node stops answering: the watchdog cannot renew.
+    nodes[0].node.signal("STOP");
+    let status = exec.wait().expect("wait");
+    nodes[0].node.signal("CONT");
+    assert_eq!(status.code(), Some(79), "the permit was lost");
+    assert!(
+        !alive(&grandchild),
+        "the command's background job outlived the permit"
+    );
+
+    // kill -9 of the exec: its command dies with it.
+    let exec = flashsale_cmd(None, None, &urls(&nodes))
+        .args([
+            "semaphore",
+            "exec",
+            "--name",
+            "k",
+            "--permits",
+            "1",
+            "--lease",
+            "1s",
+            "--",
+            "sleep",
+            "60",
+        ])
+        .spawn()
+        .expect("spawn");
+    let mut exec = exec;
+    let child = {
+        let mut found = String::new();
+        flashsale_tests::wait_for(
+            Duration::from_secs(20),
+            || {
+                let out = std::process::Command::new("pgrep")
+                    .args(["-P", &exec.id().to_string()])
+                    .output()
+                    .expect("pgrep");
+                found = String::from_utf8_lossy(&out.stdout).trim().to_owned();
+                !found.is_empty()
+            },
+            || "the command never started".into(),
+        );
+        found
+    };
+    exec.kill().expect("kill -9 the exec");
+    let _ = exec.wait();
+    flashsale_tests::wait_for(
+        Duration::from_secs(10),
+        || !alive(&child),
+        || format!("the command {child} outlived its exec"),
+    );
+}

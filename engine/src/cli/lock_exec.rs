@@ -195,10 +195,26 @@ pub async fn supervise(
         guard.unlock().await;
         return Err(anyhow!("no command given"));
     };
-    let spawned = tokio::process::Command::new(program)
-        .args(rest)
+    let mut cmd = tokio::process::Command::new(program);
+    cmd.args(rest)
         .envs(env.iter().map(|(k, v)| (*k, v.as_str())))
-        .spawn();
+        // Its own process group, so what it starts is signalled with it and
+        // nothing of it outlives the grant.
+        .process_group(0);
+    // SAFETY: the closure runs in the child between fork and exec and only
+    // calls prctl(2), getppid(2) and raise(3), which are async-signal-safe.
+    unsafe {
+        cmd.pre_exec(|| {
+            // If this exec dies (kill -9), the command dies with it instead
+            // of running on without the grant once its lease ends.
+            libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
+            if libc::getppid() == 1 {
+                libc::raise(libc::SIGKILL);
+            }
+            Ok(())
+        });
+    }
+    let spawned = cmd.spawn();
     let mut child = match spawned {
         Ok(c) => c,
         Err(e) => {
@@ -256,7 +272,10 @@ pub async fn supervise(
     };
     match outcome {
         Some(status) => {
-            // Released on every path, a failed wait included.
+            // Whatever the command left running in its group goes with it,
+            // before the grant is given back. Released on every path, a
+            // failed wait included.
+            signal(pid, libc::SIGKILL);
             guard.unlock().await;
             Ok(ExitCode::from(exit_code(status?)))
         }
@@ -270,17 +289,20 @@ pub async fn supervise(
                 child.start_kill()?;
                 child.wait().await?;
             }
+            signal(pid, libc::SIGKILL);
             Ok(ExitCode::from(EXIT_LOCK_LOST))
         }
     }
 }
 
+/// Sends `sig` to the command's whole process group (its pid is the
+/// group's id: it was spawned as a group leader).
 fn signal(pid: Option<u32>, sig: libc::c_int) {
     if let Some(pid) = pid.and_then(|p| libc::pid_t::try_from(p).ok()) {
-        // SAFETY: kill(2) with a pid we spawned and a valid signal number has
-        // no memory-safety preconditions.
+        // SAFETY: kill(2) with the negated id of a group we created and a
+        // valid signal number has no memory-safety preconditions.
         unsafe {
-            libc::kill(pid, sig);
+            libc::kill(-pid, sig);
         }
     }
 }
