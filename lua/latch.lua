@@ -2,24 +2,26 @@
 --
 -- KEYS[1] flashsale:latch:<name>:count   the count the latch starts from
 -- KEYS[2] flashsale:latch:<name>:downs   set of the ids of the count-downs seen
--- ARGV[1] "init", "down" or "read"
--- ARGV[2] init: the count (1..1000000); down: the count-down's id (1-200 bytes)
+-- ARGV[1] "init", "down", "read" or "members"
+-- ARGV[2] init: the count (1..10000); down: the count-down's id (1-200 bytes)
 -- ARGV[3] down: the pub/sub channel to announce the opening on
 -- ARGV[4] down: the name published on it
 --
--- Returns {count, downs}: the count ("" when the latch was never set), and
---   init, down: the number of distinct count-downs seen;
---   read: the ids of the count-downs seen (an array).
+-- Returns {count, x}: the count ("" when the latch was never set), and
+--   init, down, read: the number of distinct count-downs seen (down: -1
+--     when the latch has no count here, nothing recorded);
+--   members: the ids of the count-downs seen (an array).
 --
 -- Invariants: a count, once set, never changes (a second init keeps the
 -- first); a count-down is counted once however often its id is resent
--- (SADD), so a retry never opens the latch early; the opening is announced
--- when this node's count-downs reach the count.
+-- (SADD), so a retry never opens the latch early; once this node has seen
+-- `count` ids it records no more, so the set stays within the count; the
+-- opening is announced when this node's count-downs reach the count.
 
 local op = ARGV[1]
 if op == 'init' then
   local n = tonumber(ARGV[2])
-  if not n or n < 1 or n > 1000000 or n ~= math.floor(n) then
+  if not n or n < 1 or n > 10000 or n ~= math.floor(n) then
     return redis.error_reply('ERR latch.lua: bad count')
   end
   redis.call('SET', KEYS[1], ARGV[2], 'NX')
@@ -30,11 +32,18 @@ if op == 'down' then
   if count == '' or #ARGV[2] < 1 or #ARGV[2] > 200 then
     return {count, -1}
   end
-  local added = redis.call('SADD', KEYS[2], ARGV[2])
   local seen = redis.call('SCARD', KEYS[2])
+  if seen >= tonumber(count) then
+    return {count, seen}
+  end
+  local added = redis.call('SADD', KEYS[2], ARGV[2])
+  seen = seen + added
   if added == 1 and seen >= tonumber(count) then
     redis.call('PUBLISH', ARGV[3], ARGV[4])
   end
   return {count, seen}
 end
-return {count, redis.call('SMEMBERS', KEYS[2])}
+if op == 'members' then
+  return {count, redis.call('SMEMBERS', KEYS[2])}
+end
+return {count, redis.call('SCARD', KEYS[2])}

@@ -184,6 +184,8 @@ const LOCK_EXTEND_LUA: &str = include_str!("../../lua/lock_extend.lua");
 const LOCK_WAITING_LUA: &str = include_str!("../../lua/lock_waiting.lua");
 /// `lua/semaphore_permits.lua`: read or raise a semaphore's total.
 const SEMAPHORE_PERMITS_LUA: &str = include_str!("../../lua/semaphore_permits.lua");
+/// `lua/semaphore_free.lua`: which permit slots are free on a node.
+const SEMAPHORE_FREE_LUA: &str = include_str!("../../lua/semaphore_free.lua");
 /// `lua/latch.lua`: a count-down latch (init, count down, read).
 const LATCH_LUA: &str = include_str!("../../lua/latch.lua");
 /// Reply codes of the lock scripts.
@@ -271,6 +273,8 @@ pub struct LockScripts {
     pub permits: LuaScript,
     /// `lua/latch.lua`.
     pub latch: LuaScript,
+    /// `lua/semaphore_free.lua`.
+    pub free_slots: LuaScript,
 }
 
 impl LockScripts {
@@ -284,6 +288,7 @@ impl LockScripts {
             waiting: LuaScript::new("lock_waiting", LOCK_WAITING_LUA),
             permits: LuaScript::new("semaphore_permits", SEMAPHORE_PERMITS_LUA),
             latch: LuaScript::new("latch", LATCH_LUA),
+            free_slots: LuaScript::new("semaphore_free", SEMAPHORE_FREE_LUA),
         }
     }
 }

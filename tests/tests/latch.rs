@@ -67,9 +67,10 @@ async fn a_closed_latch_times_out_and_bad_input_changes_nothing() {
         matches!(latch.count_down().await, Err(LockError::Invalid(_))),
         "no count set"
     );
+    // A waiter that comes before the count is set waits for it.
     assert!(matches!(
         latch.wait(Duration::ZERO).await,
-        Err(LockError::Invalid(_))
+        Err(LockError::Timeout { .. })
     ));
     latch.set_count(1).await.expect("set");
     let err = latch
@@ -79,6 +80,10 @@ async fn a_closed_latch_times_out_and_bad_input_changes_nothing() {
     assert!(matches!(err, LockError::Timeout { .. }), "{err:?}");
     assert!(matches!(
         latch.set_count(0).await,
+        Err(LockError::Invalid(_))
+    ));
+    assert!(matches!(
+        latch.set_count(10_001).await,
         Err(LockError::Invalid(_))
     ));
     assert!(matches!(
@@ -147,4 +152,57 @@ async fn count_downs_that_reached_different_majorities_still_open_the_latch() {
     a.node.signal("CONT");
     b.node.signal("CONT");
     assert!(matches!(r, Err(LockError::NoQuorum { .. })), "{r:?}");
+}
+
+/// Found by the attack: a count set on two nodes and another count set
+/// later on the third made readers disagree (one opened, another never
+/// would), and ids kept piling up after the latch opened. Now a count
+/// already set is copied to the nodes that lack it, nodes that hold two
+/// counts are a typed error for every reader, and an open latch records no
+/// more ids.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn readers_never_take_different_counts_and_an_open_latch_stops_growing() {
+    let nodes = servers(3);
+    let (a, b, c) = (&nodes[0], &nodes[1], &nodes[2]);
+    let pair = |x: &RedisServer, y: &RedisServer| {
+        LockClient::new(&[x.url(), y.url()], LockConfig::default()).expect("client")
+    };
+    // Set on A and B only; a later set_count with another count keeps it
+    // and copies it to C.
+    assert_eq!(
+        pair(a, b)
+            .latch("l")
+            .expect("latch")
+            .set_count(2)
+            .await
+            .expect("set"),
+        2
+    );
+    let all = client(&nodes).latch("l").expect("latch");
+    assert_eq!(
+        all.set_count(5).await.expect("set again"),
+        2,
+        "the first count stays"
+    );
+    assert_eq!(
+        c.node.cmd::<String>(&["GET", "flashsale:latch:l:count"]),
+        "2"
+    );
+    // Two counts on the nodes (written behind the latch's back, as a
+    // partial set_count on a minority would leave): every reader refuses.
+    let _: () = c.node.cmd(&["SET", "flashsale:latch:l:count", "5"]);
+    assert!(matches!(all.remaining().await, Err(LockError::Invalid(_))));
+    assert!(matches!(
+        all.wait(Duration::from_millis(200)).await,
+        Err(LockError::Invalid(_))
+    ));
+    let _: () = c.node.cmd(&["SET", "flashsale:latch:l:count", "2"]);
+    // Open after two; later count-downs are not recorded.
+    for id in ["w1", "w2", "w3", "w4"] {
+        all.count_down_as(id).await.expect("down");
+    }
+    all.wait(Duration::from_secs(5)).await.expect("open");
+    for n in &nodes {
+        assert_eq!(n.node.cmd::<i64>(&["SCARD", "flashsale:latch:l:downs"]), 2);
+    }
 }

@@ -371,3 +371,76 @@ fn nothing_the_command_started_outlives_a_lost_permit_or_a_killed_exec() {
         || format!("the command {child} outlived its exec"),
     );
 }
+
+/// Found by the attack: a waiter looked at every slot with a lock attempt
+/// each time (1,000 slots: thousands of scripts a second), an owner near
+/// the length limit failed inside, and a huge lease wrapped to a short one
+/// on the nodes while the holder believed it held. Now a look is one call
+/// per node, and the bounds are typed errors.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiter_looks_with_one_call_per_node_and_bad_leases_and_owners_are_refused() {
+    let nodes = servers(1);
+    let holder = client(&nodes).semaphore("wide").expect("semaphore");
+    holder.set_permits(50).await.expect("set");
+    let all = holder
+        .acquire(
+            50,
+            &PermitOptions::new("holder").wait(Duration::from_secs(20)),
+        )
+        .await
+        .expect("every permit");
+    let waiter = client(&nodes).semaphore("wide").expect("semaphore");
+    let calls = || -> u64 {
+        let info: String = nodes[0].node.cmd(&["INFO", "commandstats"]);
+        info.lines()
+            .filter(|l| l.starts_with("cmdstat_evalsha:") || l.starts_with("cmdstat_eval:"))
+            .filter_map(|l| {
+                l.split("calls=")
+                    .nth(1)?
+                    .split(',')
+                    .next()?
+                    .parse::<u64>()
+                    .ok()
+            })
+            .sum()
+    };
+    let before = calls();
+    let err = waiter
+        .acquire(1, &PermitOptions::new("w").wait(Duration::from_secs(1)))
+        .await
+        .err()
+        .expect("none free");
+    assert!(matches!(err, LockError::Timeout { .. }), "{err:?}");
+    let used = calls() - before;
+    // About 5 looks of 2 calls (the total, the free slots), plus counting
+    // itself in and out as a waiter of each of the 50 slots once.
+    assert!(
+        used < 200,
+        "{used} scripts for one waiter in 1 s over 50 held slots"
+    );
+    for p in all {
+        p.release().await.expect("release");
+    }
+
+    let long_owner = "o".repeat(184);
+    assert!(matches!(
+        waiter.acquire(1, &PermitOptions::new(long_owner)).await,
+        Err(LockError::Invalid(_))
+    ));
+    let huge = Duration::from_secs(25 * 3600);
+    assert!(matches!(
+        waiter
+            .acquire(1, &PermitOptions::new("w").lease(huge))
+            .await,
+        Err(LockError::Invalid(_))
+    ));
+    let p = waiter
+        .acquire(1, &PermitOptions::new("w").lease(Duration::from_secs(5)))
+        .await
+        .expect("a permit");
+    assert!(matches!(
+        p[0].extend(Duration::from_millis(u64::MAX)).await,
+        Err(LockError::Invalid(_))
+    ));
+    assert!(!p[0].is_lost());
+}

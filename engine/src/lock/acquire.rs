@@ -57,6 +57,9 @@ impl LockClient {
         wait: Duration,
     ) -> Result<LockGuard, LockError> {
         validate(name, &opts.owner)?;
+        if let Some(lease) = opts.lease {
+            check_lease(lease)?;
+        }
         let started = Instant::now();
         if let Some(g) = self.reenter(name, &opts.owner) {
             return Ok(g);

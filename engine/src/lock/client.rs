@@ -75,6 +75,18 @@ pub(super) fn fence_key(name: &str) -> String {
     format!("flashsale:fence:{name}")
 }
 
+/// Longest lease a grant may ask for: a day. Redis takes leases in
+/// milliseconds, and the client's own clock must not overflow either.
+pub const MAX_LEASE: Duration = Duration::from_secs(24 * 3600);
+
+/// A lease from 1 ms to [`MAX_LEASE`].
+pub(super) fn check_lease(lease: Duration) -> Result<(), LockError> {
+    if lease < Duration::from_millis(1) || lease > MAX_LEASE {
+        return Err(LockError::Invalid("lease (1 ms to 24 h)"));
+    }
+    Ok(())
+}
+
 pub(super) fn validate(name: &str, owner: &str) -> Result<(), LockError> {
     if name.is_empty() || name.len() > 200 {
         return Err(LockError::Invalid("lock name (1-200 bytes)"));

@@ -108,18 +108,32 @@ impl Latch {
         LockError::Invalid("latch: no count set (set_count first)")
     }
 
-    /// Sets the count (1 to 1,000,000) if the latch has none yet, on a
-    /// majority; returns the count in force (an earlier one is kept).
-    pub async fn set_count(&self, count: u64) -> Result<u64, LockError> {
-        if !(1..=1_000_000).contains(&count) {
-            return Err(LockError::Invalid("latch count (1-1000000)"));
+    /// The one count the answering nodes hold: `None` when none has one,
+    /// an error when they differ (a `set_count` with another count reached
+    /// some of them): no reader may then take one count and another reader
+    /// another, so the latch says so rather than open for some.
+    fn agreed(views: &[NodeView]) -> Result<Option<u64>, LockError> {
+        let mut counts = views.iter().filter_map(|v| v.count);
+        let first = counts.next();
+        if counts.any(|c| Some(c) != first) {
+            return Err(LockError::Invalid(
+                "latch: its nodes hold different counts (set_count was called with two counts); use a new name",
+            ));
         }
+        Ok(first)
+    }
+
+    /// Sets the count (1 to 10,000) if the latch has none yet, on a
+    /// majority; returns the count in force. A count already set on any
+    /// node that answers is kept and copied to the nodes that lack it.
+    pub async fn set_count(&self, count: u64) -> Result<u64, LockError> {
+        if !(1..=10_000).contains(&count) {
+            return Err(LockError::Invalid("latch count (1-10000)"));
+        }
+        let existing = Latch::agreed(&self.call(&["read"]).await?)?;
+        let count = existing.unwrap_or(count);
         let views = self.call(&["init", &count.to_string()]).await?;
-        views
-            .iter()
-            .filter_map(|v| v.count)
-            .max()
-            .ok_or_else(Latch::not_set)
+        Latch::agreed(&views)?.ok_or_else(Latch::not_set)
     }
 
     /// Counts down once (a fresh id).
@@ -149,11 +163,18 @@ impl Latch {
     /// Count-downs still missing before the latch opens.
     pub async fn remaining(&self) -> Result<u64, LockError> {
         let views = self.call(&["read"]).await?;
-        let count = views
+        let count = Latch::agreed(&views)?.ok_or_else(Latch::not_set)?;
+        // One node that saw them all is enough (the union holds at least
+        // its ids): the common case costs no id list.
+        let most = views
             .iter()
-            .filter_map(|v| v.count)
+            .filter_map(|v| redis::from_redis_value::<u64>(v.rest.clone()).ok())
             .max()
-            .ok_or_else(Latch::not_set)?;
+            .unwrap_or(0);
+        if most >= count {
+            return Ok(0);
+        }
+        let views = self.call(&["members"]).await?;
         let mut seen: HashSet<String> = HashSet::new();
         for v in views {
             if let Ok(ids) = redis::from_redis_value::<Vec<String>>(v.rest) {
@@ -172,8 +193,12 @@ impl Latch {
             let notified = wake.notified();
             tokio::pin!(notified);
             notified.as_mut().enable();
-            if self.remaining().await? == 0 {
-                return Ok(());
+            match self.remaining().await {
+                Ok(0) => return Ok(()),
+                // Not set yet, or no majority for a moment: not open yet.
+                Ok(_) | Err(LockError::NoQuorum { .. }) => {}
+                Err(e) if e == Latch::not_set() => {}
+                Err(e) => return Err(e),
             }
             let left = timeout.saturating_sub(started.elapsed());
             if left.is_zero() {

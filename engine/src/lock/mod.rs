@@ -35,7 +35,7 @@ pub mod semaphore;
 mod waiters;
 mod watchdog;
 
-pub use client::LockClient;
+pub use client::{LockClient, MAX_LEASE};
 pub use guard::LockGuard;
 pub use latch::Latch;
 pub use multi::MultiGuard;

@@ -164,9 +164,16 @@ impl Semaphore {
         if !(1..=MAX_PERMITS).contains(&permits) {
             return Err(LockError::Invalid("permits (1-1000)"));
         }
-        let version = super::fence::next_token(0, super::TokenClock::System.since_epoch());
-        let (version, permits) = (version.to_string(), permits.to_string());
+        // Above every setting a majority has, so two settings in the same
+        // millisecond still order (the later call wins).
         let key = self.permits_key();
+        let seen = self
+            .client
+            .on_all_nodes(&self.client.inner.scripts.permits, &[&key], &["get"])
+            .await;
+        let highest = self.quorum_of(&seen)?.map_or(0, |(v, _)| v);
+        let version = super::fence::next_token(highest, super::TokenClock::System.since_epoch());
+        let (version, permits) = (version.to_string(), permits.to_string());
         let replies = self
             .client
             .on_all_nodes(
@@ -257,6 +264,10 @@ impl Semaphore {
         wait: Duration,
     ) -> Result<Vec<Permit>, LockError> {
         validate(&self.name, &opts.owner)?;
+        // Each permit's owner is `<owner>#<16 hex>`, itself at most 200.
+        if opts.owner.len() > 183 {
+            return Err(LockError::Invalid("semaphore owner (1-183 bytes)"));
+        }
         if n == 0 {
             return Err(LockError::Invalid("permits asked (at least 1)"));
         }
@@ -300,10 +311,13 @@ impl Semaphore {
             // publish, then look again at once.
             let uncounted: Vec<&String> = slots.iter().filter(|s| !counted.contains(s)).collect();
             if !uncounted.is_empty() {
-                for s in uncounted {
-                    self.client.count_waiter(s, 1, wait).await;
-                    counted.push(s.clone());
-                }
+                futures_util::future::join_all(
+                    uncounted
+                        .iter()
+                        .map(|s| self.client.count_waiter(s, 1, wait)),
+                )
+                .await;
+                counted.extend(uncounted.into_iter().cloned());
                 continue;
             }
             let pause = POLL.min(remaining) + self.client.jitter();
@@ -316,9 +330,10 @@ impl Semaphore {
             // Off the caller's path: the count only decides who gets woken.
             let client = self.client.clone();
             tokio::spawn(async move {
-                for s in counted {
-                    client.count_waiter(&s, -1, wait).await;
-                }
+                futures_util::future::join_all(
+                    counted.iter().map(|s| client.count_waiter(s, -1, wait)),
+                )
+                .await;
             });
         }
         result
@@ -333,7 +348,7 @@ impl Semaphore {
         n: u32,
         opts: &PermitOptions,
     ) -> Result<Option<Vec<Permit>>, LockError> {
-        let mut order: Vec<u32> = (0..total).collect();
+        let mut order = self.free_slots(total).await?;
         order.shuffle(&mut rand::rng());
         let mut taken: Vec<Permit> = Vec::new();
         for slot in order {
@@ -366,6 +381,46 @@ impl Semaphore {
         }
         give_back(taken).await;
         Ok(None)
+    }
+}
+
+impl Semaphore {
+    /// The slots free on a majority of the nodes that answered (one call
+    /// per node): the only ones worth a lock attempt.
+    async fn free_slots(&self, total: u32) -> Result<Vec<u32>, LockError> {
+        let keys: Vec<String> = (0..total)
+            .map(|s| super::client::lock_key(&self.slot_name(s)))
+            .collect();
+        let key_refs: Vec<&str> = keys.iter().map(String::as_str).collect();
+        let replies = self
+            .client
+            .on_all_nodes(&self.client.inner.scripts.free_slots, &key_refs, &[])
+            .await;
+        let mut free_on = vec![0usize; total as usize];
+        let mut answered = 0;
+        for r in replies.iter().flatten() {
+            let Ok(flags) = redis::from_redis_value::<Vec<i64>>(r.clone()) else {
+                continue;
+            };
+            answered += 1;
+            for (slot, flag) in flags.iter().enumerate().take(total as usize) {
+                if *flag == 1 {
+                    free_on[slot] += 1;
+                }
+            }
+        }
+        if answered < self.client.quorum() {
+            return Err(LockError::NoQuorum {
+                name: self.name.clone(),
+                reachable: answered,
+                nodes: replies.len(),
+                quorum: self.client.quorum(),
+                detail: "free slots".into(),
+            });
+        }
+        Ok((0..total)
+            .filter(|s| free_on[*s as usize] >= self.client.quorum())
+            .collect())
     }
 }
 

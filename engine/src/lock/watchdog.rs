@@ -79,6 +79,7 @@ impl LockClient {
     /// Refused once the grant is lost: a lease that ran out is not revived,
     /// even where a node still has the key.
     pub(super) async fn extend_held(&self, held: &Held, lease: Duration) -> Result<(), LockError> {
+        check_lease(lease)?;
         let expired = || LockError::Expired {
             name: held.name.clone(),
         };
