@@ -748,6 +748,22 @@ impl Drop for KillOnDrop {
     }
 }
 
+/// kill -9 of `child` first (so it cannot see its own children end and
+/// clean up), then of the children it had: a crash of an exec and what it
+/// ran.
+pub fn kill_9_with_children(child: &mut Child) {
+    let children = Command::new("pgrep")
+        .args(["-P", &child.id().to_string()])
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
+        .unwrap_or_default();
+    let _ = child.kill();
+    let _ = child.wait();
+    for pid in children.split_whitespace() {
+        let _ = Command::new("kill").args(["-9", pid]).status();
+    }
+}
+
 /// Ties `child`'s life to the returned guard.
 pub fn kill_on_drop(child: Child) -> KillOnDrop {
     KillOnDrop(child)

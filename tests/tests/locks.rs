@@ -115,17 +115,7 @@ async fn holder_killed_without_unlocking_frees_the_lock_after_its_ttl_not_before
     );
     // kill -9 the holder first (so it cannot see its command end and unlock),
     // then its orphaned `sleep`.
-    let children = std::process::Command::new("pgrep")
-        .args(["-P", &holder.id().to_string()])
-        .output()
-        .expect("pgrep");
-    holder.kill().expect("kill -9 the holder");
-    let _ = holder.wait();
-    for pid in String::from_utf8_lossy(&children.stdout).split_whitespace() {
-        let _ = std::process::Command::new("kill")
-            .args(["-9", pid])
-            .status();
-    }
+    flashsale_tests::kill_9_with_children(&mut holder);
     let killed = Instant::now();
     let pttl: i64 = nodes[0].node.cmd(&["PTTL", "flashsale:lock:dead"]);
     assert!(pttl > 0, "the lock outlives its holder until the TTL");

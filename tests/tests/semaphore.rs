@@ -118,17 +118,7 @@ async fn a_holder_killed_with_kill_9_gives_its_permit_back_within_the_lease() {
         },
         || "the holder never took the permit".into(),
     );
-    let children = std::process::Command::new("pgrep")
-        .args(["-P", &holder.id().to_string()])
-        .output()
-        .expect("pgrep");
-    holder.kill().expect("kill -9 the holder");
-    let _ = holder.wait();
-    for pid in String::from_utf8_lossy(&children.stdout).split_whitespace() {
-        let _ = std::process::Command::new("kill")
-            .args(["-9", pid])
-            .status();
-    }
+    flashsale_tests::kill_9_with_children(&mut holder);
     let killed = Instant::now();
     let pttl: i64 = nodes[0].node.cmd(&["PTTL", "flashsale:lock:sem:one:0"]);
     assert!(
@@ -385,7 +375,10 @@ async fn a_waiter_looks_with_one_call_per_node_and_bad_leases_and_owners_are_ref
     let all = holder
         .acquire(
             50,
-            &PermitOptions::new("holder").wait(Duration::from_secs(20)),
+            // Fixed leases: no watchdog renewals in the script count.
+            &PermitOptions::new("holder")
+                .lease(Duration::from_secs(60))
+                .wait(Duration::from_secs(20)),
         )
         .await
         .expect("every permit");

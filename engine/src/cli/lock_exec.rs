@@ -94,20 +94,8 @@ pub async fn command(lock_nodes: &[String], cmd: LockCommand) -> Result<ExitCode
 
 /// Runs the command under the lock.
 pub async fn run(lock_nodes: &[String], args: LockExecArgs) -> Result<ExitCode> {
-    if args.ttl < Duration::from_millis(30) {
-        return Err(anyhow!("--ttl must be at least 30ms"));
-    }
-    let client = LockClient::new(
-        lock_nodes,
-        LockConfig {
-            watchdog_ttl: args.ttl,
-            ..LockConfig::default()
-        },
-    )?;
-    let owner = args
-        .owner
-        .clone()
-        .unwrap_or_else(|| format!("exec-{}", std::process::id()));
+    let client = exec_client(lock_nodes, "--ttl", args.ttl)?;
+    let owner = exec_owner(args.owner.as_deref());
     let opts = LockOptions::new(owner).wait(args.wait);
     if let [name] = &args.name[..] {
         let guard = match client.lock(name, &opts).await {
@@ -140,6 +128,26 @@ pub async fn run(lock_nodes: &[String], args: LockExecArgs) -> Result<ExitCode> 
         &args.command,
     )
     .await
+}
+
+/// The lock client of an exec whose grant the watchdog renews every
+/// `lease` (named `flag` on the command line).
+pub fn exec_client(lock_nodes: &[String], flag: &str, lease: Duration) -> Result<LockClient> {
+    if lease < Duration::from_millis(30) {
+        return Err(anyhow!("{flag} must be at least 30ms"));
+    }
+    Ok(LockClient::new(
+        lock_nodes,
+        LockConfig {
+            watchdog_ttl: lease,
+            ..LockConfig::default()
+        },
+    )?)
+}
+
+/// `--owner`, or one naming this process.
+pub fn exec_owner(given: Option<&str>) -> String {
+    given.map_or_else(|| format!("exec-{}", std::process::id()), str::to_owned)
 }
 
 /// Exit 75 when the lock was not free within `--wait` or no majority

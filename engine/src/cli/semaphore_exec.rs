@@ -8,9 +8,9 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use anyhow::{anyhow, Result};
-use flashsale::lock::{LockClient, LockConfig, LockError, PermitOptions};
+use flashsale::lock::{LockError, PermitOptions};
 
-use super::lock_exec::{parse_duration, supervise, EXIT_NOT_ACQUIRED};
+use super::lock_exec::{exec_client, exec_owner, parse_duration, supervise, EXIT_NOT_ACQUIRED};
 
 /// Arguments of `semaphore exec`.
 #[derive(Debug, Clone, clap::Args)]
@@ -53,22 +53,10 @@ pub async fn command(lock_nodes: &[String], cmd: SemaphoreCommand) -> Result<Exi
 }
 
 async fn run(lock_nodes: &[String], args: SemaphoreExecArgs) -> Result<ExitCode> {
-    if args.lease < Duration::from_millis(30) {
-        return Err(anyhow!("--lease must be at least 30ms"));
-    }
-    let client = LockClient::new(
-        lock_nodes,
-        LockConfig {
-            watchdog_ttl: args.lease,
-            ..LockConfig::default()
-        },
-    )?;
+    let client = exec_client(lock_nodes, "--lease", args.lease)?;
     let semaphore = client.semaphore(&args.name)?;
     semaphore.set_permits(args.permits).await?;
-    let owner = args
-        .owner
-        .clone()
-        .unwrap_or_else(|| format!("exec-{}", std::process::id()));
+    let owner = exec_owner(args.owner.as_deref());
     let opts = PermitOptions::new(owner).wait(args.wait);
     let permit = match semaphore.acquire(1, &opts).await {
         Ok(mut p) if p.len() == 1 => p.remove(0),
