@@ -186,6 +186,16 @@ const LOCK_WAITING_LUA: &str = include_str!("../../lua/lock_waiting.lua");
 const SEMAPHORE_PERMITS_LUA: &str = include_str!("../../lua/semaphore_permits.lua");
 /// `lua/semaphore_free.lua`: which permit slots are free on a node.
 const SEMAPHORE_FREE_LUA: &str = include_str!("../../lua/semaphore_free.lua");
+/// `lua/lock_fair_acquire.lua`: take a lock when first in its queue.
+const LOCK_FAIR_ACQUIRE_LUA: &str = include_str!("../../lua/lock_fair_acquire.lua");
+/// `lua/lock_dequeue.lua`: take a waiter out of a lock's queue.
+const LOCK_DEQUEUE_LUA: &str = include_str!("../../lua/lock_dequeue.lua");
+/// `lua/rw_acquire.lua`: take a read-write lock to read or to write.
+const RW_ACQUIRE_LUA: &str = include_str!("../../lua/rw_acquire.lua");
+/// `lua/rw_release.lua`: release one holder of a read-write lock.
+const RW_RELEASE_LUA: &str = include_str!("../../lua/rw_release.lua");
+/// `lua/rw_extend.lua`: renew one holder of a read-write lock.
+const RW_EXTEND_LUA: &str = include_str!("../../lua/rw_extend.lua");
 /// `lua/latch.lua`: a count-down latch (init, count down, read).
 const LATCH_LUA: &str = include_str!("../../lua/latch.lua");
 /// Reply codes of the lock scripts.
@@ -275,6 +285,16 @@ pub struct LockScripts {
     pub latch: LuaScript,
     /// `lua/semaphore_free.lua`.
     pub free_slots: LuaScript,
+    /// `lua/lock_fair_acquire.lua`.
+    pub fair_acquire: LuaScript,
+    /// `lua/lock_dequeue.lua`.
+    pub dequeue: LuaScript,
+    /// `lua/rw_acquire.lua`.
+    pub rw_acquire: LuaScript,
+    /// `lua/rw_release.lua`.
+    pub rw_release: LuaScript,
+    /// `lua/rw_extend.lua`.
+    pub rw_extend: LuaScript,
 }
 
 impl LockScripts {
@@ -289,6 +309,11 @@ impl LockScripts {
             permits: LuaScript::new("semaphore_permits", SEMAPHORE_PERMITS_LUA),
             latch: LuaScript::new("latch", LATCH_LUA),
             free_slots: LuaScript::new("semaphore_free", SEMAPHORE_FREE_LUA),
+            fair_acquire: LuaScript::new("lock_fair_acquire", LOCK_FAIR_ACQUIRE_LUA),
+            dequeue: LuaScript::new("lock_dequeue", LOCK_DEQUEUE_LUA),
+            rw_acquire: LuaScript::new("rw_acquire", RW_ACQUIRE_LUA),
+            rw_release: LuaScript::new("rw_release", RW_RELEASE_LUA),
+            rw_extend: LuaScript::new("rw_extend", RW_EXTEND_LUA),
         }
     }
 }

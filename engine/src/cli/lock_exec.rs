@@ -30,6 +30,16 @@ pub struct LockExecArgs {
     /// Owner name (default: host and pid).
     #[arg(long)]
     pub owner: Option<String>,
+    /// A fair lock: waiters get it in arrival order, across processes.
+    #[arg(long, conflicts_with_all = ["read", "write"])]
+    pub fair: bool,
+    /// The read side of a read-write lock named `--name` (shared with other
+    /// readers; not while a writer holds it or waits).
+    #[arg(long, conflicts_with = "write")]
+    pub read: bool,
+    /// The write side of a read-write lock named `--name` (alone).
+    #[arg(long)]
+    pub write: bool,
     /// The command and its arguments, after `--`.
     #[arg(last = true, required = true)]
     pub command: Vec<String>,
@@ -96,9 +106,22 @@ pub async fn command(lock_nodes: &[String], cmd: LockCommand) -> Result<ExitCode
 pub async fn run(lock_nodes: &[String], args: LockExecArgs) -> Result<ExitCode> {
     let client = exec_client(lock_nodes, "--ttl", args.ttl)?;
     let owner = exec_owner(args.owner.as_deref());
-    let opts = LockOptions::new(owner).wait(args.wait);
+    let mut opts = LockOptions::new(owner).wait(args.wait);
+    opts.fair = args.fair;
+    if (args.read || args.write) && args.name.len() > 1 {
+        return Err(anyhow!(
+            "--read and --write take one --name (a read-write lock is not a multi-lock)"
+        ));
+    }
     if let [name] = &args.name[..] {
-        let guard = match client.lock(name, &opts).await {
+        let taken = if args.read {
+            client.read_lock(name, &opts).await
+        } else if args.write {
+            client.write_lock(name, &opts).await
+        } else {
+            client.lock(name, &opts).await
+        };
+        let guard = match taken {
             Ok(g) => g,
             Err(e) => return not_acquired(e),
         };

@@ -1,6 +1,9 @@
 //! Acquiring a lock: reentry for the same owner, the per-process FIFO gate,
 //! one attempt on every node, and the grant (fencing round, watchdog start)
-//! once a majority said yes within the lock's validity.
+//! once a majority said yes within the lock's validity. The same path takes
+//! a fair lock (each waiter queued on the nodes by arrival, with an entry
+//! lease it renews while it lives) and either side of a read-write lock
+//! (a waiting writer queues too, which keeps new readers out).
 
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -10,6 +13,7 @@ use tokio::sync::{watch, Semaphore};
 
 use super::client::*;
 use super::fence;
+use super::mode::Mode;
 use super::{LockClient, LockError, LockGuard, LockOptions};
 use crate::metrics as m;
 
@@ -18,6 +22,48 @@ pub(super) enum Attempt {
     Granted(Arc<Held>),
     Busy { retry_in: Duration },
     NoQuorum { reachable: usize, detail: String },
+}
+
+/// What one lock call asks the nodes for.
+pub(super) struct Request {
+    mode: Mode,
+    /// Fair locks and writers wait in a queue on the nodes, under this entry.
+    queue: Option<QueueEntry>,
+    /// A writer taking the read side: its own write token (a downgrade).
+    own_writer: Option<String>,
+}
+
+/// A waiter's place in a queue on the nodes.
+struct QueueEntry {
+    id: String,
+    /// µs since the epoch when the call began: every node orders by it.
+    arrival_us: String,
+}
+
+impl Request {
+    /// The plain lock: no queue.
+    pub(super) fn plain() -> Request {
+        Request {
+            mode: Mode::Exclusive,
+            queue: None,
+            own_writer: None,
+        }
+    }
+
+    fn queued(mode: Mode) -> Request {
+        let arrival_us = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap_or_default()
+            .as_micros();
+        Request {
+            mode,
+            queue: Some(QueueEntry {
+                id: format!("{:032x}", rand::random::<u128>()),
+                arrival_us: arrival_us.to_string(),
+            }),
+            own_writer: None,
+        }
+    }
 }
 
 /// Where a new grant's fencing token comes from.
@@ -32,22 +78,60 @@ pub(super) enum FenceSource {
 }
 
 impl LockClient {
-    /// Takes `name`, waiting up to `opts.wait` while someone else holds it.
+    /// Takes `name`, waiting up to `opts.wait` while someone else holds it
+    /// (in arrival order across processes when `opts.fair`).
     pub async fn lock(&self, name: &str, opts: &LockOptions) -> Result<LockGuard, LockError> {
         self.acquire(name, opts, opts.wait).await
     }
 
-    /// Takes `name` if it is free now (one attempt on every node).
+    /// Takes `name` if it is free now (one attempt on every node; a fair
+    /// lock only if nobody is queued for it either).
     pub async fn try_lock(
         &self,
         name: &str,
         opts: &LockOptions,
     ) -> Result<Option<LockGuard>, LockError> {
-        match self.acquire(name, opts, Duration::ZERO).await {
-            Ok(g) => Ok(Some(g)),
-            Err(LockError::Timeout { .. }) => Ok(None),
-            Err(e) => Err(e),
-        }
+        none_on_timeout(self.acquire(name, opts, Duration::ZERO).await)
+    }
+
+    /// Takes the read side of the read-write lock `name`: shared with other
+    /// readers, never with a writer, and not while a writer waits (so
+    /// writers are not starved). Reentrant per owner; an owner holding the
+    /// write side may take it too (a downgrade: release the write side
+    /// after, and it keeps reading).
+    pub async fn read_lock(&self, name: &str, opts: &LockOptions) -> Result<LockGuard, LockError> {
+        self.acquire_as(name, opts, opts.wait, Mode::Read).await
+    }
+
+    /// Takes the write side of the read-write lock `name`: alone, no readers.
+    /// Reentrant per owner. An owner holding the read side gets
+    /// [`LockError::Upgrade`]: it would wait for itself.
+    pub async fn write_lock(&self, name: &str, opts: &LockOptions) -> Result<LockGuard, LockError> {
+        self.acquire_as(name, opts, opts.wait, Mode::Write).await
+    }
+
+    /// [`LockClient::read_lock`] without waiting.
+    pub async fn try_read_lock(
+        &self,
+        name: &str,
+        opts: &LockOptions,
+    ) -> Result<Option<LockGuard>, LockError> {
+        none_on_timeout(
+            self.acquire_as(name, opts, Duration::ZERO, Mode::Read)
+                .await,
+        )
+    }
+
+    /// [`LockClient::write_lock`] without waiting.
+    pub async fn try_write_lock(
+        &self,
+        name: &str,
+        opts: &LockOptions,
+    ) -> Result<Option<LockGuard>, LockError> {
+        none_on_timeout(
+            self.acquire_as(name, opts, Duration::ZERO, Mode::Write)
+                .await,
+        )
     }
 
     pub(super) async fn acquire(
@@ -56,39 +140,82 @@ impl LockClient {
         opts: &LockOptions,
         wait: Duration,
     ) -> Result<LockGuard, LockError> {
+        self.acquire_as(name, opts, wait, Mode::Exclusive).await
+    }
+
+    async fn acquire_as(
+        &self,
+        name: &str,
+        opts: &LockOptions,
+        wait: Duration,
+        mode: Mode,
+    ) -> Result<LockGuard, LockError> {
         validate(name, &opts.owner)?;
         if let Some(lease) = opts.lease {
             check_lease(lease)?;
         }
         let started = Instant::now();
-        if let Some(g) = self.reenter(name, &opts.owner) {
+        if let Some(g) = self.reenter(mode, name, &opts.owner) {
             return Ok(g);
         }
+        let request = match mode {
+            Mode::Exclusive if opts.fair => Request::queued(mode),
+            Mode::Exclusive => Request::plain(),
+            Mode::Write => {
+                if self.holding(Mode::Read, name, &opts.owner).is_some() {
+                    return Err(LockError::Upgrade {
+                        name: name.to_owned(),
+                        owner: opts.owner.clone(),
+                    });
+                }
+                Request::queued(mode)
+            }
+            Mode::Read => Request {
+                mode,
+                queue: None,
+                own_writer: self
+                    .holding(Mode::Write, name, &opts.owner)
+                    .map(|h| h.token.clone()),
+            },
+        };
         let timeout = || LockError::Timeout {
             name: name.to_owned(),
             waited: started.elapsed(),
         };
         // Queue behind the other tasks of this process first: only the head
         // of the queue talks to the lock nodes, and a local hand-off costs no
-        // failed attempts on Redis.
-        let gate = self.gate(name);
-        let mut permit = Some(if wait.is_zero() {
-            gate.try_acquire_owned().map_err(|_| timeout())?
-        } else {
-            match tokio::time::timeout(wait, gate.acquire_owned()).await {
-                Ok(Ok(p)) => p,
-                _ => return Err(timeout()),
-            }
+        // failed attempts on Redis. Not for a fair lock (every task queues
+        // on the nodes, in its own arrival order) nor a read-write lock
+        // (readers of one process share it).
+        let mut permit = None;
+        if mode == Mode::Exclusive && !opts.fair {
+            let gate = self.gate(name);
+            permit = Some(if wait.is_zero() {
+                gate.try_acquire_owned().map_err(|_| timeout())?
+            } else {
+                match tokio::time::timeout(wait, gate.acquire_owned()).await {
+                    Ok(Ok(p)) => p,
+                    _ => return Err(timeout()),
+                }
+            });
+        }
+        // Leaves the queue on every node however this call ends (granted
+        // through a majority, given up, or dropped mid-wait).
+        let _dequeue = request.queue.as_ref().map(|q| Dequeue {
+            client: self.clone(),
+            mode,
+            name: name.to_owned(),
+            id: q.id.clone(),
         });
         // Register before the first attempt so a release between the attempt
         // and the wait is not missed.
-        let wake = self.inner.waiters.register(name);
+        let wake = self.inner.waiters.register(&mode.wake_name(name));
         let mut counted = false;
         let result = loop {
             let notified = wake.notified();
             tokio::pin!(notified);
             notified.as_mut().enable();
-            let last = self.attempt(name, opts).await;
+            let last = self.attempt(name, opts, &request).await;
             let remaining = wait.saturating_sub(started.elapsed());
             match last {
                 Attempt::Granted(held) => {
@@ -116,17 +243,23 @@ impl LockClient {
                     // then look again at once: a release that came before the
                     // count published nothing.
                     metrics::counter!(m::LOCK_WAITS).increment(1);
-                    self.count_waiter(name, 1, wait).await;
+                    self.count_waiter_of(mode, name, 1, wait).await;
                     counted = true;
                 }
                 Attempt::Busy { retry_in } => {
-                    let pause = retry_in.min(remaining) + self.jitter();
+                    let mut pause = retry_in.min(remaining) + self.jitter();
+                    if request.queue.is_some() {
+                        // Renew the queue entry well within its lease.
+                        pause = pause.min(self.inner.config.queue_lease / 3);
+                    }
                     tokio::select! {
                         _ = &mut notified => {
                             // Every waiter hears the same release; with several
                             // nodes, rushing in together splits the vote so
                             // nobody wins a majority. Spread them out.
-                            if self.inner.nodes.len() > 1 {
+                            // A fair lock's waiters do not split it: only
+                            // the first in the queue can win.
+                            if self.inner.nodes.len() > 1 && !opts.fair {
                                 tokio::time::sleep(self.inner.config.wake_spread.mul_f64(rand::random::<f64>())).await;
                             }
                         }
@@ -144,16 +277,22 @@ impl LockClient {
         if counted {
             // Off the caller's path: the count only decides who gets woken.
             let (client, name) = (self.clone(), name.to_owned());
-            tokio::spawn(async move { client.count_waiter(&name, -1, wait).await });
+            tokio::spawn(async move { client.count_waiter_of(mode, &name, -1, wait).await });
         }
         result
     }
 
-    /// Adds `delta` to the waiter count of `name` on every node; the count
-    /// expires a little after the longest wait, so a waiter that died only
-    /// costs extra wake-ups until then.
+    /// Adds `delta` to the waiter count of the lock `name` on every node.
     pub(super) async fn count_waiter(&self, name: &str, delta: i64, wait: Duration) {
-        let key = waiters_key(name);
+        self.count_waiter_of(Mode::Exclusive, name, delta, wait)
+            .await
+    }
+
+    /// Adds `delta` to the waiter count of `name` (of the kind `mode`) on
+    /// every node; the count expires a little after the longest wait, so a
+    /// waiter that died only costs extra wake-ups until then.
+    async fn count_waiter_of(&self, mode: Mode, name: &str, delta: i64, wait: Duration) {
+        let key = mode.waiters_key(name);
         let ttl = (wait + Duration::from_secs(5)).as_millis().to_string();
         let delta = delta.to_string();
         self.on_all_nodes(&self.inner.scripts.waiting, &[&key], &[&delta, &ttl])
@@ -185,16 +324,19 @@ impl LockClient {
             .mul_f64(rand::random::<f64>())
     }
 
-    /// The same owner taking a lock it holds: count it, no network trip.
-    pub(super) fn reenter(&self, name: &str, owner: &str) -> Option<LockGuard> {
+    /// The live hold of `owner` on `name` of the kind `mode`, if any.
+    fn holding(&self, mode: Mode, name: &str, owner: &str) -> Option<Arc<Held>> {
         let map = self.inner.held.lock().unwrap_or_else(|p| p.into_inner());
-        let held = map.get(&(name.to_owned(), owner.to_owned()))?.clone();
+        let held = map.get(&(mode, name.to_owned(), owner.to_owned()))?.clone();
         drop(map);
         let valid =
             !*held.lost.borrow() && self.now_ms() < held.valid_until_ms.load(Ordering::SeqCst);
-        if !valid {
-            return None;
-        }
+        valid.then_some(held)
+    }
+
+    /// The same owner taking a lock it holds: count it, no network trip.
+    pub(super) fn reenter(&self, mode: Mode, name: &str, owner: &str) -> Option<LockGuard> {
+        let held = self.holding(mode, name, owner)?;
         held.count.fetch_add(1, Ordering::SeqCst);
         Some(LockGuard {
             client: self.clone(),
@@ -206,38 +348,41 @@ impl LockClient {
     /// One Redlock round: SET NX PX on every node in parallel; on a majority
     /// within validity, raise the fencing counters and keep the grant;
     /// otherwise release what was taken.
-    pub(super) async fn attempt(&self, name: &str, opts: &LockOptions) -> Attempt {
+    pub(super) async fn attempt(&self, name: &str, opts: &LockOptions, req: &Request) -> Attempt {
         let token = format!("{:032x}", rand::random::<u128>());
         // From the first write on, this attempt owns keys on the nodes; if
         // the caller drops it half-way (a timeout around `lock()`), the
         // guard gives them back.
         let outstanding = Outstanding {
             client: self.clone(),
+            mode: req.mode,
             name: name.to_owned(),
             token: token.clone(),
             armed: true,
         };
-        let result = self.attempt_with(name, opts, token).await;
+        let result = self.attempt_with(name, opts, req, token).await;
         outstanding.disarm();
         result
     }
 
     /// One attempt with `token`: ask every node, then grant, or give back
     /// whatever nodes may hold of it.
-    async fn attempt_with(&self, name: &str, opts: &LockOptions, token: String) -> Attempt {
+    async fn attempt_with(
+        &self,
+        name: &str,
+        opts: &LockOptions,
+        req: &Request,
+        token: String,
+    ) -> Attempt {
         let ttl = opts.lease.unwrap_or(self.inner.config.watchdog_ttl);
         let ttl_ms = ttl.as_millis().max(1) as u64;
         let started = Instant::now();
-        let (lkey, fkey) = (lock_key(name), fence_key(name));
+        let mode = req.mode;
         let ttl_s = ttl_ms.to_string();
         let single = self.inner.nodes.len() == 1;
         let clock = fence::next_token(0, self.inner.config.token_clock.since_epoch()).to_string();
         let replies = self
-            .on_all_nodes(
-                &self.inner.scripts.acquire,
-                &[&lkey, &fkey],
-                &[&token, &ttl_s, if single { "1" } else { "0" }, &clock],
-            )
+            .ask_nodes(name, req, &token, &ttl_s, single, &clock)
             .await;
         let mut granted = Vec::new();
         // Nodes that did not answer (timed out, broken link, a reply we could
@@ -278,12 +423,12 @@ impl LockClient {
                 }
             };
             if let Some(held) = self
-                .grant(name, opts, token.clone(), ttl, started, fence)
+                .grant(name, opts, mode, token.clone(), ttl, started, fence)
                 .await
             {
                 return Attempt::Granted(held);
             }
-            self.release_token(name, &token, None).await;
+            self.release_token(mode, name, &token, None).await;
         } else if !granted.is_empty() || !unanswered.is_empty() {
             // Give back the minority we got, and ask every node that did not
             // answer too: a node that timed out still runs our SET NX when it
@@ -291,21 +436,78 @@ impl LockClient {
             // would otherwise keep our token for the whole lease, blocking
             // the next majority. Nodes that refused hold nothing of ours.
             let ours: Vec<usize> = granted.iter().chain(&unanswered).copied().collect();
-            self.release_token(name, &token, Some(&ours)).await;
+            self.release_token(mode, name, &token, Some(&ours)).await;
         }
         if reachable < self.quorum() {
             return Attempt::NoQuorum { reachable, detail };
         }
-        let retry_in = Duration::from_millis(shortest_pttl.unwrap_or(10).max(1) as u64);
+        let retry_in = match shortest_pttl {
+            Some(ms) => Duration::from_millis(ms.max(1) as u64),
+            // Free, but someone queued goes first (or, for a reader, a
+            // writer waits): the release that follows their grant wakes us.
+            None if req.queue.is_some() || mode == Mode::Read => self.inner.config.queue_lease / 3,
+            None => Duration::from_millis(10),
+        };
         Attempt::Busy { retry_in }
+    }
+
+    /// One attempt's script on every node: the lock's own SET NX, the fair
+    /// lock's (first in the queue only), or a read-write lock's side.
+    async fn ask_nodes(
+        &self,
+        name: &str,
+        req: &Request,
+        token: &str,
+        ttl_s: &str,
+        single: bool,
+        clock: &str,
+    ) -> Vec<Result<redis::Value, super::node::NodeError>> {
+        let mode = req.mode;
+        let (hkey, fkey) = (mode.hold_key(name), mode.fence_key(name));
+        let single = if single { "1" } else { "0" };
+        let lease = (self.inner.config.queue_lease.as_millis().max(1) as u64).to_string();
+        let scripts = &self.inner.scripts;
+        match (mode, &req.queue) {
+            (Mode::Exclusive, None) => {
+                self.on_all_nodes(
+                    &scripts.acquire,
+                    &[&hkey, &fkey],
+                    &[token, ttl_s, single, clock],
+                )
+                .await
+            }
+            (Mode::Exclusive, Some(q)) => {
+                let (qkey, xkey) = mode.queue_keys(name);
+                self.on_all_nodes(
+                    &scripts.fair_acquire,
+                    &[&hkey, &fkey, &qkey, &xkey],
+                    &[token, ttl_s, single, clock, &q.id, &q.arrival_us, &lease],
+                )
+                .await
+            }
+            (Mode::Read | Mode::Write, q) => {
+                let (qkey, _) = mode.queue_keys(name);
+                let side = if mode == Mode::Read { "r" } else { "w" };
+                let id = q.as_ref().map_or("-", |q| q.id.as_str());
+                let own = req.own_writer.as_deref().unwrap_or("");
+                self.on_all_nodes(
+                    &scripts.rw_acquire,
+                    &[&hkey, &qkey, &fkey],
+                    &[token, ttl_s, single, clock, side, id, &lease, own],
+                )
+                .await
+            }
+        }
     }
 
     /// Completes a majority grant: picks the fencing token, raises the
     /// counters of a majority to it, and checks the validity left.
+    #[allow(clippy::too_many_arguments)]
     pub(super) async fn grant(
         &self,
         name: &str,
         opts: &LockOptions,
+        mode: Mode,
         token: String,
         ttl: Duration,
         started: Instant,
@@ -316,7 +518,7 @@ impl LockClient {
             FenceSource::Raise { highest_seen } => {
                 let fence =
                     fence::next_token(highest_seen, self.inner.config.token_clock.since_epoch());
-                let fkey = fence_key(name);
+                let fkey = mode.fence_key(name);
                 let fence_s = fence.to_string();
                 let raised = self
                     .on_all_nodes(&self.inner.scripts.fence, &[&fkey], &[&fence_s])
@@ -334,6 +536,7 @@ impl LockClient {
         }
         let (lost, _) = watch::channel(false);
         let held = Arc::new(Held {
+            mode,
             name: name.to_owned(),
             owner: opts.owner.clone(),
             token,
@@ -355,7 +558,10 @@ impl LockClient {
             .held
             .lock()
             .unwrap_or_else(|p| p.into_inner())
-            .insert((held.name.clone(), held.owner.clone()), held.clone());
+            .insert(
+                (held.mode, held.name.clone(), held.owner.clone()),
+                held.clone(),
+            );
         Some(held)
     }
 }
@@ -367,6 +573,7 @@ impl LockClient {
 /// runs out.
 struct Outstanding {
     client: LockClient,
+    mode: Mode,
     name: String,
     token: String,
     armed: bool,
@@ -390,13 +597,48 @@ impl Drop for Outstanding {
         let Ok(runtime) = tokio::runtime::Handle::try_current() else {
             return;
         };
-        let client = self.client.clone();
+        let (client, mode) = (self.client.clone(), self.mode);
         let (name, token) = (
             std::mem::take(&mut self.name),
             std::mem::take(&mut self.token),
         );
         runtime.spawn(async move {
-            client.release_token(&name, &token, None).await;
+            client.release_token(mode, &name, &token, None).await;
         });
+    }
+}
+
+/// A queued call's entry on the nodes: dropped (however the call ended), it
+/// takes the entry out of the queue on every node, off the caller's path. A
+/// node that misses it drops the entry when its lease ends.
+struct Dequeue {
+    client: LockClient,
+    mode: Mode,
+    name: String,
+    id: String,
+}
+
+impl Drop for Dequeue {
+    fn drop(&mut self) {
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let (client, mode) = (self.client.clone(), self.mode);
+        let (name, id) = (std::mem::take(&mut self.name), std::mem::take(&mut self.id));
+        runtime.spawn(async move {
+            let (qkey, xkey) = mode.queue_keys(&name);
+            client
+                .on_all_nodes(&client.inner.scripts.dequeue, &[&qkey, &xkey], &[&id])
+                .await;
+        });
+    }
+}
+
+/// `try_*`: a lock held by someone else is `None`, not an error.
+fn none_on_timeout(r: Result<LockGuard, LockError>) -> Result<Option<LockGuard>, LockError> {
+    match r {
+        Ok(g) => Ok(Some(g)),
+        Err(LockError::Timeout { .. }) => Ok(None),
+        Err(e) => Err(e),
     }
 }

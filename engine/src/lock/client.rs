@@ -12,6 +12,7 @@ use redis::Value;
 use tokio::sync::{watch, OwnedSemaphorePermit, Semaphore};
 use tokio::task::JoinHandle;
 
+use super::mode::Mode;
 use super::node::{LockNode, NodeError};
 use super::waiters::Waiters;
 use super::{LockConfig, LockError};
@@ -20,6 +21,7 @@ use crate::scripts::{LockScripts, LuaScript};
 
 /// A lock held by this client: shared by the guards of a reentrant owner.
 pub(super) struct Held {
+    pub(super) mode: Mode,
     pub(super) name: String,
     pub(super) owner: String,
     pub(super) token: String,
@@ -36,13 +38,17 @@ pub(super) struct Held {
     pub(super) gate: Mutex<Option<OwnedSemaphorePermit>>,
 }
 
+/// A hold's kind, lock name and owner.
+pub(super) type HeldKey = (Mode, String, String);
+
 pub(super) struct Inner {
     pub(super) nodes: Vec<LockNode>,
     pub(super) scripts: LockScripts,
     pub(super) config: LockConfig,
     pub(super) waiters: Arc<Waiters>,
     pub(super) listeners: Vec<JoinHandle<()>>,
-    pub(super) held: Mutex<HashMap<(String, String), Arc<Held>>>,
+    /// What this client holds, by kind, name and owner (reentrancy).
+    pub(super) held: Mutex<HashMap<HeldKey, Arc<Held>>>,
     /// One permit per lock name: tasks of this process wait here, in FIFO
     /// order, so only one of them at a time asks the lock nodes.
     pub(super) gates: Mutex<HashMap<String, Arc<Semaphore>>>,

@@ -28,6 +28,7 @@ mod client;
 pub mod fence;
 mod guard;
 pub mod latch;
+mod mode;
 pub mod multi;
 mod node;
 mod options;

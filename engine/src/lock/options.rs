@@ -36,6 +36,18 @@ pub enum LockError {
         /// The lock, or the semaphore's permit slot.
         name: String,
     },
+    /// A reader asked for the write side of the same read-write lock: it
+    /// would wait for itself to stop reading, forever. Release the read
+    /// side first (a writer may take the read side: that is a downgrade).
+    #[error(
+        "read-write lock {name:?}: {owner:?} holds the read side and may not upgrade to write"
+    )]
+    Upgrade {
+        /// The lock.
+        name: String,
+        /// The owner holding the read side.
+        owner: String,
+    },
     /// A name or owner that is empty or too long.
     #[error("invalid {0}")]
     Invalid(&'static str),
@@ -58,6 +70,10 @@ pub struct LockConfig {
     pub wake_spread: Duration,
     /// Where the clock term of fencing tokens comes from (see `fence`).
     pub token_clock: TokenClock,
+    /// Lease of a queued waiter's entry (fair locks, waiting writers):
+    /// renewed while the waiter lives, so one that died stops blocking the
+    /// queue within this.
+    pub queue_lease: Duration,
 }
 
 /// The clock that fencing tokens never fall below.
@@ -93,6 +109,7 @@ impl Default for LockConfig {
             retry_jitter: Duration::from_millis(50),
             wake_spread: Duration::from_millis(3),
             token_clock: TokenClock::System,
+            queue_lease: Duration::from_secs(2),
         }
     }
 }
@@ -107,6 +124,10 @@ pub struct LockOptions {
     pub lease: Option<Duration>,
     /// How long `lock` waits for a held lock (`try_lock` does not wait).
     pub wait: Duration,
+    /// A fair lock: grants go in arrival order across processes (each waiter
+    /// queues on the nodes). Plain `lock` calls of the same name do not
+    /// queue, so use one or the other for a name.
+    pub fair: bool,
 }
 
 impl LockOptions {
@@ -116,7 +137,14 @@ impl LockOptions {
             owner: owner.into(),
             lease: None,
             wait: Duration::from_secs(10),
+            fair: false,
         }
+    }
+
+    /// Take the lock fairly: in arrival order, across processes.
+    pub fn fair(mut self) -> Self {
+        self.fair = true;
+        self
     }
 
     /// A fixed lease instead of the watchdog.

@@ -359,6 +359,7 @@ impl Semaphore {
                 owner,
                 lease: opts.lease,
                 wait: Duration::ZERO,
+                fair: false,
             };
             match self
                 .client

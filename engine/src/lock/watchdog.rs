@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 use tokio::task::JoinHandle;
 
 use super::client::*;
+use super::mode::Mode;
 use super::waiters::CHANNEL;
 use super::{LockClient, LockError};
 use crate::metrics as m;
@@ -20,16 +21,17 @@ impl LockClient {
         let client = self.clone();
         tokio::spawn(async move {
             let every = held.ttl / 3;
-            let key = lock_key(&held.name);
+            let key = held.mode.hold_key(&held.name);
+            let credential = held.mode.credential(&held.token).into_owned();
             let ttl_s = (held.ttl.as_millis().max(1) as u64).to_string();
             loop {
                 tokio::time::sleep(every).await;
                 let sent = Instant::now();
                 let replies = client
                     .on_all_nodes(
-                        &client.inner.scripts.extend,
+                        held.mode.extend_script(&client.inner.scripts),
                         &[&key],
-                        &[&held.token, &ttl_s],
+                        &[&credential, &ttl_s],
                     )
                     .await;
                 let confirmed = replies
@@ -90,9 +92,9 @@ impl LockClient {
         let lease_ms = (lease.as_millis().max(1) as u64).to_string();
         let replies = self
             .on_all_nodes(
-                &self.inner.scripts.extend,
-                &[&lock_key(&held.name)],
-                &[&held.token, &lease_ms],
+                held.mode.extend_script(&self.inner.scripts),
+                &[&held.mode.hold_key(&held.name)],
+                &[&held.mode.credential(&held.token), &lease_ms],
             )
             .await;
         let confirmed = replies
@@ -120,7 +122,7 @@ impl LockClient {
         }
         {
             let mut map = self.inner.held.lock().unwrap_or_else(|p| p.into_inner());
-            let key = (held.name.clone(), held.owner.clone());
+            let key = (held.mode, held.name.clone(), held.owner.clone());
             if map.get(&key).is_some_and(|h| Arc::ptr_eq(h, held)) {
                 map.remove(&key);
             }
@@ -128,7 +130,10 @@ impl LockClient {
         if let Some(k) = held.keeper.lock().unwrap_or_else(|p| p.into_inner()).take() {
             k.abort();
         }
-        let released = self.release_token(&held.name, &held.token, None).await > 0;
+        let released = self
+            .release_token(held.mode, &held.name, &held.token, None)
+            .await
+            > 0;
         // Only now may the next task of this process go.
         drop(held.gate.lock().unwrap_or_else(|p| p.into_inner()).take());
         self.forget_gate(&held.name);
@@ -139,15 +144,16 @@ impl LockClient {
     /// returns how many released.
     pub(super) async fn release_token(
         &self,
+        mode: Mode,
         name: &str,
         token: &str,
         only: Option<&[usize]>,
     ) -> usize {
-        let (key, wkey) = (lock_key(name), waiters_key(name));
+        let (key, wkey) = (mode.hold_key(name), mode.waiters_key(name));
         self.on_nodes(
-            &self.inner.scripts.release,
+            mode.release_script(&self.inner.scripts),
             &[&key, &wkey],
-            &[token, CHANNEL, name],
+            &[&mode.credential(token), CHANNEL, &mode.wake_name(name)],
             only,
         )
         .await
