@@ -423,7 +423,9 @@ impl Engine {
             let reply = self.cluster().call(&call, replies::restock).await;
             match reply.map_err(Unavailable::from)? {
                 RestockReply::Applied | RestockReply::AlreadyApplied => {
-                    self.restock_replicated(b, op, units).await?;
+                    let expect = crate::replication::Expect::Units(units);
+                    self.confirm_replicated(b, &format!("op:{op}"), expect, "restock")
+                        .await?;
                 }
                 RestockReply::Closed => return Err(AdminError::Closed(sku.to_owned())),
                 RestockReply::UnknownSale => return Err(AdminError::UnknownSale(sku.to_owned())),
@@ -452,31 +454,33 @@ impl Engine {
         Ok(())
     }
 
-    /// Under `ack = replicated`, a restock is reported applied only once a
-    /// replica of each bucket's master holds it (the bucket's `op:<id>`
-    /// field says its units): a failover must not take back units an
-    /// operator was told were added. Found by `flashsale-chaos --seed
-    /// 20261122` (confirmed restocks missing after `kill` faults).
-    async fn restock_replicated(
+    /// Under `ack = replicated`, an admin change to a bucket (a restock, a
+    /// close) is reported done only once a replica of the bucket's master
+    /// holds it (the bucket's `field` is `expect`): a failover must not take
+    /// back units an operator was told were added (found by
+    /// `flashsale-chaos --seed 20261122`: confirmed restocks missing after
+    /// `kill` faults), nor reopen a sale they were told is closed.
+    async fn confirm_replicated(
         &self,
         bucket: &crate::sale::BucketHandle,
-        op: &str,
-        units: u64,
+        field: &str,
+        expect: crate::replication::Expect,
+        what: &str,
     ) -> Result<(), AdminError> {
         if self.config().ack == crate::config::Ack::Leader {
             return Ok(());
         }
-        let field = format!("op:{op}");
-        let expect = crate::replication::Expect::Units(units);
         let started = std::time::Instant::now();
         loop {
             let why = match self
                 .waits()
-                .replicated(bucket.slot, &bucket.keys.sale, &field, expect.clone())
+                .replicated(bucket.slot, &bucket.keys.sale, field, expect.clone())
                 .await
             {
                 Ok(true) => return Ok(()),
-                Ok(false) => Unavailable::unconfirmed("no replica acknowledged the restock"),
+                Ok(false) => {
+                    Unavailable::unconfirmed(format!("no replica acknowledged the {what}"))
+                }
                 Err(e) => {
                     tokio::time::sleep(std::time::Duration::from_millis(50)).await;
                     e
@@ -525,6 +529,8 @@ impl Engine {
                         .arg("closed"),
                 )
                 .await?;
+            let closed = crate::replication::Expect::Text("closed");
+            self.confirm_replicated(b, "state", closed, "close").await?;
         }
         Ok(())
     }

@@ -49,6 +49,8 @@ pub(crate) enum Expect {
     /// A restock's `op:<id>` field with these units (Lua writes numbers
     /// past 10^14 in exponent form, so compared as numbers).
     Units(u64),
+    /// A field with exactly this text (a sale's `state` = `closed`).
+    Text(&'static str),
 }
 
 impl Expect {
@@ -57,6 +59,7 @@ impl Expect {
         match self {
             Expect::Refused => record.starts_with("X:"),
             Expect::Units(units) => record.parse::<f64>().ok() == Some(*units as f64),
+            Expect::Text(text) => record == *text,
             Expect::Pending => matches!(
                 RequestRecord::parse(record),
                 Some(RequestRecord::Pending { .. })

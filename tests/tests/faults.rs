@@ -1119,3 +1119,50 @@ async fn replicated_restock_is_never_confirmed_before_a_replica_holds_it() {
         "{answer:?}"
     );
 }
+
+/// Found by the session 7 attack: under `ack = replicated`, `close_sale`
+/// answered "closed" as soon as the masters had the close, so a failover
+/// could bring back a sale the operator was told is closed (open, selling).
+/// A close is confirmed only once a replica of each bucket's master holds it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replicated_close_is_never_confirmed_before_a_replica_holds_it() {
+    let mut cluster = RedisCluster::start(3, 1);
+    let engine = flashsale_tests::engine_with(&cluster, |c| {
+        c.ack = flashsale::Ack::Replicated;
+        c.retry.deadline = Duration::from_secs(10);
+    })
+    .await;
+    let status = engine
+        .create_sale(SaleSpec::new("close-durable", 10))
+        .await
+        .expect("create");
+    let sale_key = format!("{{{}}}:sale", status.buckets[0].tag);
+    let master = cluster.master_of_slot(status.buckets[0].slot);
+    let replica = cluster.replica_of(master);
+    cut_off_replica(&cluster, master, replica);
+    let close = {
+        let engine = engine.clone();
+        tokio::spawn(async move { engine.close_sale("close-durable").await })
+    };
+    flashsale_tests::wait_for(
+        Duration::from_secs(30),
+        || {
+            cluster
+                .node(master)
+                .cmd::<String>(&["HGET", &sale_key, "state"])
+                == "closed"
+        },
+        || "the close was applied on the master".into(),
+    );
+    kill_master_and_promote(&mut cluster, master, replica);
+    let answer = close.await.expect("task");
+    let on_promoted: String = cluster.node(replica).cmd(&["HGET", &sale_key, "state"]);
+    assert!(
+        answer.is_err() || on_promoted == "closed",
+        "close confirmed ({answer:?}) but the promoted replica says {on_promoted:?}"
+    );
+    assert!(
+        matches!(answer, Err(flashsale::AdminError::Unavailable(_))),
+        "{answer:?}"
+    );
+}
