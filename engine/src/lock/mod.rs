@@ -21,7 +21,9 @@
 //! The files: `client.rs` the client, its nodes and the quorum call;
 //! `acquire.rs` reentry, the FIFO gate, attempts and the grant;
 //! `watchdog.rs` renewal, the lease timer and release; `guard.rs` what a
-//! holder keeps; `semaphore.rs` leased permits as slots of locks; `latch.rs` a count-down latch; `multi.rs` several names all or none; `fence.rs` the tokens; `waiters.rs` the pub/sub wake-ups.
+//! holder keeps; `mode.rs` the keys and scripts of the lock and of a
+//! read-write lock's two sides (fair locks and writers queue on the nodes);
+//! `semaphore.rs` leased permits as slots of locks; `latch.rs` a count-down latch; `multi.rs` several names all or none; `fence.rs` the tokens; `waiters.rs` the pub/sub wake-ups.
 
 mod acquire;
 mod client;
