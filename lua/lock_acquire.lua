@@ -6,26 +6,32 @@
 -- ARGV[1] token of this grant attempt
 -- ARGV[2] ttl in milliseconds
 -- ARGV[3] "1" when this node is the only lock node (then the fencing token
---         is settled here, in the same step), else "0"
--- ARGV[4] the clock floor of the fencing token (unix_ms * 1000), decimal
+--         is settled here, in the same step), else "0" (one of a majority)
+-- ARGV[4] with "1": the clock floor of the fencing token (unix_ms * 1000);
+--         with "0": the token the client proposes (unix µs), which the
+--         counter is raised to in the same step as the SET NX when it is
+--         below it (see engine/src/lock/fence.rs for why that is enough)
 --
 -- Returns {granted, pttl, fence}:
 --   {1, ttl, "<fence>"}    taken on this node; with ARGV[3] = "1", fence is
---                          the grant's token, already stored in KEYS[2]
+--                          the grant's token, already stored in KEYS[2]; with
+--                          "0", the counter before this call (the proposal
+--                          holds on this node only if that is below it)
 --   {0, pttl, "<fence>"}   held by another token; pttl = its remaining ms
 -- fence is a decimal string ("0" when unknown).
 --
 -- Invariant: a held lock is never overwritten (NX), so at most one token
--- holds the key on this node at a time; on a single node the fencing counter
--- only grows.
+-- holds the key on this node at a time; the fencing counter only grows.
 
 local fence = redis.call('GET', KEYS[2]) or '0'
 if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
+  -- Tokens stay below 2^53, so Lua's numbers hold them exactly.
   if ARGV[3] == '1' then
-    -- Tokens stay below 2^53, so Lua's numbers hold them exactly.
     local next = math.max(tonumber(fence) + 1, tonumber(ARGV[4]))
     fence = string.format('%.0f', next)
     redis.call('SET', KEYS[2], fence)
+  elseif tonumber(fence) < tonumber(ARGV[4]) then
+    redis.call('SET', KEYS[2], ARGV[4])
   end
   return {1, tonumber(ARGV[2]), fence}
 end

@@ -12,7 +12,10 @@
 -- ARGV[2] ttl in milliseconds
 -- ARGV[3] "1" when this node is the only lock node (then the fencing token
 --         is settled here, in the same step), else "0"
--- ARGV[4] the clock floor of the fencing token (unix_ms * 1000), decimal
+-- ARGV[4] with ARGV[3] = "1" the clock floor of the fencing token
+--         (unix_ms * 1000); with "0" the token the client proposes, which
+--         the counter is raised to with the grant when below it (as in
+--         lock_acquire.lua); the reply's fence is then the counter before
 -- ARGV[5] the waiter's id (unique per lock call)
 -- ARGV[6] the waiter's arrival, µs since the epoch (the same on every node,
 --         so every node orders the queue alike)
@@ -57,11 +60,13 @@ local head = redis.call('ZRANGE', KEYS[3], 0, 0)[1]
 if head == ARGV[5] and redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ttl) then
   redis.call('ZREM', KEYS[3], ARGV[5])
   redis.call('ZREM', KEYS[4], ARGV[5])
+  -- Tokens stay below 2^53, so Lua's numbers hold them exactly.
   if ARGV[3] == '1' then
-    -- Tokens stay below 2^53, so Lua's numbers hold them exactly.
     local next = math.max(tonumber(fence) + 1, tonumber(ARGV[4]))
     fence = string.format('%.0f', next)
     redis.call('SET', KEYS[2], fence)
+  elseif tonumber(fence) < tonumber(ARGV[4]) then
+    redis.call('SET', KEYS[2], ARGV[4])
   end
   return {1, ttl, fence}
 end

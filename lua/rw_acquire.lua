@@ -12,7 +12,10 @@
 -- ARGV[2] ttl in milliseconds
 -- ARGV[3] "1" when this node is the only lock node (the fencing token is then
 --         settled here), else "0"
--- ARGV[4] the clock floor of the fencing token (unix_ms * 1000), decimal
+-- ARGV[4] with ARGV[3] = "1" the clock floor of the fencing token
+--         (unix_ms * 1000); with "0" the token the client proposes, which
+--         the counter is raised to with the grant when below it (as in
+--         lock_acquire.lua); the reply's fence is then the counter before
 -- ARGV[5] "r" to read, "w" to write
 -- ARGV[6] the waiter's id (a writer that is refused queues under it)
 -- ARGV[7] a waiting writer's entry lease in ms (refreshed on every attempt)
@@ -80,10 +83,12 @@ redis.call('HSET', KEYS[1], mode .. ':' .. ARGV[1], now + ttl)
 if redis.call('PTTL', KEYS[1]) < ttl then
   redis.call('PEXPIRE', KEYS[1], ttl)
 end
+-- Tokens stay below 2^53, so Lua's numbers hold them exactly.
 if ARGV[3] == '1' then
-  -- Tokens stay below 2^53, so Lua's numbers hold them exactly.
   local next = math.max(tonumber(fence) + 1, tonumber(ARGV[4]))
   fence = string.format('%.0f', next)
   redis.call('SET', KEYS[3], fence)
+elseif tonumber(fence) < tonumber(ARGV[4]) then
+  redis.call('SET', KEYS[3], ARGV[4])
 end
 return {1, ttl, fence}

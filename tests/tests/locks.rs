@@ -369,6 +369,53 @@ async fn fencing_tokens_strictly_increase_even_after_a_node_restarts_empty() {
     );
 }
 
+/// The token is fixed in the acquire round when every granting node's
+/// counter was below the client's proposal, and takes a second round when
+/// one was not. Clients whose (frozen) clocks step forward 10 ms at a time,
+/// ten grants each, take both paths; a node restarted empty between them
+/// reports a low counter, and the other node of the majority must still
+/// force the second round.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fencing_in_the_acquire_round_still_grows_past_a_node_restarted_empty() {
+    let mut nodes = servers(3);
+    let mut tokens = Vec::new();
+    let mut one_round = 0;
+    for k in 1..=30u64 {
+        if k == 10 || k == 20 {
+            nodes[(k / 10) as usize].node.restart();
+        }
+        let locks = LockClient::new(
+            &urls(&nodes),
+            LockConfig {
+                token_clock: flashsale::lock::TokenClock::Fixed(Duration::from_millis(10 * k)),
+                ..LockConfig::default()
+            },
+        )
+        .expect("lock client");
+        for i in 0..10 {
+            let g = locks
+                .lock("round", &LockOptions::new(format!("o{k}-{i}")))
+                .await
+                .expect("lock");
+            // The proposal is the frozen clock in µs.
+            if g.fencing_token() == 10_000 * k {
+                one_round += 1;
+            }
+            tokens.push(g.fencing_token());
+            g.unlock().await;
+        }
+    }
+    assert!(
+        tokens.windows(2).all(|w| w[0] < w[1]),
+        "every grant's token is larger than the last: {:?}",
+        tokens.windows(2).find(|w| w[0] >= w[1])
+    );
+    assert!(
+        one_round >= 25,
+        "most clients' first grant kept its proposal in one round ({one_round} of 30)"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn waiter_is_woken_by_the_release_not_by_the_ttl() {
     let nodes = servers(3);

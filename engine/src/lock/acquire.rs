@@ -380,7 +380,16 @@ impl LockClient {
         let mode = req.mode;
         let ttl_s = ttl_ms.to_string();
         let single = self.inner.nodes.len() == 1;
-        let clock = fence::next_token(0, self.inner.config.token_clock.since_epoch()).to_string();
+        let since_epoch = self.inner.config.token_clock.since_epoch();
+        // One node settles the token itself; on several, each granting node
+        // raises its counter to this proposal in the same step.
+        let proposal = fence::proposal(since_epoch);
+        let clock = if single {
+            fence::next_token(0, since_epoch)
+        } else {
+            proposal
+        }
+        .to_string();
         let replies = self
             .ask_nodes(name, req, &token, &ttl_s, single, &clock)
             .await;
@@ -390,6 +399,8 @@ impl LockClient {
         let mut unanswered = Vec::new();
         let mut reachable = 0;
         let mut highest_fence = 0u64;
+        // Highest counter a granting node had before our call.
+        let mut highest_granting = 0u64;
         let mut shortest_pttl: Option<i64> = None;
         let mut detail = String::new();
         for (i, r) in replies.iter().enumerate() {
@@ -399,6 +410,7 @@ impl LockClient {
                     highest_fence = highest_fence.max(a.fence);
                     if a.granted {
                         granted.push(i);
+                        highest_granting = highest_granting.max(a.fence);
                     } else if a.pttl > 0 {
                         shortest_pttl = Some(shortest_pttl.map_or(a.pttl, |p| p.min(a.pttl)));
                     }
@@ -417,6 +429,10 @@ impl LockClient {
             // On a single node the script settled the token in the same step.
             let fence = if single {
                 FenceSource::Settled(highest_fence)
+            } else if highest_granting < proposal {
+                // Every granting node (a majority) was below the proposal
+                // and holds it now: see `fence` for why that is enough.
+                FenceSource::Settled(proposal)
             } else {
                 FenceSource::Raise {
                     highest_seen: highest_fence,

@@ -1,14 +1,29 @@
 //! Fencing tokens, and why they only grow.
 //!
-//! A grant's token is `max(highest counter seen on the nodes that answered +
-//! 1, unix_ms * 1000)`, and before the grant is handed out the counters of a
-//! majority are raised to it (`lock_fence.lua`, never lowering). Any two
-//! majorities of the same N nodes share a node, so the next grant reads the
-//! previous grant's token from that shared node and goes above it — even when
-//! a minority of nodes is down or came back empty. The clock term keeps
-//! tokens growing even past the loss of more state than that (every node
-//! restarted empty), as long as the granting clocks do not step back; it
-//! costs nothing, since tokens are 64-bit.
+//! On one node the acquire script settles the token in the same step as the
+//! SET NX: `max(counter + 1, unix_ms * 1000)`, stored as the new counter.
+//!
+//! On N nodes the token is fixed in the acquire round too, most of the time.
+//! The client proposes `P` (the clock in µs); every node that grants raises
+//! its counter to `P` in the same atomic step as its SET NX, when the counter
+//! is below `P`, and reports the counter it had. If every granting node (a
+//! majority) had a counter below `P`, the token is `P`, with no second round.
+//! Otherwise a second round raises a majority to `max(highest counter seen
+//! + 1, unix_ms * 1000)` (`lock_fence.lua`, never lowering).
+//!
+//! Why the next grant's token is larger. Let G be a grant with token `t`:
+//! a majority M of the nodes holds a counter >= `t` before G is handed out
+//! (in one round: each node of M raised it with its SET NX; in two: the
+//! second round's majority). Counters never go down. A later grant G' wins
+//! its own majority M', and M' shares a node `n` with M. In one round, G'
+//! keeps `P'` only if `n`'s counter was below `P'` when G' took the key
+//! there, which is after G raised it (G held the key on `n` until it
+//! released or its lease ended there): so `t <= counter < P'`. In two
+//! rounds, G' reads `n`'s counter (>= `t`) and goes above it. Either way
+//! `t' > t` — even when a minority of nodes is down or came back empty.
+//! The clock term keeps tokens growing even past the loss of more state than
+//! that (every node restarted empty), as long as the granting clocks do not
+//! step back; it costs nothing, since tokens are 64-bit.
 
 use std::time::Duration;
 
@@ -17,6 +32,13 @@ use std::time::Duration;
 pub fn next_token(highest_seen: u64, since_epoch: Duration) -> u64 {
     let clock = (since_epoch.as_millis() as u64).saturating_mul(1000);
     highest_seen.saturating_add(1).max(clock)
+}
+
+/// The token a grant on several nodes proposes in its acquire round: the
+/// clock in µs (never 0). Two grants of the same µs cannot both keep it:
+/// the second finds the first's counter at it and takes the second round.
+pub fn proposal(since_epoch: Duration) -> u64 {
+    (since_epoch.as_micros() as u64).max(1)
 }
 
 #[cfg(test)]
