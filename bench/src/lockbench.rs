@@ -1,20 +1,21 @@
 //! The lock benchmark: acquire+release pairs per second and hand-off latency
 //! (from one holder's unlock to the next holder's grant), uncontended and
 //! contended, on 1 and 3 lock nodes, for flashsale's lock module and for the
-//! `rslock` crate on the very same instances.
+//! `rslock` crate on the very same instances; beside them the fair lock and
+//! a semaphore of one permit, under the same scenarios.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use flashsale::lock::{LockClient, LockConfig, LockOptions};
+use flashsale::lock::{LockClient, LockConfig, LockOptions, PermitOptions};
 use hdrhistogram::Histogram;
 use serde::Serialize;
 
 /// The figures of one lock run.
 #[derive(Debug, Clone, Serialize)]
 pub struct LockResult {
-    /// `flashsale` or `rslock`.
+    /// `flashsale`, `rslock`, `flashsale fair` or `flashsale semaphore(1)`.
     pub implementation: String,
     /// Lock nodes used.
     pub nodes: usize,
@@ -36,8 +37,15 @@ pub struct LockResult {
 #[derive(Clone)]
 enum Impl {
     Flashsale(LockClient),
+    Fair(LockClient),
+    Semaphore(LockClient),
     Rslock(Arc<rslock::LockManager>),
 }
+
+/// Labels of the flashsale rows beside `flashsale` and `rslock`.
+pub const FAIR: &str = "flashsale fair";
+/// A semaphore of one permit used as a lock.
+pub const SEMAPHORE: &str = "flashsale semaphore(1)";
 
 const TTL: Duration = Duration::from_secs(10);
 
@@ -50,6 +58,21 @@ impl Impl {
                     .lease(TTL)
                     .wait(Duration::from_secs(60));
                 c.lock(name, &opts).await.ok().map(Held::Flashsale)
+            }
+            Impl::Fair(c) => {
+                let opts = LockOptions::new(format!("w{worker}"))
+                    .lease(TTL)
+                    .wait(Duration::from_secs(60))
+                    .fair();
+                c.lock(name, &opts).await.ok().map(Held::Flashsale)
+            }
+            Impl::Semaphore(c) => {
+                let opts = PermitOptions::new(format!("w{worker}"))
+                    .lease(TTL)
+                    .wait(Duration::from_secs(60));
+                let sem = c.semaphore(name).ok()?;
+                let mut permits = sem.acquire(1, &opts).await.ok()?;
+                permits.pop().map(Held::Permit)
             }
             Impl::Rslock(m) => {
                 let deadline = Instant::now() + Duration::from_secs(60);
@@ -68,14 +91,18 @@ impl Impl {
             (_, Held::Flashsale(g)) => {
                 g.unlock().await;
             }
+            (_, Held::Permit(p)) => {
+                let _ = p.release().await;
+            }
             (Impl::Rslock(m), Held::Rslock(l)) => m.unlock(&l).await,
-            (Impl::Flashsale(_), Held::Rslock(_)) => {}
+            (_, Held::Rslock(_)) => {}
         }
     }
 }
 
 enum Held {
     Flashsale(flashsale::lock::LockGuard),
+    Permit(flashsale::lock::Permit),
     Rslock(rslock::Lock),
 }
 
@@ -88,7 +115,16 @@ async fn run_one(
     pairs: u64,
     cap: Duration,
 ) -> LockResult {
-    let name = format!("lockbench-{label}-{nodes}-{tasks}-{}", std::process::id());
+    let name = format!(
+        "lockbench-{}-{nodes}-{tasks}-{}",
+        label.replace(' ', "-"),
+        std::process::id()
+    );
+    if let Some(Impl::Semaphore(c)) = imps.first() {
+        if let Ok(sem) = c.semaphore(&name) {
+            let _ = sem.set_permits(1).await;
+        }
+    }
     let next = Arc::new(AtomicU64::new(0));
     let released_at = Arc::new(AtomicU64::new(0));
     let epoch = Instant::now();
@@ -163,9 +199,16 @@ pub async fn run_all(
             // One client per task, as separate processes would have: the
             // contention happens on the lock nodes, for both implementations.
             let mut flashsale = Vec::with_capacity(t);
+            let mut fair = Vec::with_capacity(t);
+            let mut sem = Vec::with_capacity(t);
             let mut rs = Vec::with_capacity(t);
             for _ in 0..t {
                 flashsale.push(Impl::Flashsale(LockClient::new(
+                    &urls,
+                    LockConfig::default(),
+                )?));
+                fair.push(Impl::Fair(LockClient::new(&urls, LockConfig::default())?));
+                sem.push(Impl::Semaphore(LockClient::new(
                     &urls,
                     LockConfig::default(),
                 )?));
@@ -173,7 +216,12 @@ pub async fn run_all(
                     urls.clone(),
                 ))));
             }
-            for (label, imps) in [("flashsale", flashsale), ("rslock", rs)] {
+            for (label, imps) in [
+                ("flashsale", flashsale),
+                ("rslock", rs),
+                (FAIR, fair),
+                (SEMAPHORE, sem),
+            ] {
                 bar.set_message(format!("lock {label} nodes={n} tasks={t}"));
                 out.push(run_one(imps, label, n, t, pairs, cap).await);
                 bar.inc(1);

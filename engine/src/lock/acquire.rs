@@ -19,9 +19,19 @@ use crate::metrics as m;
 
 /// The result of one attempt on every node.
 pub(super) enum Attempt {
-    Granted(Arc<Held>),
-    Busy { retry_in: Duration },
-    NoQuorum { reachable: usize, detail: String },
+    /// Granted; `everywhere` when every node granted (a queued call then
+    /// left the queue on every node with its grant).
+    Granted {
+        held: Arc<Held>,
+        everywhere: bool,
+    },
+    Busy {
+        retry_in: Duration,
+    },
+    NoQuorum {
+        reachable: usize,
+        detail: String,
+    },
 }
 
 /// What one lock call asks the nodes for.
@@ -201,11 +211,12 @@ impl LockClient {
         }
         // Leaves the queue on every node however this call ends (granted
         // through a majority, given up, or dropped mid-wait).
-        let _dequeue = request.queue.as_ref().map(|q| Dequeue {
+        let mut dequeue = request.queue.as_ref().map(|q| Dequeue {
             client: self.clone(),
             mode,
             name: name.to_owned(),
             id: q.id.clone(),
+            armed: true,
         });
         // Register before the first attempt so a release between the attempt
         // and the wait is not missed.
@@ -218,7 +229,13 @@ impl LockClient {
             let last = self.attempt(name, opts, &request).await;
             let remaining = wait.saturating_sub(started.elapsed());
             match last {
-                Attempt::Granted(held) => {
+                Attempt::Granted { held, everywhere } => {
+                    if everywhere {
+                        // Each granting node took the entry out already.
+                        if let Some(d) = dequeue.take() {
+                            d.disarm();
+                        }
+                    }
                     *held.gate.lock().unwrap_or_else(|p| p.into_inner()) = permit.take();
                     metrics::histogram!(m::LOCK_ACQUIRE_SECONDS)
                         .record(started.elapsed().as_secs_f64());
@@ -442,7 +459,10 @@ impl LockClient {
                 .grant(name, opts, mode, token.clone(), ttl, started, fence)
                 .await
             {
-                return Attempt::Granted(held);
+                return Attempt::Granted {
+                    held,
+                    everywhere: granted.len() == self.inner.nodes.len(),
+                };
             }
             self.release_token(mode, name, &token, None).await;
         } else if !granted.is_empty() || !unanswered.is_empty() {
@@ -632,10 +652,21 @@ struct Dequeue {
     mode: Mode,
     name: String,
     id: String,
+    armed: bool,
+}
+
+impl Dequeue {
+    /// Nothing to take out: every node dropped the entry with its grant.
+    fn disarm(mut self) {
+        self.armed = false;
+    }
 }
 
 impl Drop for Dequeue {
     fn drop(&mut self) {
+        if !self.armed {
+            return;
+        }
         let Ok(runtime) = tokio::runtime::Handle::try_current() else {
             return;
         };
