@@ -31,7 +31,16 @@ pub struct LockResult {
     pub handoff_p99_ms: Option<f64>,
     /// Pairs that failed.
     pub errors: u64,
+    /// Cross-process rows: the longest any worker waited for one grant
+    /// (a worker still waiting when the window closed counts its wait so
+    /// far), ms.
+    pub longest_wait_ms: Option<f64>,
 }
+
+/// Processes and workers per process of the cross-process scenario.
+pub const PROCESSES: usize = 4;
+/// Workers (tasks sharing one client) in each process.
+pub const WORKERS: usize = 4;
 
 /// The operations both implementations provide.
 #[derive(Clone)]
@@ -178,7 +187,120 @@ async fn run_one(
         handoff_p50_ms: pct(0.5),
         handoff_p99_ms: pct(0.99),
         errors,
+        longest_wait_ms: None,
     }
+}
+
+/// One process of the cross-process scenario (`--lock-child SPEC`, SPEC =
+/// `implementation|window_ms|name|url,url...`): [`WORKERS`] tasks on one
+/// client take and release `name` until the window closes. Prints
+/// `acquisitions longest_wait_us`.
+pub async fn child(spec: &str) -> anyhow::Result<String> {
+    let mut parts = spec.splitn(4, '|');
+    let (Some(implementation), Some(window_ms), Some(name), Some(urls)) =
+        (parts.next(), parts.next(), parts.next(), parts.next())
+    else {
+        anyhow::bail!("--lock-child: expected implementation|window_ms|name|urls");
+    };
+    let window = Duration::from_millis(window_ms.parse()?);
+    let urls: Vec<String> = urls.split(',').map(str::to_owned).collect();
+    let imp = match implementation {
+        "flashsale" => Impl::Flashsale(LockClient::new(&urls, LockConfig::default())?),
+        "rslock" => Impl::Rslock(Arc::new(rslock::LockManager::new(urls))),
+        other => anyhow::bail!("--lock-child: unknown implementation {other:?}"),
+    };
+    let end = tokio::time::Instant::now() + window;
+    let workers: Vec<_> = (0..WORKERS)
+        .map(|w| {
+            let (imp, name) = (imp.clone(), name.to_owned());
+            tokio::spawn(async move {
+                let (mut done, mut longest) = (0u64, Duration::ZERO);
+                while tokio::time::Instant::now() < end {
+                    let asked = Instant::now();
+                    match tokio::time::timeout_at(end, imp.acquire(&name, w)).await {
+                        Ok(Some(held)) => {
+                            longest = longest.max(asked.elapsed());
+                            imp.release(held).await;
+                            done += 1;
+                        }
+                        Ok(None) => {}
+                        Err(_) => longest = longest.max(asked.elapsed()),
+                    }
+                }
+                (done, longest)
+            })
+        })
+        .collect();
+    let (mut done, mut longest) = (0u64, Duration::ZERO);
+    for w in workers {
+        let (d, l) = w.await?;
+        done += d;
+        longest = longest.max(l);
+    }
+    Ok(format!("{done} {}", longest.as_micros()))
+}
+
+/// The cross-process contended scenario: [`PROCESSES`] copies of this
+/// binary, [`WORKERS`] workers each, all on one name for `window`, for
+/// flashsale and rslock on 1 and 3 nodes. Acquisitions per second over the
+/// window, and the longest wait of any worker.
+pub async fn cross_process(
+    lock_nodes: &[String],
+    window: Duration,
+    bar: &indicatif::ProgressBar,
+) -> anyhow::Result<Vec<LockResult>> {
+    let exe = std::env::current_exe()?;
+    let mut out = Vec::new();
+    for n in [1usize, 3] {
+        if lock_nodes.len() < n {
+            continue;
+        }
+        let urls = lock_nodes[..n].join(",");
+        for implementation in ["flashsale", "rslock"] {
+            bar.set_message(format!("lock x-proc {implementation} nodes={n}"));
+            let name = format!(
+                "lockbench-xproc-{implementation}-{n}-{}",
+                std::process::id()
+            );
+            let spec = format!("{implementation}|{}|{name}|{urls}", window.as_millis());
+            let mut children = Vec::with_capacity(PROCESSES);
+            for _ in 0..PROCESSES {
+                children.push(
+                    std::process::Command::new(&exe)
+                        .arg("--lock-child")
+                        .arg(&spec)
+                        .stdout(std::process::Stdio::piped())
+                        .spawn()?,
+                );
+            }
+            let (mut done, mut longest_us, mut errors) = (0u64, 0u64, 0u64);
+            for c in children {
+                let output = tokio::task::spawn_blocking(move || c.wait_with_output()).await??;
+                let text = String::from_utf8_lossy(&output.stdout);
+                let mut fields = text.split_whitespace().map(|f| f.parse::<u64>());
+                match (output.status.success(), fields.next(), fields.next()) {
+                    (true, Some(Ok(d)), Some(Ok(l))) => {
+                        done += d;
+                        longest_us = longest_us.max(l);
+                    }
+                    _ => errors += 1,
+                }
+            }
+            out.push(LockResult {
+                implementation: format!("{implementation} x-proc"),
+                nodes: n,
+                tasks: PROCESSES * WORKERS,
+                pairs: done,
+                pairs_per_second: done as f64 / window.as_secs_f64().max(1e-9),
+                handoff_p50_ms: None,
+                handoff_p99_ms: None,
+                errors,
+                longest_wait_ms: Some(longest_us as f64 / 1000.0),
+            });
+            bar.inc(1);
+        }
+    }
+    Ok(out)
 }
 
 /// Every combination: {flashsale, rslock} x {1, 3 nodes} x {1, `tasks`}.

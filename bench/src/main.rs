@@ -67,6 +67,12 @@ struct Args {
     /// Scenarios to run (comma-separated: hot1,hotB,many,door; `none` for the lock benchmark only).
     #[arg(long, default_value = "hot1,hotB,many,door", value_delimiter = ',')]
     scenarios: Vec<String>,
+    /// Window of each cross-process lock run, seconds.
+    #[arg(long, default_value_t = 10)]
+    lock_window_seconds: u64,
+    /// Internal: run as one process of the cross-process lock scenario.
+    #[arg(long, hide = true)]
+    lock_child: Option<String>,
     /// Skip the lock benchmark.
     #[arg(long)]
     no_lock_bench: bool,
@@ -105,6 +111,10 @@ fn config(args: &Args) -> Result<Config> {
 #[tokio::main]
 async fn main() -> Result<()> {
     let args = Args::parse();
+    if let Some(spec) = &args.lock_child {
+        println!("{}", lockbench::child(spec).await?);
+        return Ok(());
+    }
     let config = config(&args)?;
     let lock_nodes = config.lock_nodes.clone();
     let engine = Engine::connect(Config {

@@ -30,6 +30,24 @@ fn target_figures(
             lock_ratio = Some(lock_ratio.map_or(x, |w| w.min(x)));
         }
     }
+    let mut xproc_ratio: Option<f64> = None;
+    for l in locks
+        .iter()
+        .filter(|l| l.implementation == "flashsale x-proc")
+    {
+        if let Some(r) = locks
+            .iter()
+            .find(|r| r.implementation == "rslock x-proc" && r.nodes == l.nodes)
+        {
+            let x = l.pairs_per_second / r.pairs_per_second.max(1e-9);
+            xproc_ratio = Some(xproc_ratio.map_or(x, |w| w.min(x)));
+        }
+    }
+    let xproc_wait = locks
+        .iter()
+        .filter(|l| l.implementation == "flashsale x-proc")
+        .filter_map(|l| l.longest_wait_ms)
+        .fold(None, |m: Option<f64>, x| Some(m.map_or(x, |m| m.max(x))));
     let handoff = locks
         .iter()
         .filter(|l| l.implementation == "flashsale")
@@ -52,6 +70,8 @@ fn target_figures(
         ratio(p99("hot1", "engine@10%"), p99("hot1", UNBATCHED_10)),
         ratio(tp("hot1", "orders"), tp("hot1", "engine")),
         find(results, "hot1", "engine hold").and_then(|r| r.expiry_lag_p99_ms),
+        xproc_ratio,
+        xproc_wait,
     ]
 }
 
@@ -114,10 +134,21 @@ const TARGETS: [TargetSpec; N_TARGETS] = [
         "< 1000",
         |x| x < 1000.0,
     ),
+    // Locks across processes (issue 15).
+    (
+        "lock x-proc acquisitions/s, 4 processes x 4 workers on one name: flashsale / rslock (worst of 1 and 3 nodes)",
+        ">= 2",
+        |x| x >= 2.0,
+    ),
+    (
+        "lock x-proc longest wait of any worker, ms (flashsale, worst)",
+        "< 100",
+        |x| x < 100.0,
+    ),
 ];
 
 /// How many targets there are.
-const N_TARGETS: usize = 16;
+const N_TARGETS: usize = 18;
 
 /// The batch size at quantile `q` of `counts` (element `n` counts the
 /// batches of `n` purchases); None when there were no batches.

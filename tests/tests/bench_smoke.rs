@@ -34,6 +34,8 @@ fn every_strategy_runs_and_the_json_is_complete() {
             "60",
             "--lock-tasks",
             "3",
+            "--lock-window-seconds",
+            "1",
             "--cap-seconds",
             "30",
             "--repeat",
@@ -185,13 +187,26 @@ fn every_strategy_runs_and_the_json_is_complete() {
     let locks = report["lock_results"].as_array().expect("lock_results");
     assert_eq!(
         locks.len(),
-        8,
-        "flashsale and rslock, 1 and 3 nodes, 1 and 3 tasks"
+        20,
+        "flashsale, rslock, the fair lock and the semaphore, 1 and 3 nodes, 1 and 3 tasks; \
+         then flashsale and rslock across 4 processes on 1 and 3 nodes"
+    );
+    assert_eq!(
+        locks
+            .iter()
+            .filter(|l| l["implementation"]
+                .as_str()
+                .is_some_and(|i| i.ends_with("x-proc"))
+                && l["tasks"] == 16
+                && l["longest_wait_ms"].as_f64().is_some())
+            .count(),
+        4,
+        "the cross-process rows: {locks:?}"
     );
     assert!(locks
         .iter()
         .all(|l| l["pairs"].as_u64().unwrap_or(0) > 0 && l["errors"] == 0));
-    assert_eq!(report["targets"].as_array().map(Vec::len), Some(16));
+    assert_eq!(report["targets"].as_array().map(Vec::len), Some(18));
     // Batch sizes on every engine row, and never on an anchor's; one call
     // per purchase where batch_max = 1.
     for r in results.iter().filter(|r| {
