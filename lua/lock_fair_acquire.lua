@@ -36,8 +36,10 @@
 -- answer.
 
 local ttl, arrival, lease = tonumber(ARGV[2]), tonumber(ARGV[6]), tonumber(ARGV[7])
-if not ttl or not arrival or not lease or ttl < 1 or lease < 1 then
-  return redis.error_reply('ERR lock_fair_acquire: ttl, arrival and lease must be positive numbers')
+local floor = tonumber(ARGV[4])
+if not ttl or not arrival or not lease or not floor or ttl < 1 or lease < 1
+    or ttl ~= math.floor(ttl) or lease ~= math.floor(lease) then
+  return redis.error_reply('ERR lock_fair_acquire: ttl, lease and ARGV[4] must be whole positive numbers, arrival a number')
 end
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)

@@ -15,5 +15,11 @@ if n <= 0 then
   redis.call('DEL', KEYS[1])
   return 0
 end
-redis.call('PEXPIRE', KEYS[1], ARGV[2])
+-- Only ever lengthened: a short waiter counting itself in or out must not
+-- cut the count's life below a longer waiter's wait (the count would then
+-- vanish, releases would publish nothing, and that waiter would sleep until
+-- the holder's lease ends).
+if redis.call('PTTL', KEYS[1]) < tonumber(ARGV[2]) then
+  redis.call('PEXPIRE', KEYS[1], ARGV[2])
+end
 return n

@@ -23,8 +23,8 @@
 --         (a downgrade) is let in past itself and past waiting writers
 --
 -- Returns {granted, pttl, fence}, as lock_acquire.lua; pttl is, when refused,
--- the ms until the first holder's lease ends (-2 when only waiting writers
--- keep a reader out).
+-- for a writer the ms until the first holder's lease ends, for a reader the
+-- ms until the writer's lease ends (-2 when only waiting writers keep it out).
 -- An error reply (and no change) for bad arguments.
 --
 -- Invariant: a writer holds alone; readers hold together; while a writer
@@ -33,13 +33,16 @@
 -- first: that is the input of the check, the same whatever the answer.
 
 local ttl, lease, mode = tonumber(ARGV[2]), tonumber(ARGV[7]), ARGV[5]
-if not ttl or not lease or ttl < 1 or lease < 1 or (mode ~= 'r' and mode ~= 'w') then
-  return redis.error_reply('ERR rw_acquire: ttl and lease must be positive numbers, mode r or w')
+local floor = tonumber(ARGV[4])
+if not ttl or not lease or not floor or ttl < 1 or lease < 1
+    or ttl ~= math.floor(ttl) or lease ~= math.floor(lease)
+    or (mode ~= 'r' and mode ~= 'w') then
+  return redis.error_reply('ERR rw_acquire: ttl, lease and ARGV[4] must be whole positive numbers, mode r or w')
 end
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 
-local writer, readers, soonest = nil, 0, nil
+local writer, writer_ends, readers, soonest = nil, nil, 0, nil
 local holders = redis.call('HGETALL', KEYS[1])
 for i = 1, #holders, 2 do
   local field, ends = holders[i], tonumber(holders[i + 1])
@@ -47,7 +50,7 @@ for i = 1, #holders, 2 do
     redis.call('HDEL', KEYS[1], field)
   else
     if string.sub(field, 1, 2) == 'w:' then
-      writer = string.sub(field, 3)
+      writer, writer_ends = string.sub(field, 3), ends
     else
       readers = readers + 1
     end
@@ -72,6 +75,12 @@ if not ok then
     if redis.call('PTTL', KEYS[2]) < lease then
       redis.call('PEXPIRE', KEYS[2], lease)
     end
+  end
+  -- A reader waits for the writer that holds, else only for the waiting
+  -- writers (-2: they hold nothing yet, and may give up or die at any time,
+  -- so the reader looks again soon rather than after other readers' leases).
+  if mode == 'r' then
+    return {0, writer_ends and (writer_ends - now) or -2, fence}
   end
   return {0, soonest and (soonest - now) or -2, fence}
 end

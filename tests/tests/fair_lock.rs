@@ -229,3 +229,40 @@ async fn a_fair_waiter_that_gives_up_or_is_dropped_leaves_the_queue_at_once() {
     assert_eq!(*order.lock().expect("order"), ["waiter"]);
     assert!(g.unlock().await);
 }
+
+/// Found by the attack: `lock exec` that gave up (exit 75) left its queue
+/// entry behind (the dequeue ran in a task the exit cancelled), holding the
+/// fair queue, or the readers behind a waiting writer, up for its lease.
+/// Now a call that fails leaves the queue before it returns.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lock_exec_that_gives_up_leaves_the_queue_before_it_exits() {
+    let nodes = servers(3);
+    let c = client(&nodes, Duration::from_secs(60));
+    let fair = c
+        .lock("gives-up", &LockOptions::new("holder").fair())
+        .await
+        .expect("holder");
+    let reader = c
+        .read_lock("gives-up", &LockOptions::new("reader"))
+        .await
+        .expect("reader");
+    for side in ["--fair", "--write"] {
+        let out = flashsale_cmd(None, None, &urls(&nodes))
+            .args([
+                "lock", "exec", side, "--name", "gives-up", "--wait", "300ms",
+            ])
+            .args(["--", "true"])
+            .output()
+            .expect("run lock exec");
+        assert_eq!(out.status.code(), Some(75), "{side}: {out:?}");
+        let key = if side == "--fair" {
+            "flashsale:fairq:gives-up"
+        } else {
+            "flashsale:rwq:gives-up"
+        };
+        let left: Vec<i64> = nodes.iter().map(|n| n.node.cmd(&["ZCARD", key])).collect();
+        assert_eq!(left, [0, 0, 0], "{side}: entries left when it exited");
+    }
+    assert!(fair.unlock().await);
+    assert!(reader.unlock().await);
+}

@@ -836,3 +836,123 @@ async fn next_client_gets(nodes: &[RedisServer], name: &str, why: &str) {
         .await;
     assert!(got.is_ok(), "{why}: {:?}", got.err());
 }
+
+/// Found by the attack (by reading the code): a reentry that raced the last
+/// release of the same owner could count a hold back in after it was given
+/// back, and get a guard on a lock no node held (another owner could then
+/// take it). The count and the map now change together. The window is a
+/// few instructions wide: this loop did not hit it before the fix either,
+/// so it guards the behaviour, it does not prove the race gone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reentry_racing_the_last_release_never_gets_a_guard_on_a_released_hold() {
+    let nodes = servers(1);
+    let (c, other) = (
+        client(&nodes, Duration::from_secs(5)),
+        client(&nodes, Duration::from_secs(5)),
+    );
+    let opts = LockOptions::new("same-owner");
+    for i in 0..500 {
+        let first = c.lock("race", &opts).await.expect("lock");
+        let (c2, o2) = (c.clone(), opts.clone());
+        let again = tokio::spawn(async move { c2.lock("race", &o2).await });
+        first.unlock().await;
+        let again = again.await.expect("task").expect("lock again");
+        let intruder = other
+            .try_lock("race", &LockOptions::new("intruder"))
+            .await
+            .expect("try_lock");
+        if let Some(g) = intruder {
+            g.unlock().await;
+            panic!("iteration {i}: another owner took a lock this owner holds a guard on");
+        }
+        again.unlock().await;
+    }
+}
+
+/// Found by the attack: `unlock` reported "released" when any one node gave
+/// the token back, even after the grant's lease had ended, when a node that
+/// ran the acquire late (paused during it) still had the key.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unlock_after_the_lease_ended_is_not_reported_released_even_if_a_late_node_has_it() {
+    let nodes = servers(3);
+    let locks = client(&nodes, Duration::from_secs(5));
+    // Connections first, so the pause below stalls the acquire itself.
+    let warm = locks
+        .lock("late", &LockOptions::new("warm"))
+        .await
+        .expect("lock");
+    assert!(warm.unlock().await);
+    nodes[2].node.signal("STOP");
+    let guard = locks
+        .lock(
+            "late",
+            &LockOptions::new("o").lease(Duration::from_millis(1000)),
+        )
+        .await
+        .expect("a majority grants it without the paused node");
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    nodes[2].node.signal("CONT");
+    guard.lost().await;
+    assert_eq!(
+        nodes[2].node.cmd::<i64>(&["EXISTS", "flashsale:lock:late"]),
+        1,
+        "the paused node ran the acquire late and still holds the key"
+    );
+    assert!(
+        !guard.unlock().await,
+        "a grant whose lease ended is not reported released"
+    );
+}
+
+/// Found by the attack: every waiter set the waiter count's life to its own
+/// wait + 5 s, so a short waiter cut it under a long waiter's wait; the
+/// count then vanished, the release published nothing, and the long waiter
+/// slept until the holder's lease ended.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_short_waiter_does_not_shorten_the_waiter_count_a_long_waiter_relies_on() {
+    let nodes = servers(1);
+    let c = client(&nodes, Duration::from_secs(30));
+    let holder = c
+        .lock("count", &LockOptions::new("holder"))
+        .await
+        .expect("lock");
+    let long = {
+        let c = client(&nodes, Duration::from_secs(30));
+        tokio::spawn(async move {
+            c.lock(
+                "count",
+                &LockOptions::new("long").wait(Duration::from_secs(60)),
+            )
+            .await
+        })
+    };
+    flashsale_tests::wait_for(
+        Duration::from_secs(20),
+        || {
+            nodes[0]
+                .node
+                .cmd::<i64>(&["EXISTS", "flashsale:waiters:count"])
+                == 1
+        },
+        || "the long waiter never counted itself in".into(),
+    );
+    let short = client(&nodes, Duration::from_secs(30))
+        .lock(
+            "count",
+            &LockOptions::new("short").wait(Duration::from_millis(200)),
+        )
+        .await;
+    assert!(
+        matches!(short, Err(LockError::Timeout { .. })),
+        "{:?}",
+        short.err()
+    );
+    let pttl: i64 = nodes[0].node.cmd(&["PTTL", "flashsale:waiters:count"]);
+    assert!(
+        pttl > 30_000,
+        "the count lives as long as the longest wait (60 s), not the short one's: {pttl} ms"
+    );
+    assert!(holder.unlock().await);
+    let g = long.await.expect("task").expect("the long waiter gets it");
+    assert!(g.unlock().await);
+}

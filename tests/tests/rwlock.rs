@@ -301,3 +301,60 @@ async fn lock_exec_takes_either_side_of_a_read_write_lock() {
     let write = run(&["--write"]);
     assert!(write.status.success(), "{write:?}");
 }
+
+/// Found by the attack: a reader kept out only by a waiting writer slept
+/// until the holding reader's lease ended (the script answered with that
+/// lease), so when the writer gave up or died the new reader waited up to a
+/// whole watchdog lease for nothing. Now it looks again within a third of
+/// the queue lease.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reader_kept_out_by_a_writer_that_gave_up_does_not_wait_out_the_other_readers() {
+    let nodes = servers(1);
+    let long = LockClient::new(
+        &urls(&nodes),
+        LockConfig {
+            watchdog_ttl: Duration::from_secs(30),
+            ..LockConfig::default()
+        },
+    )
+    .expect("lock client");
+    let reading = long
+        .read_lock("gone", &LockOptions::new("r1"))
+        .await
+        .expect("the first reader");
+    let w = client(&nodes);
+    let writer = tokio::spawn(async move {
+        w.write_lock(
+            "gone",
+            &LockOptions::new("w").wait(Duration::from_millis(1500)),
+        )
+        .await
+        .map(|_| ())
+    });
+    flashsale_tests::wait_for(
+        Duration::from_secs(20),
+        || nodes[0].node.cmd::<i64>(&["ZCARD", "flashsale:rwq:gone"]) == 1,
+        || "the writer never queued".into(),
+    );
+    // Before the fix it slept for its whole wait (the first reader's lease,
+    // renewed, was longer), looking again only at the end.
+    let asked = std::time::Instant::now();
+    let second = client(&nodes)
+        .read_lock(
+            "gone",
+            &LockOptions::new("r2").wait(Duration::from_secs(30)),
+        )
+        .await;
+    let waited = asked.elapsed();
+    assert!(
+        matches!(writer.await.expect("task"), Err(LockError::Timeout { .. })),
+        "the writer gave up"
+    );
+    let second = second.expect("the second reader gets in once the writer is gone");
+    assert!(
+        waited < Duration::from_secs(12),
+        "the second reader got in {waited:?} after asking: it waited for the first reader's lease"
+    );
+    assert!(second.unlock().await);
+    assert!(reading.unlock().await);
+}

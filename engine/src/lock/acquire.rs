@@ -291,6 +291,18 @@ impl LockClient {
                 }
             }
         };
+        if result.is_err() {
+            // A call that failed is often the last thing a process does
+            // (`lock exec` exits 75): leave the queue and the waiter count
+            // now, before returning, not in a task the exit would cancel.
+            if let Some(d) = dequeue.take() {
+                d.now().await;
+            }
+            if counted {
+                self.count_waiter_of(mode, name, -1, wait).await;
+            }
+            return result;
+        }
         if counted {
             // Off the caller's path: the count only decides who gets woken.
             let (client, name) = (self.clone(), name.to_owned());
@@ -344,17 +356,34 @@ impl LockClient {
     /// The live hold of `owner` on `name` of the kind `mode`, if any.
     fn holding(&self, mode: Mode, name: &str, owner: &str) -> Option<Arc<Held>> {
         let map = self.inner.held.lock().unwrap_or_else(|p| p.into_inner());
-        let held = map.get(&(mode, name.to_owned(), owner.to_owned()))?.clone();
-        drop(map);
+        self.live(&map, mode, name, owner)
+    }
+
+    fn live(
+        &self,
+        map: &std::collections::HashMap<HeldKey, Arc<Held>>,
+        mode: Mode,
+        name: &str,
+        owner: &str,
+    ) -> Option<Arc<Held>> {
+        let held = map.get(&(mode, name.to_owned(), owner.to_owned()))?;
         let valid =
             !*held.lost.borrow() && self.now_ms() < held.valid_until_ms.load(Ordering::SeqCst);
-        valid.then_some(held)
+        valid.then(|| held.clone())
     }
 
     /// The same owner taking a lock it holds: count it, no network trip.
     pub(super) fn reenter(&self, mode: Mode, name: &str, owner: &str) -> Option<LockGuard> {
-        let held = self.holding(mode, name, owner)?;
-        held.count.fetch_add(1, Ordering::SeqCst);
+        // Under the map's lock, where the last release counts out and
+        // removes the hold: never a guard on a hold already given back.
+        let map = self.inner.held.lock().unwrap_or_else(|p| p.into_inner());
+        let held = self.live(&map, mode, name, owner)?;
+        held.count
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |c| {
+                (c > 0).then_some(c + 1)
+            })
+            .ok()?;
+        drop(map);
         Some(LockGuard {
             client: self.clone(),
             held,
@@ -659,6 +688,16 @@ impl Dequeue {
     /// Nothing to take out: every node dropped the entry with its grant.
     fn disarm(mut self) {
         self.armed = false;
+    }
+
+    /// Takes the entry out on every node before returning.
+    async fn now(mut self) {
+        self.armed = false;
+        let (qkey, xkey) = self.mode.queue_keys(&self.name);
+        let scripts = &self.client.inner.scripts;
+        self.client
+            .on_all_nodes(&scripts.dequeue, &[&qkey, &xkey], &[&self.id])
+            .await;
     }
 }
 

@@ -117,11 +117,19 @@ impl LockClient {
     /// so it never renews a released lock) and releases on every node.
     /// Returns false when no node still had this grant.
     pub(super) async fn release_held(&self, held: &Arc<Held>) -> bool {
-        if held.count.fetch_sub(1, Ordering::SeqCst) > 1 {
-            return true;
-        }
+        // Whether the grant was still ours, judged before anything is given
+        // back: a lease that ended is not reported released, even if a node
+        // that ran our acquire late still has it.
+        let valid =
+            !*held.lost.borrow() && self.now_ms() < held.valid_until_ms.load(Ordering::SeqCst);
         {
+            // The count and the map change together, under the map's lock,
+            // where `reenter` counts in: a reentry either comes before the
+            // last release (and keeps the hold) or finds no hold to re-enter.
             let mut map = self.inner.held.lock().unwrap_or_else(|p| p.into_inner());
+            if held.count.fetch_sub(1, Ordering::SeqCst) > 1 {
+                return valid;
+            }
             let key = (held.mode, held.name.clone(), held.owner.clone());
             if map.get(&key).is_some_and(|h| Arc::ptr_eq(h, held)) {
                 map.remove(&key);
@@ -132,12 +140,11 @@ impl LockClient {
         }
         let released = self
             .release_token(held.mode, &held.name, &held.token, None)
-            .await
-            > 0;
+            .await;
         // Only now may the next task of this process go.
         drop(held.gate.lock().unwrap_or_else(|p| p.into_inner()).take());
         self.forget_gate(&held.name);
-        released
+        valid && released >= self.quorum()
     }
 
     /// Compare-and-delete of `token` on every node (or only on `only`);
