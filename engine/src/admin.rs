@@ -529,6 +529,10 @@ impl Engine {
                         .arg("closed"),
                 )
                 .await?;
+        }
+        // Every bucket closed on its master first: a bucket whose close
+        // cannot be confirmed must not leave the ones after it selling.
+        for b in &sale.buckets {
             let closed = crate::replication::Expect::Text("closed");
             self.confirm_replicated(b, "state", closed, "close").await?;
         }

@@ -1166,3 +1166,38 @@ async fn replicated_close_is_never_confirmed_before_a_replica_holds_it() {
         "{answer:?}"
     );
 }
+
+/// Found by the attack on the close fix: the close was confirmed bucket by
+/// bucket, so a bucket whose master had no replica stopped the close at
+/// that bucket, and the buckets after it stayed open and kept selling. Now
+/// every bucket is closed on its master first, then the close waits for
+/// the replicas.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replicated_close_closes_every_bucket_even_when_one_cannot_be_confirmed() {
+    let cluster = RedisCluster::start(3, 1);
+    let engine = flashsale_tests::engine_with(&cluster, |c| {
+        c.ack = flashsale::Ack::Replicated;
+        c.retry.deadline = Duration::from_secs(3);
+    })
+    .await;
+    let mut spec = SaleSpec::new("close-all", 30);
+    spec.buckets = 3;
+    let status = engine.create_sale(spec).await.expect("create");
+    let first = &status.buckets[0];
+    let master = cluster.master_of_slot(first.slot);
+    let replica = cluster.replica_of(master);
+    cut_off_replica(&cluster, master, replica);
+    let answer = engine.close_sale("close-all").await;
+    assert!(
+        matches!(answer, Err(flashsale::AdminError::Unavailable(_))),
+        "bucket 0's close cannot be confirmed: {answer:?}"
+    );
+    for b in &status.buckets {
+        let key = format!("{{{}}}:sale", b.tag);
+        let state: String = cluster
+            .node(cluster.master_of_slot(b.slot))
+            .cmd(&["HGET", &key, "state"]);
+        assert_eq!(state, "closed", "bucket {} still sells", b.index);
+    }
+    cluster.node(replica).signal("CONT");
+}

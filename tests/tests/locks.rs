@@ -956,3 +956,52 @@ async fn a_short_waiter_does_not_shorten_the_waiter_count_a_long_waiter_relies_o
     let g = long.await.expect("task").expect("the long waiter gets it");
     assert!(g.unlock().await);
 }
+
+/// Found by the attack on fencing in the acquire round: a grant that kept
+/// its proposal in one round had raised only the nodes that granted; when
+/// one of them then restarted empty, a later grant by a client whose clock
+/// lagged won a majority of the restarted node and a node the first grant
+/// never raised (it was busy then), and got a smaller token. One round is
+/// now kept only when every node granted; otherwise the second round raises
+/// every node, as before.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_token_kept_in_one_round_is_not_lost_to_a_node_restarting_empty() {
+    let mut nodes = servers(3);
+    let addresses = urls(&nodes);
+    let clocked = |ms: u64| {
+        LockClient::new(
+            &addresses,
+            LockConfig {
+                token_clock: flashsale::lock::TokenClock::Fixed(Duration::from_millis(ms)),
+                ..LockConfig::default()
+            },
+        )
+        .expect("lock client")
+    };
+    let (ahead, behind) = (clocked(2_000_000), clocked(1_000_000));
+    let key = "flashsale:lock:skewed";
+    // Another holder has node 2 while the first grant is taken on 0 and 1.
+    let _: () = nodes[2].node.cmd(&["SET", key, "someone", "PX", "60000"]);
+    let first = ahead
+        .lock("skewed", &LockOptions::new("first"))
+        .await
+        .expect("a majority grants it");
+    let t1 = first.fencing_token();
+    assert!(first.unlock().await);
+    let _: i64 = nodes[2].node.cmd(&["DEL", key]);
+    drop((ahead, behind));
+    nodes[0].node.restart();
+    // Node 1, the only other node that granted, is busy now.
+    let _: () = nodes[1].node.cmd(&["SET", key, "someone", "PX", "60000"]);
+    let behind = clocked(1_000_000);
+    let second = behind
+        .lock("skewed", &LockOptions::new("second"))
+        .await
+        .expect("nodes 0 and 2 grant it");
+    assert!(
+        second.fencing_token() > t1,
+        "a later grant's token {} is not above the earlier {t1}",
+        second.fencing_token()
+    );
+    assert!(second.unlock().await);
+}

@@ -475,9 +475,11 @@ impl LockClient {
             // On a single node the script settled the token in the same step.
             let fence = if single {
                 FenceSource::Settled(highest_fence)
-            } else if highest_granting < proposal {
-                // Every granting node (a majority) was below the proposal
-                // and holds it now: see `fence` for why that is enough.
+            } else if highest_granting < proposal && granted.len() == self.inner.nodes.len() {
+                // Every node granted, was below the proposal and holds it
+                // now (see `fence`). When only a majority granted, the
+                // second round raises the others too: a granting node that
+                // restarts empty must leave the token on a majority.
                 FenceSource::Settled(proposal)
             } else {
                 FenceSource::Raise {

@@ -3,18 +3,23 @@
 //! On one node the acquire script settles the token in the same step as the
 //! SET NX: `max(counter + 1, unix_ms * 1000)`, stored as the new counter.
 //!
-//! On N nodes the token is fixed in the acquire round too, most of the time.
-//! The client proposes `P` (the clock in µs); every node that grants raises
-//! its counter to `P` in the same atomic step as its SET NX, when the counter
-//! is below `P`, and reports the counter it had. If every granting node (a
-//! majority) had a counter below `P`, the token is `P`, with no second round.
-//! Otherwise a second round raises a majority to `max(highest counter seen
-//! + 1, unix_ms * 1000)` (`lock_fence.lua`, never lowering).
+//! On N nodes the token is fixed in the acquire round too, when nothing is
+//! contended. The client proposes `P` (the clock in µs); every node that
+//! grants raises its counter to `P` in the same atomic step as its SET NX,
+//! when the counter is below `P`, and reports the counter it had. If every
+//! node granted and had a counter below `P`, the token is `P`, with no
+//! second round. Otherwise a second round raises every node it reaches (at
+//! least a majority) to `max(highest counter seen + 1, unix_ms * 1000)`
+//! (`lock_fence.lua`, never lowering). Keeping `P` when only a majority
+//! granted would leave it on that majority alone: one of them restarting
+//! empty, and a later grant on the restarted node and a node that was busy
+//! during the first, with a clock behind, would go below it (found by the
+//! attack: `a_token_kept_in_one_round_is_not_lost_to_a_node_restarting_empty`).
 //!
 //! Why the next grant's token is larger. Let G be a grant with token `t`:
 //! a majority M of the nodes holds a counter >= `t` before G is handed out
-//! (in one round: each node of M raised it with its SET NX; in two: the
-//! second round's majority). Counters never go down. A later grant G' wins
+//! (in one round: every node raised it with its SET NX; in two: the second
+//! round's majority, every node it reached). Counters never go down. A later grant G' wins
 //! its own majority M', and M' shares a node `n` with M. In one round, G'
 //! keeps `P'` only if `n`'s counter was below `P'` when G' took the key
 //! there, which is after G raised it (G held the key on `n` until it
