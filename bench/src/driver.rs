@@ -556,33 +556,64 @@ impl Bench {
         Ok(with_master_time(result, &before, &after))
     }
 
-    /// The `orders` row: a hot1 engine run with the order writers (two, the
-    /// default) draining into PostgreSQL from the start. Throughput is
-    /// orders written per second, from the first purchase until PostgreSQL
-    /// holds every order the run confirmed; the note gives the backlog's
-    /// peak (the stream's length, sampled every 10 ms; entries leave it once
-    /// written and acknowledged) and the engine's own selling rate. Runs
-    /// after the repetition's other sales were cleared, so the writers see
-    /// no other bench sale.
-    /// `None` when PostgreSQL cannot be reached (the row needs it).
-    async fn orders_run(&mut self) -> Result<Option<RunResult>> {
+    /// The `orders` rows, both on a hot1 sale of their own with the order
+    /// writers (two, the default):
+    /// - `orders`: the writers drain from the start while the engine sells
+    ///   (both share the machine). Throughput is orders written per second,
+    ///   from the first purchase until PostgreSQL holds every order the run
+    ///   confirmed; the note gives the backlog's peak (the stream's length,
+    ///   sampled every 10 ms; entries leave it once written and
+    ///   acknowledged) and the engine's own selling rate in that run.
+    /// - `orders drain`: the engine sells the whole stock first with no
+    ///   writer running, then the writers start and drain the backlog alone.
+    ///   Throughput is orders written per second of that drain, from the
+    ///   writers' start (their connections and first look at the sales
+    ///   included): the writers' own peak rate, on the same machine, as
+    ///   `engine` is the engine's own. Its backlog is four times the other
+    ///   rows' (`--ops` x 2 orders), so the start is a small part of it.
+    ///
+    /// Runs after the repetition's other sales were cleared, so the writers
+    /// see no other bench sale. Empty when PostgreSQL cannot be reached (the
+    /// rows need it).
+    async fn orders_runs(&mut self) -> Result<Vec<RunResult>> {
+        let mut rows = Vec::new();
+        for (label, live) in [("orders", true), ("orders drain", false)] {
+            rows.extend(self.orders_run(label, live).await?);
+        }
+        Ok(rows)
+    }
+
+    /// One `orders` row (see [`Bench::orders_runs`]): `live`, the writers
+    /// run while the engine sells; else they start once it has sold out.
+    async fn orders_run(&mut self, label: &str, live: bool) -> Result<Option<RunResult>> {
         let pool = match flashsale::db::pool(&self.postgres_url, 8) {
             Ok(p) => p,
             Err(e) => {
-                eprintln!("orders row skipped: {e}");
+                eprintln!("{label} row skipped: {e}");
                 return Ok(None);
             }
         };
         if let Err(e) = flashsale::db::migrate(&pool).await {
-            eprintln!("orders row skipped: PostgreSQL: {e}");
+            eprintln!("{label} row skipped: PostgreSQL: {e}");
             return Ok(None);
         }
-        let ops = self.args.ops;
-        let st = self.sale("hot1-orders", ops / 2, 1).await?;
-        let writers = self
-            .engine
-            .spawn_order_writer(pool.clone(), flashsale::WriterConfig::default())
+        let pool = &pool;
+        let ops = if live {
+            self.args.ops
+        } else {
+            self.args.ops * 4
+        };
+        let st = self
+            .sale(&format!("hot1-{}", label.replace(' ', "-")), ops / 2, 1)
             .await?;
+        let mut writers = None;
+        if live {
+            writers = Some(
+                self.engine
+                    .spawn_order_writer(pool.clone(), flashsale::WriterConfig::default())
+                    .await?,
+            );
+        }
         let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
         let sampler = {
             let mut conn = self.engine.dedicated_connection().await?;
@@ -601,36 +632,65 @@ impl Bench {
                 peak
             })
         };
-        let started = std::time::Instant::now();
+        let mut started = std::time::Instant::now();
         let e = self.engine.clone();
         let sold = self
-            .engine_run("hot1", "orders", e, vec![st.sku.clone()], None, ops)
+            .engine_run("hot1", label, e, vec![st.sku.clone()], None, ops)
             .await?;
         let confirmed = sold.confirmed;
+        if writers.is_none() {
+            // The whole backlog is in the stream: the drain starts now.
+            started = std::time::Instant::now();
+            writers = Some(
+                self.engine
+                    .spawn_order_writer(pool.clone(), flashsale::WriterConfig::default())
+                    .await?,
+            );
+        }
+        // The writers' own count of rows inserted says when they are done
+        // (they see no other sale); PostgreSQL is asked once, after. Asking
+        // it with COUNT(*) every few ms would cost it more than the writers'
+        // inserts do.
         let deadline = started + self.cap();
-        let mut written = 0u64;
-        while written < confirmed && std::time::Instant::now() < deadline {
-            let n: i64 = flashsale::db::client(&pool)
-                .await?
-                .query_one("SELECT COUNT(*) FROM orders WHERE sku = $1", &[&st.sku])
-                .await?
-                .get(0);
-            written = n.max(0) as u64;
-            if written < confirmed {
-                tokio::time::sleep(Duration::from_millis(10)).await;
-            }
+        let inserted =
+            |w: &Option<flashsale::WriterHandle>| w.as_ref().map_or(0, |w| w.progress().written);
+        while inserted(&writers) < confirmed && std::time::Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(2)).await;
         }
         let drained = started.elapsed();
         stop.store(true, Ordering::Relaxed);
         let peak = sampler.await.unwrap_or(0);
-        writers.shutdown().await?;
-        let _ = flashsale::db::client(&pool)
+        if let Some(w) = writers {
+            w.shutdown().await?;
+        }
+        let n: i64 = flashsale::db::client(pool)
+            .await?
+            .query_one("SELECT COUNT(*) FROM orders WHERE sku = $1", &[&st.sku])
+            .await?
+            .get(0);
+        let written = n.max(0) as u64;
+        let _ = flashsale::db::client(pool)
             .await?
             .execute("DELETE FROM orders WHERE sku = $1", &[&st.sku])
             .await;
         let rate = written as f64 / drained.as_secs_f64().max(1e-9);
+        let note = if live {
+            format!(
+                "orders into PostgreSQL per second, 2 writers draining while the engine sells, \
+                 from the first purchase until all {written} were written; backlog peak {peak}; \
+                 the engine sold at {:.0}/s in the same run",
+                sold.throughput
+            )
+        } else {
+            format!(
+                "orders into PostgreSQL per second, 2 writers draining a backlog of {peak} \
+                 the engine had sold alone (at {:.0}/s), from the writers' start until all \
+                 {written} were written",
+                sold.throughput
+            )
+        };
         Ok(Some(RunResult {
-            strategy: "orders".into(),
+            strategy: label.into(),
             throughput: rate,
             repetitions: vec![rate],
             throughput_min: rate,
@@ -639,10 +699,7 @@ impl Bench {
             confirmed: written,
             // An order confirmed and never written is an error of this row.
             errors: confirmed.saturating_sub(written),
-            note: format!(
-                "orders into PostgreSQL per second, 2 writers, from the first purchase until all {written} were written; backlog peak {peak}; the engine sold at {:.0}/s in the same run",
-                sold.throughput
-            ),
+            note,
             ..sold
         }))
     }
@@ -1212,9 +1269,7 @@ pub async fn measure(b: &mut Bench) -> Result<(Vec<RunResult>, Vec<lockbench::Lo
         // writers drain only this row's orders), and after every other row
         // (so PostgreSQL's work after the bulk insert disturbs none).
         b.cleanup().await?;
-        if let Some(r) = b.orders_run().await? {
-            results.push(r);
-        }
+        results.extend(b.orders_runs().await?);
     }
     let mut locks = Vec::new();
     if !b.args.no_lock_bench && !b.lock_nodes.is_empty() {

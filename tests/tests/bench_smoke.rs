@@ -83,6 +83,7 @@ fn every_strategy_runs_and_the_json_is_complete() {
         ("hot1", "engine@10% batch_max=1"),
         ("hot1", "floor"),
         ("hot1", "orders"),
+        ("hot1", "orders drain"),
         ("hot1", "lock"),
         ("hot1", "naive"),
         ("hotB", "anchor"),
@@ -206,7 +207,7 @@ fn every_strategy_runs_and_the_json_is_complete() {
     assert!(locks
         .iter()
         .all(|l| l["pairs"].as_u64().unwrap_or(0) > 0 && l["errors"] == 0));
-    assert_eq!(report["targets"].as_array().map(Vec::len), Some(18));
+    assert_eq!(report["targets"].as_array().map(Vec::len), Some(19));
     // Batch sizes on every engine row, and never on an anchor's; one call
     // per purchase where batch_max = 1.
     for r in results.iter().filter(|r| {
