@@ -14,7 +14,11 @@ use crate::validate;
 pub struct SaleStatus {
     /// The SKU.
     pub sku: String,
-    /// "open" or "closed".
+    /// "open" (every bucket sells), "closed" (no bucket sells), or
+    /// "closing": a close begun and not finished (the process died, or a
+    /// failover took back a bucket's close), so some buckets still sell;
+    /// `close_sale` again, or `repair_sale`, finishes it. Never "closed"
+    /// while a bucket sells.
     pub state: String,
     /// Most units one user may buy; 0 means no limit.
     pub per_user_limit: u32,
@@ -45,6 +49,8 @@ pub struct BucketStatus {
     pub slot: u16,
     /// `host:port` of the master serving the slot now.
     pub master: String,
+    /// "open" or "closed": whether this bucket sells.
+    pub state: String,
     /// Units put in this bucket (creation plus restocks).
     pub initial: u64,
     /// Units left (a negative value in Redis would be reported as is).
@@ -76,7 +82,8 @@ impl Engine {
                 redis::cmd("HMGET")
                     .arg(keys::sale_meta(sku))
                     .arg("starts_ms")
-                    .arg("ends_ms"),
+                    .arg("ends_ms")
+                    .arg("state"),
             )
             .await?;
         let num = |v: Option<&Option<String>>| -> u64 {
@@ -104,9 +111,11 @@ impl Engine {
             pipe.cmd("XLEN").arg(&b.keys.orders);
             let (fields, stock, stream_len): (Vec<Option<String>>, Option<i64>, u64) =
                 pipe.query_async(&mut self.cluster().conn()).await?;
-            if fields.first().cloned().flatten().as_deref() == Some("closed") {
-                status.state = "closed".into();
-            }
+            let bucket_state = if fields.first().cloned().flatten().as_deref() == Some("closed") {
+                "closed"
+            } else {
+                "open"
+            };
             let initial = num(fields.get(1));
             let remaining = stock.unwrap_or(0);
             status.initial += initial;
@@ -118,11 +127,26 @@ impl Engine {
                 stream: b.keys.orders.clone(),
                 slot: b.slot,
                 master: map.master_of(b.slot).unwrap_or("?").to_owned(),
+                state: bucket_state.into(),
                 initial,
                 remaining,
                 stream_len,
             });
         }
+        let closed = status
+            .buckets
+            .iter()
+            .filter(|b| b.state == "closed")
+            .count();
+        let meta_closed = meta.get(2).and_then(|s| s.as_deref()) == Some("closed");
+        status.state = if closed == status.buckets.len() && closed > 0 {
+            "closed"
+        } else if closed == 0 && !meta_closed {
+            "open"
+        } else {
+            "closing"
+        }
+        .into();
         Ok(status)
     }
 }

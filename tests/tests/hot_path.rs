@@ -448,3 +448,53 @@ async fn restock_reopens_a_sold_out_sale() {
         .await;
     assert!(r.is_ok(), "restock clears the local sold-out flag: {r:?}");
 }
+
+/// A close cut off half-way (the metadata and the first bucket closed, the
+/// others not yet: the process died, or a failover took back a bucket's
+/// close) leaves buckets that still sell. The status said "closed" as soon
+/// as any one bucket was, so an operator was told the sale had stopped
+/// while buyers were still being confirmed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_half_closed_sale_is_not_reported_closed_while_a_bucket_still_sells() {
+    let cluster = RedisCluster::start(3, 0);
+    let engine = engine_on(&cluster).await;
+    let mut spec = SaleSpec::new("half-shut", 30);
+    spec.buckets = 3;
+    let created = engine.create_sale(spec).await.expect("create");
+    assert_eq!(created.state, "open");
+    assert!(created.buckets.iter().all(|b| b.state == "open"));
+    // What close_sale's first two writes leave: the metadata, then bucket 0.
+    let meta = flashsale::keys::sale_meta("half-shut");
+    let meta_node =
+        cluster.node(cluster.master_of_slot(flashsale::placement::key_slot(meta.as_bytes())));
+    let _: i64 = meta_node.cmd(&["HSET", &meta, "state", "closed"]);
+    let first = &created.buckets[0];
+    let _: i64 = cluster.node(cluster.master_of_slot(first.slot)).cmd(&[
+        "HSET",
+        &format!("{{{}}}:sale", first.tag),
+        "state",
+        "closed",
+    ]);
+
+    // Bucket 1 still sells...
+    let user = flashsale_tests::user_with_home("half", 3, 1);
+    let bought = engine
+        .purchase(PurchaseRequest {
+            sku: "half-shut",
+            user: &user,
+            qty: 1,
+            request_id: "r1",
+        })
+        .await;
+    assert!(bought.is_ok(), "bucket 1 is still open: {bought:?}");
+    // ...so the sale is not reported closed, and each bucket says its own.
+    let status = engine.sale_status("half-shut").await.expect("status");
+    assert_eq!(status.state, "closing", "{status:?}");
+    let states: Vec<&str> = status.buckets.iter().map(|b| b.state.as_str()).collect();
+    assert_eq!(states, ["closed", "open", "open"]);
+
+    // Finished, every bucket closed: closed.
+    let closed = engine.close_sale("half-shut").await.expect("close");
+    assert_eq!(closed.state, "closed", "{closed:?}");
+    assert!(closed.buckets.iter().all(|b| b.state == "closed"));
+}

@@ -154,13 +154,13 @@ fn print(st: &SaleStatus, json: bool) -> Result<()> {
             st.sku, st.state, st.initial, st.remaining, st.per_user_limit
         );
         println!(
-            "{:>3} {:<28} {:>5} {:<16} {:>9} {:>7}",
-            "#", "key", "slot", "master", "remaining", "stream"
+            "{:>3} {:<28} {:>5} {:<16} {:<6} {:>9} {:>7}",
+            "#", "key", "slot", "master", "state", "remaining", "stream"
         );
         for b in &st.buckets {
             println!(
-                "{:>3} {:<28} {:>5} {:<16} {:>9} {:>7}",
-                b.index, b.key, b.slot, b.master, b.remaining, b.stream_len
+                "{:>3} {:<28} {:>5} {:<16} {:<6} {:>9} {:>7}",
+                b.index, b.key, b.slot, b.master, b.state, b.remaining, b.stream_len
             );
         }
     }
