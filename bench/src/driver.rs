@@ -48,6 +48,8 @@ fn row(
         errors: stats.errors,
         ratio_to_anchor: None,
         expiry_lag_p99_ms: None,
+        persistence_forks: None,
+        engine_per_s: None,
         note,
     }
 }
@@ -102,30 +104,168 @@ fn lag_figures(lags: &[u64]) -> (u64, u64, u64) {
 /// How long the `engine hold` row holds each order.
 const HOLD_MS: u64 = 2000;
 
-/// Per master: (script calls, µs of CPU the server process used), from
-/// `INFO commandstats` and `INFO cpu`.
-type MasterTime = std::collections::BTreeMap<String, (u64, u64)>;
+/// A snapshot of the cluster's servers around a row: per master (script
+/// calls, µs of CPU the server process used), from `INFO commandstats` and
+/// `INFO cpu`; and how many forks (AOF rewrites, RDB saves) every node,
+/// replicas included, had made by then.
+#[derive(Debug, Default)]
+struct MasterTime {
+    masters: std::collections::BTreeMap<String, (u64, u64)>,
+    forks: u64,
+}
 
-/// Reads every master's script calls and CPU time. CPU time, not the
-/// command statistics' usec: those count a script's inner commands twice
-/// (in the script's usec and in their own), and leave out what a call
-/// costs outside command execution (reading, parsing, replying), which is
-/// what batching saves.
+/// Reads every master's script calls and CPU time, and every node's fork
+/// count. CPU time, not the command statistics' usec: those count a
+/// script's inner commands twice (in the script's usec and in their own),
+/// and leave out what a call costs outside command execution (reading,
+/// parsing, replying), which is what batching saves.
 async fn master_time(
     engine: &Engine,
     conn: &mut redis::cluster_async::ClusterConnection,
 ) -> Result<MasterTime> {
-    let mut out = MasterTime::new();
-    for master in engine.slot_map().await?.masters() {
+    let mut out = MasterTime::default();
+    let map = engine.slot_map().await?;
+    for master in map.masters() {
         let Some((host, port)) = master.rsplit_once(':') else {
             continue;
         };
         let port: u16 = port.parse()?;
         let stats = info(conn, host, port, "commandstats").await?;
         let cpu = info(conn, host, port, "cpu").await?;
-        out.insert(master, (commandstats(&stats).0, cpu_us(&cpu)));
+        out.masters
+            .insert(master, (commandstats(&stats).0, cpu_us(&cpu)));
+    }
+    for node in all_nodes(&map) {
+        out.forks += Persistence::of(&node_info(&node, "persistence").await?).forks();
     }
     Ok(out)
+}
+
+/// Every node of the cluster, masters and replicas, as `host:port`.
+fn all_nodes(map: &flashsale::placement::SlotMap) -> Vec<String> {
+    let mut nodes: Vec<String> = map
+        .ranges
+        .iter()
+        .flat_map(|r| std::iter::once(&r.master).chain(&r.replicas))
+        .cloned()
+        .collect();
+    nodes.sort();
+    nodes.dedup();
+    nodes
+}
+
+/// `INFO <section>` of the node at `host:port` on a connection of its own
+/// (replicas are not on the cluster connection).
+async fn node_info(node: &str, section: &str) -> Result<String> {
+    let client = redis::Client::open(format!("redis://{node}"))?;
+    let mut conn = client.get_multiplexed_async_connection().await?;
+    Ok(redis::cmd("INFO")
+        .arg(section)
+        .query_async(&mut conn)
+        .await?)
+}
+
+/// What `INFO persistence` says of a node's forks and its AOF.
+#[derive(Debug, Default, PartialEq)]
+struct Persistence {
+    /// A fork (AOF rewrite or RDB save) runs or is scheduled.
+    busy: bool,
+    aof_enabled: bool,
+    aof_current_size: u64,
+    aof_base_size: u64,
+    aof_rewrites: u64,
+    rdb_saves: u64,
+}
+
+impl Persistence {
+    fn of(text: &str) -> Persistence {
+        let field = |k: &str| -> u64 {
+            text.lines()
+                .filter_map(|l| l.trim().split_once(':'))
+                .find(|(name, _)| *name == k)
+                .and_then(|(_, v)| v.trim().parse().ok())
+                .unwrap_or(0)
+        };
+        Persistence {
+            busy: field("aof_rewrite_in_progress") > 0
+                || field("aof_rewrite_scheduled") > 0
+                || field("rdb_bgsave_in_progress") > 0,
+            aof_enabled: field("aof_enabled") > 0,
+            aof_current_size: field("aof_current_size"),
+            aof_base_size: field("aof_base_size"),
+            aof_rewrites: field("aof_rewrites"),
+            rdb_saves: field("rdb_saves"),
+        }
+    }
+
+    /// Forks made since the server started.
+    fn forks(&self) -> u64 {
+        self.aof_rewrites + self.rdb_saves
+    }
+
+    /// True when `headroom` more bytes of AOF would cross the automatic
+    /// rewrite threshold (`auto-aof-rewrite-percentage` `pct` over the base
+    /// size, and at least `min_size`; `pct` 0 turns it off).
+    fn rewrite_due_within(&self, headroom: u64, pct: u64, min_size: u64) -> bool {
+        if !self.aof_enabled || pct == 0 {
+            return false;
+        }
+        let threshold = min_size.max(self.aof_base_size + self.aof_base_size * pct / 100);
+        self.aof_current_size + headroom >= threshold
+    }
+}
+
+/// AOF one row may write, at most (the drain row's 100,000 purchases and
+/// orders write about 30 MB per master).
+const ROW_AOF_HEADROOM: u64 = 64 << 20;
+
+/// The value of `CONFIG GET name` on `conn`'s node, as a number (0 when
+/// unreadable).
+async fn config_number(conn: &mut redis::aio::MultiplexedConnection, name: &str) -> u64 {
+    let v: Vec<String> = redis::cmd("CONFIG")
+        .arg("GET")
+        .arg(name)
+        .query_async(conn)
+        .await
+        .unwrap_or_default();
+    v.get(1).and_then(|x| x.parse().ok()).unwrap_or(0)
+}
+
+/// Makes sure no node forks during the next row: waits for any AOF rewrite
+/// or RDB save under way to end, and rewrites now any AOF the row could
+/// push over Redis's automatic rewrite threshold. A fork copies the whole
+/// dataset while the row runs (copy-on-write faults slow the server, the
+/// child takes a core) and made one row of a run twice as slow as the
+/// next. Rows still count the forks that happened anyway
+/// (`persistence_forks`). Gives up waiting after a minute per node.
+async fn settle(engine: &Engine) -> Result<()> {
+    let map = engine.slot_map().await?;
+    for node in all_nodes(&map) {
+        let client = redis::Client::open(format!("redis://{node}"))?;
+        let mut conn = client.get_multiplexed_async_connection().await?;
+        let pct = config_number(&mut conn, "auto-aof-rewrite-percentage").await;
+        let min_size = config_number(&mut conn, "auto-aof-rewrite-min-size").await;
+        let deadline = std::time::Instant::now() + Duration::from_secs(60);
+        let mut asked = false;
+        while std::time::Instant::now() < deadline {
+            let text: String = redis::cmd("INFO")
+                .arg("persistence")
+                .query_async(&mut conn)
+                .await?;
+            let p = Persistence::of(&text);
+            if p.busy {
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            } else if !asked && p.rewrite_due_within(ROW_AOF_HEADROOM, pct, min_size) {
+                let _: redis::RedisResult<String> =
+                    redis::cmd("BGREWRITEAOF").query_async(&mut conn).await;
+                asked = true;
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            } else {
+                break;
+            }
+        }
+    }
+    Ok(())
 }
 
 /// `INFO <section>` of the node at `host:port`, as text.
@@ -153,20 +293,14 @@ async fn info(
     }
 }
 
-/// µs of CPU (system + user, main thread and children) from `INFO cpu`.
+/// µs of CPU (system + user) of the server process from `INFO cpu`; not
+/// its children's: those are its forks (AOF rewrites, RDB saves), whose
+/// cost is the dataset's size, not the row's requests.
 fn cpu_us(text: &str) -> u64 {
     let secs: f64 = text
         .lines()
         .filter_map(|l| l.trim().split_once(':'))
-        .filter(|(k, _)| {
-            matches!(
-                *k,
-                "used_cpu_sys"
-                    | "used_cpu_user"
-                    | "used_cpu_sys_children"
-                    | "used_cpu_user_children"
-            )
-        })
+        .filter(|(k, _)| matches!(*k, "used_cpu_sys" | "used_cpu_user"))
         .filter_map(|(_, v)| v.trim().parse::<f64>().ok())
         .sum();
     (secs * 1e6).round() as u64
@@ -200,11 +334,20 @@ fn commandstats(text: &str) -> (u64, u64) {
 /// The ceiling counts requests: each master's share of the row's requests
 /// (its share of the script calls; a batch counts as many requests as an
 /// average call of the row carried) over the master time it spent.
+/// Forks during the row go into `persistence_forks` and the note.
 fn with_master_time(mut row: RunResult, before: &MasterTime, after: &MasterTime) -> RunResult {
+    let forks = after.forks.saturating_sub(before.forks);
+    row.persistence_forks = Some(forks);
+    if forks > 0 {
+        row.note.push_str(&format!(
+            "; disturbed: {forks} AOF rewrite(s) or RDB save(s) on the cluster during the row"
+        ));
+    }
     let deltas: Vec<(u64, u64)> = after
+        .masters
         .iter()
         .map(|(m, (calls, us))| {
-            let (c0, u0) = before.get(m).copied().unwrap_or((0, 0));
+            let (c0, u0) = before.masters.get(m).copied().unwrap_or((0, 0));
             (calls.saturating_sub(c0), us.saturating_sub(u0))
         })
         .collect();
@@ -325,6 +468,7 @@ impl Bench {
             // User ids allow no spaces: "engine ack=replicated" -> "engine_ack=replicated".
             format!("{}-{scenario}-{}", self.run, label.replace(' ', "_")).into(),
         );
+        settle(&self.engine).await?;
         let before = master_time(&self.engine, &mut self.conn).await?;
         let batches_before = engine.stats().purchase_batch_sizes.snapshot();
         let fallthroughs_before = engine.stats().fallthroughs.load(Ordering::Relaxed);
@@ -472,6 +616,7 @@ impl Bench {
                 None
             })
         };
+        settle(&self.engine).await?;
         let before = master_time(&self.engine, &mut self.conn).await?;
         let a = anchor::run(&targets, script, &sha, pipeline).await;
         let after = master_time(&self.engine, &mut self.conn).await?;
@@ -539,6 +684,8 @@ impl Bench {
             errors,
             ratio_to_anchor: None,
             expiry_lag_p99_ms: None,
+            persistence_forks: None,
+            engine_per_s: None,
             note: format!(
                 "redis-benchmark EVALSHA {}, {} bucket(s), {connections} connection(s) x {} in flight; checked against stock{}",
                 match script {
@@ -598,6 +745,8 @@ impl Bench {
             return Ok(None);
         }
         let pool = &pool;
+        // Any fork the row could meet happens now, before the clock runs.
+        settle(&self.engine).await?;
         let ops = if live {
             self.args.ops
         } else {
@@ -647,14 +796,33 @@ impl Bench {
                     .await?,
             );
         }
-        // The writers' own count of rows inserted says when they are done
-        // (they see no other sale); PostgreSQL is asked once, after. Asking
-        // it with COUNT(*) every few ms would cost it more than the writers'
-        // inserts do.
+        // The writers' own count of rows inserted says when they are done,
+        // checked against PostgreSQL: their count takes in every sale they
+        // drain (a sale left by another run would end the wait early), and
+        // a COMMIT whose answer was lost is counted by nobody (the wait
+        // would run to the cap). So PostgreSQL is asked when the count says
+        // done, and every half second as a backstop; asking it every few
+        // ms would cost it more than the writers' inserts do.
         let deadline = started + self.cap();
         let inserted =
             |w: &Option<flashsale::WriterHandle>| w.as_ref().map_or(0, |w| w.progress().written);
-        while inserted(&writers) < confirmed && std::time::Instant::now() < deadline {
+        let mut trust_count = true;
+        let mut next_ask = std::time::Instant::now() + Duration::from_millis(500);
+        let mut timed_out = false;
+        loop {
+            let now = std::time::Instant::now();
+            if now >= deadline {
+                timed_out = true;
+                break;
+            }
+            let says_done = trust_count && inserted(&writers) >= confirmed;
+            if says_done || now >= next_ask {
+                if order_counts(pool, &st.sku).await?.0 >= confirmed {
+                    break;
+                }
+                trust_count &= !says_done;
+                next_ask = now + Duration::from_millis(500);
+            }
             tokio::time::sleep(Duration::from_millis(2)).await;
         }
         let drained = started.elapsed();
@@ -663,18 +831,14 @@ impl Bench {
         if let Some(w) = writers {
             w.shutdown().await?;
         }
-        let n: i64 = flashsale::db::client(pool)
-            .await?
-            .query_one("SELECT COUNT(*) FROM orders WHERE sku = $1", &[&st.sku])
-            .await?
-            .get(0);
-        let written = n.max(0) as u64;
+        let (written, distinct) = order_counts(pool, &st.sku).await?;
         let _ = flashsale::db::client(pool)
             .await?
             .execute("DELETE FROM orders WHERE sku = $1", &[&st.sku])
             .await;
         let rate = written as f64 / drained.as_secs_f64().max(1e-9);
-        let note = if live {
+        let errors = orders_errors(sold.errors, confirmed, written, distinct);
+        let mut note = if live {
             format!(
                 "orders into PostgreSQL per second, 2 writers draining while the engine sells, \
                  from the first purchase until all {written} were written; backlog peak {peak}; \
@@ -689,6 +853,13 @@ impl Bench {
                 sold.throughput
             )
         };
+        note.push_str("; latency and batch columns are the selling phase's");
+        if timed_out {
+            note.push_str(&format!(
+                "; timed out after {} s with {written} of {confirmed} written",
+                self.cap().as_secs()
+            ));
+        }
         Ok(Some(RunResult {
             strategy: label.into(),
             throughput: rate,
@@ -697,8 +868,11 @@ impl Bench {
             throughput_max: rate,
             answers_per_s: rate,
             confirmed: written,
-            // An order confirmed and never written is an error of this row.
-            errors: confirmed.saturating_sub(written),
+            errors,
+            // Per purchase, not per order written: left out.
+            redis_us_per_op: None,
+            projected_ceiling: None,
+            engine_per_s: Some(sold.throughput),
             note,
             ..sold
         }))
@@ -722,6 +896,7 @@ impl Bench {
             sku.as_str().into(),
             format!("{}-hold", self.run).into(),
         );
+        settle(&self.engine).await?;
         let before = master_time(&self.engine, &mut self.conn).await?;
         let batches_before = self.engine.stats().purchase_batch_sizes.snapshot();
         let (paid, pay_errors) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));
@@ -892,6 +1067,7 @@ impl Bench {
         let key = self.plain_stock("naive", stock).await?;
         let conn = self.conn.clone();
         let k = key.clone();
+        settle(&self.engine).await?;
         let before = master_time(&self.engine, &mut self.conn).await?;
         let stats = self
             .load("hot1 naive (GET, DECR)".into(), ops, None, move |_| {
@@ -1119,6 +1295,27 @@ pub async fn machine(
     }
 }
 
+/// (rows, distinct buyers) of `sku` in PostgreSQL's orders; each bench
+/// buyer buys once, so the two differ only by duplicates.
+async fn order_counts(pool: &flashsale::db::Pool, sku: &str) -> Result<(u64, u64)> {
+    let row = flashsale::db::client(pool)
+        .await?
+        .query_one(
+            "SELECT COUNT(*), COUNT(DISTINCT user_id) FROM orders WHERE sku = $1",
+            &[&sku],
+        )
+        .await?;
+    let (n, d): (i64, i64) = (row.get(0), row.get(1));
+    Ok((n.max(0) as u64, d.max(0) as u64))
+}
+
+/// Errors of an `orders` row: the selling phase's, every confirmed order
+/// missing from PostgreSQL, and every order written more than once (rows
+/// beyond the distinct buyers, or beyond what was confirmed).
+fn orders_errors(selling: u64, confirmed: u64, written: u64, distinct: u64) -> u64 {
+    selling + confirmed.abs_diff(written) + written.saturating_sub(distinct)
+}
+
 /// The hot1 engine row with `batch_max = 1` (one purchase per call).
 pub const UNBATCHED: &str = "engine batch_max=1";
 /// The same, paced at 10 % of the batched engine's peak.
@@ -1291,13 +1488,52 @@ pub async fn measure(b: &mut Bench) -> Result<(Vec<RunResult>, Vec<lockbench::Lo
 
 #[cfg(test)]
 mod tests {
-    use super::{commandstats, cpu_us};
+    use super::{commandstats, cpu_us, orders_errors, Persistence};
 
     #[test]
     fn cpu_time_adds_system_and_user_seconds() {
         let text = "# CPU\r\nused_cpu_sys:1.500000\r\nused_cpu_user:0.250000\r\nused_cpu_sys_children:0.000000\r\nused_cpu_user_children:0.000000\r\nused_cpu_sys_main_thread:1.400000\r\n";
         assert_eq!(cpu_us(text), 1_750_000);
         assert_eq!(cpu_us(""), 0);
+    }
+
+    #[test]
+    fn a_fork_rewriting_the_aof_is_not_charged_to_the_rows_requests() {
+        let text = "# CPU\r\nused_cpu_sys:1.500000\r\nused_cpu_user:0.250000\r\nused_cpu_sys_children:3.000000\r\nused_cpu_user_children:4.000000\r\n";
+        assert_eq!(cpu_us(text), 1_750_000);
+    }
+
+    #[test]
+    fn an_order_written_twice_is_an_error_of_the_orders_row() {
+        // 100 confirmed, 101 rows for 100 buyers: one duplicate.
+        assert_eq!(orders_errors(0, 100, 101, 100), 2);
+        // One missing, none duplicated.
+        assert_eq!(orders_errors(0, 100, 99, 99), 1);
+        // The selling phase's own errors are the row's too.
+        assert_eq!(orders_errors(3, 100, 100, 100), 3);
+        assert_eq!(orders_errors(0, 100, 100, 100), 0);
+    }
+
+    #[test]
+    fn a_rewrite_is_due_when_the_next_row_could_cross_the_threshold() {
+        let text = "# Persistence\r\naof_enabled:1\r\naof_rewrite_in_progress:0\r\naof_rewrite_scheduled:0\r\nrdb_bgsave_in_progress:0\r\naof_rewrites:4\r\nrdb_saves:1\r\naof_current_size:40000000\r\naof_base_size:30000000\r\n";
+        let p = Persistence::of(text);
+        assert!(!p.busy);
+        assert_eq!(p.forks(), 5);
+        let mb = 1 << 20;
+        // Threshold max(64 MB, 2 x 30 MB) = 64 MB: 40 MB + 64 MB crosses it.
+        assert!(p.rewrite_due_within(64 * mb, 100, 64 * mb));
+        assert!(!p.rewrite_due_within(10 * mb, 100, 64 * mb));
+        // Automatic rewrites off, or no AOF: nothing is ever due.
+        assert!(!p.rewrite_due_within(64 * mb, 0, 64 * mb));
+        assert!(
+            !Persistence::of("aof_enabled:0\r\naof_current_size:999999999\r\n").rewrite_due_within(
+                64 * mb,
+                100,
+                64 * mb
+            )
+        );
+        assert!(Persistence::of("aof_rewrite_scheduled:1\r\n").busy);
     }
 
     #[test]

@@ -63,6 +63,14 @@ pub struct RunResult {
     /// The `engine hold` row: p99 of the lag from a hold's deadline to its
     /// units back on sale, ms.
     pub expiry_lag_p99_ms: Option<f64>,
+    /// AOF rewrites and RDB saves any node of the cluster made while the
+    /// row ran (each row starts with none under way and none due, see
+    /// `settle`); None for rows that do not read the servers.
+    pub persistence_forks: Option<u64>,
+    /// The `orders` rows: the engine's purchases per second while it sold
+    /// the row's stock (with the writers running for `orders`, alone for
+    /// `orders drain`).
+    pub engine_per_s: Option<f64>,
     /// What to know when reading the row.
     pub note: String,
 }

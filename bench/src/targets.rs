@@ -19,7 +19,14 @@ fn target_figures(
     let tp = |sc: &str, st: &str| find(results, sc, st).map(|r| r.throughput);
     let us = |sc: &str, st: &str| find(results, sc, st).and_then(|r| r.redis_us_per_op);
     let p99 = |sc: &str, st: &str| find(results, sc, st).map(|r| r.p99_ms);
-    let ratio = |a: Option<f64>, b: Option<f64>| a.zip(b).map(|(a, b)| a / b.max(1e-9));
+    let ratio =
+        |a: Option<f64>, b: Option<f64>| a.zip(b).filter(|(_, b)| *b > 0.0).map(|(a, b)| a / b);
+    // An orders row that lost or duplicated an order has no rate to judge.
+    let clean_tp = |st: &str| {
+        find(results, "hot1", st)
+            .filter(|r| r.errors == 0)
+            .map(|r| r.throughput)
+    };
     let mut lock_ratio: Option<f64> = None;
     for l in locks.iter().filter(|l| l.implementation == "flashsale") {
         if let Some(r) = locks
@@ -68,8 +75,11 @@ fn target_figures(
         ratio(tp("many", "engine"), tp("many", "anchor")),
         ratio(tp("hot1", "engine ack=replicated"), tp("hot1", "engine")),
         ratio(p99("hot1", "engine@10%"), p99("hot1", UNBATCHED_10)),
-        ratio(tp("hot1", "orders"), tp("hot1", "engine")),
-        ratio(tp("hot1", "orders drain"), tp("hot1", "engine")),
+        ratio(clean_tp("orders"), tp("hot1", "engine")),
+        ratio(
+            clean_tp("orders drain"),
+            find(results, "hot1", "orders drain").and_then(|r| r.engine_per_s),
+        ),
         find(results, "hot1", "engine hold").and_then(|r| r.expiry_lag_p99_ms),
         xproc_ratio,
         xproc_wait,
@@ -130,7 +140,7 @@ const TARGETS: [TargetSpec; N_TARGETS] = [
         |x| x >= 1.0,
     ),
     (
-        "orders: writers draining a backlog alone, orders/s into PostgreSQL / hot1 engine peak purchases/s (each with the machine to itself)",
+        "orders: writers draining a backlog alone, orders/s into PostgreSQL / the engine's purchases/s selling that backlog alone (same row, same size, each with the machine to itself)",
         ">= 1.0",
         |x| x >= 1.0,
     ),

@@ -2,7 +2,8 @@
 //! `engine/migrations/`, applied at start under an advisory lock so two
 //! processes starting together do not race. Never touches Redis.
 
-use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod};
+pub use deadpool_postgres::Pool;
+use deadpool_postgres::{Manager, ManagerConfig, RecyclingMethod};
 use tokio_postgres::NoTls;
 
 /// Migrations in order; the number is the version recorded once applied.
