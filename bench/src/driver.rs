@@ -111,7 +111,12 @@ const HOLD_MS: u64 = 2000;
 #[derive(Debug, Default)]
 struct MasterTime {
     masters: std::collections::BTreeMap<String, (u64, u64)>,
+    /// Forks every node had started (`total_forks`: AOF rewrites, RDB
+    /// saves, and the snapshots sent to resync a replica).
     forks: u64,
+    /// Nodes with a fork running: taken before a row, each is a fork the
+    /// row ran beside although it started earlier.
+    forking: u64,
 }
 
 /// Reads every master's script calls and CPU time, and every node's fork
@@ -136,7 +141,21 @@ async fn master_time(
             .insert(master, (commandstats(&stats).0, cpu_us(&cpu)));
     }
     for node in all_nodes(&map) {
-        out.forks += Persistence::of(&node_info(&node, "persistence").await?).forks();
+        // A node that cannot be reached (a replica being replaced) is
+        // left out of the count, not a reason to abort the bench.
+        let Ok(mut conn) = node_connection(engine, &node).await else {
+            continue;
+        };
+        if let Ok(text) = redis::cmd("INFO")
+            .arg("persistence")
+            .arg("stats")
+            .query_async::<String>(&mut conn)
+            .await
+        {
+            let p = Persistence::of(&text);
+            out.forks += p.total_forks;
+            out.forking += u64::from(p.busy);
+        }
     }
     Ok(out)
 }
@@ -154,14 +173,29 @@ fn all_nodes(map: &flashsale::placement::SlotMap) -> Vec<String> {
     nodes
 }
 
-/// `INFO <section>` of the node at `host:port` on a connection of its own
-/// (replicas are not on the cluster connection).
-async fn node_info(node: &str, section: &str) -> Result<String> {
-    let client = redis::Client::open(format!("redis://{node}"))?;
-    let mut conn = client.get_multiplexed_async_connection().await?;
-    Ok(redis::cmd("INFO")
-        .arg(section)
-        .query_async(&mut conn)
+/// A connection of its own to the node at `host:port` (replicas are not on
+/// the cluster connection), with the first seed node's credentials and
+/// settings, and timeouts so that a node that hangs cannot hang the bench.
+async fn node_connection(engine: &Engine, node: &str) -> Result<redis::aio::MultiplexedConnection> {
+    use redis::IntoConnectionInfo;
+    let (host, port) = node
+        .rsplit_once(':')
+        .ok_or_else(|| anyhow!("node address {node:?} has no port"))?;
+    let seed = engine
+        .config()
+        .cluster_nodes
+        .first()
+        .ok_or_else(|| anyhow!("no cluster node configured"))?;
+    let info = seed
+        .as_str()
+        .into_connection_info()?
+        .set_addr(redis::ConnectionAddr::Tcp(host.to_owned(), port.parse()?));
+    let client = redis::Client::open(info)?;
+    let config = redis::AsyncConnectionConfig::new()
+        .set_connection_timeout(Some(Duration::from_secs(2)))
+        .set_response_timeout(Some(Duration::from_secs(5)));
+    Ok(client
+        .get_multiplexed_async_connection_with_config(&config)
         .await?)
 }
 
@@ -173,8 +207,8 @@ struct Persistence {
     aof_enabled: bool,
     aof_current_size: u64,
     aof_base_size: u64,
-    aof_rewrites: u64,
-    rdb_saves: u64,
+    /// Forks started since the server started (`INFO stats`).
+    total_forks: u64,
 }
 
 impl Persistence {
@@ -193,30 +227,24 @@ impl Persistence {
             aof_enabled: field("aof_enabled") > 0,
             aof_current_size: field("aof_current_size"),
             aof_base_size: field("aof_base_size"),
-            aof_rewrites: field("aof_rewrites"),
-            rdb_saves: field("rdb_saves"),
+            total_forks: field("total_forks"),
         }
-    }
-
-    /// Forks made since the server started.
-    fn forks(&self) -> u64 {
-        self.aof_rewrites + self.rdb_saves
     }
 
     /// True when a rewrite now is worth it: `headroom` more bytes of AOF
     /// would cross the automatic rewrite threshold
     /// (`auto-aof-rewrite-percentage` `pct` over the base size, and at
-    /// least `min_size`; `pct` 0 turns it off), and the AOF has grown by a
-    /// quarter of that since its last rewrite. Without the second test a
-    /// small dataset (base + headroom above `min_size` right after a
-    /// rewrite) would be rewritten before every row, to no gain.
+    /// least `min_size`; `pct` 0 turns it off), and the AOF has grown since
+    /// its last rewrite. Without the second test a small dataset (base +
+    /// headroom above `min_size` right after a rewrite) would be rewritten
+    /// again and again, to no gain; with it, a small dataset is rewritten
+    /// before each row that follows writes (cheap: it is small).
     fn rewrite_due_within(&self, headroom: u64, pct: u64, min_size: u64) -> bool {
         if !self.aof_enabled || pct == 0 {
             return false;
         }
         let threshold = min_size.max(self.aof_base_size + self.aof_base_size * pct / 100);
-        self.aof_current_size + headroom >= threshold
-            && self.aof_current_size >= self.aof_base_size + headroom / 4
+        self.aof_current_size + headroom >= threshold && self.aof_current_size > self.aof_base_size
     }
 }
 
@@ -246,8 +274,10 @@ async fn config_number(conn: &mut redis::aio::MultiplexedConnection, name: &str)
 async fn settle(engine: &Engine) -> Result<()> {
     let map = engine.slot_map().await?;
     for node in all_nodes(&map) {
-        let client = redis::Client::open(format!("redis://{node}"))?;
-        let mut conn = client.get_multiplexed_async_connection().await?;
+        let Ok(mut conn) = node_connection(engine, &node).await else {
+            eprintln!("settle: {node} cannot be reached; its forks are not waited for");
+            continue;
+        };
         let pct = config_number(&mut conn, "auto-aof-rewrite-percentage").await;
         let min_size = config_number(&mut conn, "auto-aof-rewrite-min-size").await;
         let deadline = std::time::Instant::now() + Duration::from_secs(60);
@@ -268,6 +298,9 @@ async fn settle(engine: &Engine) -> Result<()> {
             } else {
                 break;
             }
+        }
+        if std::time::Instant::now() >= deadline {
+            eprintln!("settle: {node} still forking after a minute; the row may meet it");
         }
     }
     Ok(())
@@ -339,15 +372,24 @@ fn commandstats(text: &str) -> (u64, u64) {
 /// The ceiling counts requests: each master's share of the row's requests
 /// (its share of the script calls; a batch counts as many requests as an
 /// average call of the row carried) over the master time it spent.
+/// Forks the row ran beside: started during it, or running when it began.
+fn row_forks(before: &MasterTime, after: &MasterTime) -> u64 {
+    after.forks.saturating_sub(before.forks) + before.forking
+}
+
+/// The note's words for `forks` forks during a row ("" for none).
+fn disturbed(forks: u64) -> String {
+    if forks == 0 {
+        return String::new();
+    }
+    format!("; disturbed: {forks} fork(s) (AOF rewrite, RDB save) on the cluster during the row")
+}
+
 /// Forks during the row go into `persistence_forks` and the note.
 fn with_master_time(mut row: RunResult, before: &MasterTime, after: &MasterTime) -> RunResult {
-    let forks = after.forks.saturating_sub(before.forks);
+    let forks = row_forks(before, after);
     row.persistence_forks = Some(forks);
-    if forks > 0 {
-        row.note.push_str(&format!(
-            "; disturbed: {forks} AOF rewrite(s) or RDB save(s) on the cluster during the row"
-        ));
-    }
+    row.note.push_str(&disturbed(forks));
     let deltas: Vec<(u64, u64)> = after
         .masters
         .iter()
@@ -397,8 +439,8 @@ pub struct Bench {
     pub plain_keys: Vec<String>,
     /// Which repetition is running (0-based): decides the run order.
     pub rep: usize,
-    /// When the cluster was last settled (see `settle`).
-    pub settled_at: Option<std::time::Instant>,
+    /// The next `settle` is skipped: the row calling it settled already.
+    pub settled_for_next_row: bool,
     pub bars: MultiProgress,
 }
 
@@ -416,19 +458,14 @@ impl Bench {
         b
     }
 
-    /// [`settle`], unless it was done less than a second ago: the
-    /// `orders` row settles before its writers start and its clock runs,
-    /// and its selling phase must not wait for a fork inside that clock.
+    /// [`settle`], unless the row in hand settled already: the `orders`
+    /// rows settle before their writers start and their clock runs, and
+    /// their selling phase must not wait for a fork inside that clock.
     async fn settle(&mut self) -> Result<()> {
-        if self
-            .settled_at
-            .is_some_and(|t| t.elapsed() < Duration::from_secs(1))
-        {
+        if std::mem::take(&mut self.settled_for_next_row) {
             return Ok(());
         }
-        settle(&self.engine).await?;
-        self.settled_at = Some(std::time::Instant::now());
-        Ok(())
+        settle(&self.engine).await
     }
 
     async fn sale(
@@ -767,8 +804,11 @@ impl Bench {
             return Ok(None);
         }
         let pool = &pool;
-        // Any fork the row could meet happens now, before the clock runs.
+        // Any fork the row could meet happens now, before the clock runs;
+        // the selling phase inside the clock does not settle again.
         self.settle().await?;
+        self.settled_for_next_row = true;
+        let forks_before = master_time(&self.engine, &mut self.conn).await?;
         let ops = if live {
             self.args.ops
         } else {
@@ -831,15 +871,21 @@ impl Bench {
         let mut trust_count = true;
         let mut next_ask = std::time::Instant::now() + Duration::from_millis(500);
         let mut timed_out = false;
+        let drained;
         loop {
             let now = std::time::Instant::now();
             if now >= deadline {
                 timed_out = true;
+                drained = started.elapsed();
                 break;
             }
             let says_done = trust_count && inserted(&writers) >= confirmed;
             if says_done || now >= next_ask {
-                if order_counts(pool, &st.sku).await?.0 >= confirmed {
+                // Done when the count says so or, found by the backstop,
+                // when it was asked: the query itself is not timed.
+                let seen = started.elapsed();
+                if order_rows(pool, &st.sku).await? >= confirmed {
+                    drained = seen;
                     break;
                 }
                 trust_count &= !says_done;
@@ -847,13 +893,16 @@ impl Bench {
             }
             tokio::time::sleep(Duration::from_millis(2)).await;
         }
-        let drained = started.elapsed();
         stop.store(true, Ordering::Relaxed);
         let peak = sampler.await.unwrap_or(0);
         let report = match writers {
             Some(w) => w.shutdown().await?,
             None => flashsale::WriterReport::default(),
         };
+        let forks = row_forks(
+            &forks_before,
+            &master_time(&self.engine, &mut self.conn).await?,
+        );
         let (written, distinct) = order_counts(pool, &st.sku).await?;
         let _ = flashsale::db::client(pool)
             .await?
@@ -880,6 +929,7 @@ impl Bench {
             "; batches held for a replica {}; latency and batch columns are the selling phase's",
             report.held_unreplicated
         ));
+        note.push_str(&disturbed(forks));
         if timed_out {
             note.push_str(&format!(
                 "; timed out after {} s with {written} of {confirmed} written",
@@ -899,6 +949,7 @@ impl Bench {
             redis_us_per_op: None,
             projected_ceiling: None,
             engine_per_s: Some(sold.throughput),
+            persistence_forks: Some(forks),
             note,
             ..sold
         }))
@@ -1321,6 +1372,17 @@ pub async fn machine(
     }
 }
 
+/// Rows of `sku` in PostgreSQL's orders (the cheap count, asked while the
+/// clock runs).
+async fn order_rows(pool: &flashsale::db::Pool, sku: &str) -> Result<u64> {
+    let n: i64 = flashsale::db::client(pool)
+        .await?
+        .query_one("SELECT COUNT(*) FROM orders WHERE sku = $1", &[&sku])
+        .await?
+        .get(0);
+    Ok(n.max(0) as u64)
+}
+
 /// (rows, distinct buyers) of `sku` in PostgreSQL's orders; each bench
 /// buyer buys once, so the two differ only by duplicates.
 async fn order_counts(pool: &flashsale::db::Pool, sku: &str) -> Result<(u64, u64)> {
@@ -1335,11 +1397,15 @@ async fn order_counts(pool: &flashsale::db::Pool, sku: &str) -> Result<(u64, u64
     Ok((n.max(0) as u64, d.max(0) as u64))
 }
 
-/// Errors of an `orders` row: the selling phase's, every confirmed order
-/// missing from PostgreSQL, and every order written more than once (rows
-/// beyond the distinct buyers, or beyond what was confirmed).
+/// Errors of an `orders` row: the selling phase's, every confirmed buyer
+/// with no order in PostgreSQL, every order written more than once (rows
+/// beyond the distinct buyers) and every buyer with an order beyond those
+/// confirmed. Each wrong row counts once.
 fn orders_errors(selling: u64, confirmed: u64, written: u64, distinct: u64) -> u64 {
-    selling + confirmed.abs_diff(written) + written.saturating_sub(distinct)
+    selling
+        + confirmed.saturating_sub(distinct)
+        + written.saturating_sub(distinct)
+        + distinct.saturating_sub(confirmed)
 }
 
 /// The hot1 engine row with `batch_max = 1` (one purchase per call).
@@ -1532,7 +1598,11 @@ mod tests {
     #[test]
     fn an_order_written_twice_is_an_error_of_the_orders_row() {
         // 100 confirmed, 101 rows for 100 buyers: one duplicate.
-        assert_eq!(orders_errors(0, 100, 101, 100), 2);
+        assert_eq!(orders_errors(0, 100, 101, 100), 1);
+        // 100 confirmed, 100 rows for 99 buyers: one missing, one twice.
+        assert_eq!(orders_errors(0, 100, 100, 99), 2);
+        // An order for a buyer never confirmed.
+        assert_eq!(orders_errors(0, 100, 101, 101), 1);
         // One missing, none duplicated.
         assert_eq!(orders_errors(0, 100, 99, 99), 1);
         // The selling phase's own errors are the row's too.
@@ -1542,15 +1612,19 @@ mod tests {
 
     #[test]
     fn a_rewrite_is_due_when_the_next_row_could_cross_the_threshold() {
-        let text = "# Persistence\r\naof_enabled:1\r\naof_rewrite_in_progress:0\r\naof_rewrite_scheduled:0\r\nrdb_bgsave_in_progress:0\r\naof_rewrites:4\r\nrdb_saves:1\r\naof_current_size:40000000\r\naof_base_size:10000000\r\n";
+        let text = "# Persistence\r\naof_enabled:1\r\naof_rewrite_in_progress:0\r\naof_rewrite_scheduled:0\r\nrdb_bgsave_in_progress:0\r\naof_rewrites:4\r\nrdb_saves:1\r\naof_current_size:40000000\r\naof_base_size:10000000\r\n# Stats\r\ntotal_forks:6\r\n";
         let p = Persistence::of(text);
         assert!(!p.busy);
-        assert_eq!(p.forks(), 5);
+        // Every fork, the snapshots sent to a replica's resync included.
+        assert_eq!(p.total_forks, 6);
         let mb = 1 << 20;
         // Threshold max(64 MB, 2 x 10 MB) = 64 MB: 40 MB + 64 MB crosses it,
         // and 30 MB of it came since the last rewrite.
         assert!(p.rewrite_due_within(64 * mb, 100, 64 * mb));
         assert!(!p.rewrite_due_within(10 * mb, 100, 64 * mb));
+        // Base 40 MB, 55 MB now: a row writing 30 MB crosses 80 MB.
+        let grown = "aof_enabled:1\r\naof_current_size:55000000\r\naof_base_size:40000000\r\n";
+        assert!(Persistence::of(grown).rewrite_due_within(64 * mb, 100, 64 * mb));
         // Just rewritten (current = base): a rewrite now would gain nothing.
         let fresh = "aof_enabled:1\r\naof_current_size:30000000\r\naof_base_size:30000000\r\n";
         assert!(!Persistence::of(fresh).rewrite_due_within(64 * mb, 100, 64 * mb));

@@ -158,7 +158,7 @@ async fn main() -> Result<()> {
         created: Vec::new(),
         plain_keys: Vec::new(),
         rep: 0,
-        settled_at: None,
+        settled_for_next_row: false,
         bars: MultiProgress::new(),
     };
     let mut runs = Vec::with_capacity(args.repeat.max(1));

@@ -209,7 +209,14 @@ pub fn targets(runs: &[(Vec<RunResult>, Vec<lockbench::LockResult>)]) -> Vec<Tar
         .enumerate()
         .map(|(k, (name, goal, ok))| {
             let xs: Vec<f64> = per_rep.iter().filter_map(|f| f[k]).collect();
-            let measured = median_of(&xs);
+            // A repetition without the figure (an orders row that lost or
+            // duplicated an order gives none) leaves the target unjudged:
+            // the others must not meet it on its behalf.
+            let measured = if xs.len() == per_rep.len() {
+                median_of(&xs)
+            } else {
+                None
+            };
             Target {
                 name: (*name).into(),
                 measured,
@@ -250,11 +257,18 @@ pub fn medians(
             // true median, and every repetition's is kept.
             let oversold = same.iter().map(|x| x.oversold).max().unwrap_or(0);
             let errors = same.iter().map(|x| x.errors).sum();
+            // Forks are counted over every repetition, so a disturbed one
+            // shows even when it is not the median.
+            let forks = same
+                .iter()
+                .filter_map(|x| x.persistence_forks)
+                .reduce(|a, b| a + b);
             let reps: Vec<f64> = same.iter().map(|x| x.throughput).collect();
             let mid = median_of(&reps);
             median(same, |x| x.throughput).map(|m| RunResult {
                 oversold,
                 errors,
+                persistence_forks: forks,
                 throughput: mid.unwrap_or(m.throughput),
                 throughput_min: reps.iter().copied().fold(f64::INFINITY, f64::min),
                 throughput_max: reps.iter().copied().fold(0.0, f64::max),
