@@ -21,10 +21,11 @@ fn target_figures(
     let p99 = |sc: &str, st: &str| find(results, sc, st).map(|r| r.p99_ms);
     let ratio =
         |a: Option<f64>, b: Option<f64>| a.zip(b).filter(|(_, b)| *b > 0.0).map(|(a, b)| a / b);
-    // An orders row that lost or duplicated an order has no rate to judge.
+    // An orders row that lost, duplicated or oversold an order has no rate
+    // to judge.
     let clean_tp = |st: &str| {
         find(results, "hot1", st)
-            .filter(|r| r.errors == 0)
+            .filter(|r| r.errors == 0 && r.oversold == 0)
             .map(|r| r.throughput)
     };
     let mut lock_ratio: Option<f64> = None;
@@ -258,17 +259,22 @@ pub fn medians(
             let oversold = same.iter().map(|x| x.oversold).max().unwrap_or(0);
             let errors = same.iter().map(|x| x.errors).sum();
             // Forks are counted over every repetition, so a disturbed one
-            // shows even when it is not the median.
-            let forks = same
-                .iter()
-                .filter_map(|x| x.persistence_forks)
-                .reduce(|a, b| a + b);
+            // shows even when it is not the median (unknown when any
+            // repetition's is).
+            let forks: Option<u64> = same.iter().map(|x| x.persistence_forks).sum();
             let reps: Vec<f64> = same.iter().map(|x| x.throughput).collect();
             let mid = median_of(&reps);
+            let reps_n = same.len();
             median(same, |x| x.throughput).map(|m| RunResult {
                 oversold,
                 errors,
                 persistence_forks: forks,
+                note: match forks {
+                    Some(n) if n > 0 => {
+                        format!("{}; {n} fork(s) over the {reps_n} repetitions", m.note)
+                    }
+                    _ => m.note.clone(),
+                },
                 throughput: mid.unwrap_or(m.throughput),
                 throughput_min: reps.iter().copied().fold(f64::INFINITY, f64::min),
                 throughput_max: reps.iter().copied().fold(0.0, f64::max),
