@@ -166,8 +166,9 @@ async fn kill_a_master_mid_sale(ack: flashsale::Ack) -> FailoverRun {
         answers.push(rx.recv().await.expect("answers flow"));
     }
     let promoted = cluster.replica_of(victim);
+    let killed_at = Instant::now();
     cluster.node_mut(victim).kill();
-    let failed_over = {
+    let _failed_over = {
         let deadline = Instant::now() + Duration::from_secs(120);
         loop {
             if cluster.master_ports().contains(&promoted) {
@@ -185,12 +186,26 @@ async fn kill_a_master_mid_sale(ack: flashsale::Ack) -> FailoverRun {
     // (with ack = replicated, bucket 0 needs a replica to confirm again).
     cluster.node_mut(victim).restart();
     tokio::task::block_in_place(|| cluster.wait_healthy(Duration::from_secs(120)));
-    // Bucket 0 sells again after the failover: 20 confirmations there.
+    // Bucket 0 sells again after the failover: 20 confirmations there of
+    // requests sent after the kill, which only the promoted replica can
+    // have served. Not "answered after the failover was seen": on a slow
+    // machine the engine finds the new master before this test does, and
+    // bucket 0 can sell out in between. Which requests were sent after the
+    // kill follows from the semaphore: buyer i starts only once i -
+    // IN_FLIGHT + 1 buyers have answered, so if A answered before the kill,
+    // every buyer from A + IN_FLIGHT on started after it.
     let deadline = Instant::now() + Duration::from_secs(180);
     let resumed = |answers: &Vec<Answer>| {
+        let before_kill = answers.iter().filter(|(_, t, _)| *t < killed_at).count();
+        let first_after = (before_kill + IN_FLIGHT) as u64;
         answers
             .iter()
-            .filter(|(_, t, r)| *t > failed_over && matches!(r, Ok(c) if c.bucket == 0))
+            .filter(|(id, _, r)| {
+                id.strip_prefix('b')
+                    .and_then(|i| i.parse::<u64>().ok())
+                    .is_some_and(|i| i >= first_after)
+                    && matches!(r, Ok(c) if c.bucket == 0)
+            })
             .count()
     };
     while resumed(&answers) < 20 {
