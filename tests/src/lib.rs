@@ -67,6 +67,18 @@ impl RedisNode {
     }
 
     fn start(&mut self) {
+        self.spawn_child();
+        if !self.wait_started() {
+            panic!(
+                "redis on {} exited at start (port taken?): {}",
+                self.port,
+                self.log_tail()
+            );
+        }
+    }
+
+    /// Starts the process, without waiting for it.
+    fn spawn_child(&mut self) {
         let log = self.dir.join("redis.log");
         let child = Command::new("redis-server")
             .arg("--port")
@@ -89,11 +101,67 @@ impl RedisNode {
             .spawn()
             .expect("spawn redis-server (is it installed? run ops/up)");
         self.child = Some(child);
-        wait_for(
-            Duration::from_secs(10),
-            || self.ping(),
-            || format!("redis on {} did not answer: {}", self.port, self.log_tail()),
+    }
+
+    /// Waits until the server this node spawned answers; false when it
+    /// exited first (its port, or its bus port, was taken meanwhile by
+    /// another test's process, which may well answer PING: so the answer
+    /// must come from our own process id).
+    fn wait_started(&mut self) -> bool {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while Instant::now() < deadline {
+            let Some(child) = self.child.as_mut() else {
+                return false;
+            };
+            if matches!(child.try_wait(), Ok(Some(_))) {
+                self.child = None;
+                return false;
+            }
+            let pid = child.id();
+            if self.ping() && self.process_id() == Some(pid) {
+                return true;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        panic!(
+            "timed out after 10s: redis on {} did not answer: {}",
+            self.port,
+            self.log_tail()
         );
+    }
+
+    /// The process id of whatever server answers on this node's port.
+    fn process_id(&self) -> Option<u32> {
+        let mut c = redis::Client::open(self.url())
+            .ok()?
+            .get_connection_with_timeout(Duration::from_millis(200))
+            .ok()?;
+        let info: String = redis::cmd("INFO").arg("server").query(&mut c).ok()?;
+        info.lines()
+            .find_map(|l| l.strip_prefix("process_id:"))
+            .and_then(|v| v.trim().parse().ok())
+    }
+
+    /// A node on a free port: when another process takes the port between
+    /// its choice and the bind, the node is started again on another.
+    fn spawn_on_a_free_port(dir: &Path, extra: &[&str]) -> RedisNode {
+        for _ in 0..5 {
+            let port = free_port();
+            let node_dir = dir.join(port.to_string());
+            std::fs::create_dir_all(&node_dir).expect("node dir");
+            let mut node = RedisNode {
+                port,
+                dir: node_dir,
+                announced: None,
+                child: None,
+                extra: extra.iter().map(|s| s.to_string()).collect(),
+            };
+            node.spawn_child();
+            if node.wait_started() {
+                return node;
+            }
+        }
+        panic!("no free port held for a redis-server after 5 tries");
     }
 
     /// `redis://127.0.0.1:port`.
@@ -182,7 +250,7 @@ impl RedisServer {
     /// Starts one instance with no persistence.
     pub fn start() -> RedisServer {
         let dir = TempDir::new().expect("temp dir");
-        let node = RedisNode::spawn(dir.path(), free_port(), &["--appendonly", "no"]);
+        let node = RedisNode::spawn_on_a_free_port(dir.path(), &["--appendonly", "no"]);
         RedisServer { node, _dir: dir }
     }
 
@@ -203,11 +271,14 @@ impl RedisCluster {
     /// Spawns the nodes, joins them with `redis-cli --cluster create`, and
     /// waits until every node reports `cluster_state:ok` with a full slot map.
     pub fn start(masters: usize, replicas: usize) -> RedisCluster {
-        let ports = (0..masters * (1 + replicas)).map(|_| (free_port(), None));
+        // Port 0: each node on a free port of its own (see `start_on`).
+        let ports = (0..masters * (1 + replicas)).map(|_| (0, None));
         RedisCluster::start_on(masters, replicas, ports.collect())
     }
 
-    /// Like [`RedisCluster::start`], on the given ports; a node paired with
+    /// Like [`RedisCluster::start`], on the given ports (0: a free port of
+    /// its own, chosen again if another process takes it first, as
+    /// `start` does; only with no proxy); a node paired with
     /// `Some(p)` announces `p` (a proxy in front of it) as its address, so
     /// clients and replicas reach it only through `p`. The cluster bus keeps
     /// its own port, so gossip and failover do not go through the proxy.
@@ -245,7 +316,11 @@ impl RedisCluster {
                     ]);
                 }
                 let args: Vec<&str> = args.iter().map(String::as_str).collect();
-                let mut node = RedisNode::spawn(dir.path(), port, &args);
+                let mut node = if port == 0 {
+                    RedisNode::spawn_on_a_free_port(dir.path(), &args)
+                } else {
+                    RedisNode::spawn(dir.path(), port, &args)
+                };
                 node.announced = announced;
                 node
             })
