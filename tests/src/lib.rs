@@ -53,17 +53,22 @@ pub struct RedisNode {
 
 impl RedisNode {
     fn spawn(dir: &Path, port: u16, extra: &[&str]) -> RedisNode {
+        let mut node = RedisNode::unstarted(dir, port, extra);
+        node.start();
+        node
+    }
+
+    /// The node on `port` in its own directory under `dir`, not running.
+    fn unstarted(dir: &Path, port: u16, extra: &[&str]) -> RedisNode {
         let dir = dir.join(port.to_string());
         std::fs::create_dir_all(&dir).expect("node dir");
-        let mut node = RedisNode {
+        RedisNode {
             port,
             dir,
             announced: None,
             child: None,
             extra: extra.iter().map(|s| s.to_string()).collect(),
-        };
-        node.start();
-        node
+        }
     }
 
     fn start(&mut self) {
@@ -146,16 +151,7 @@ impl RedisNode {
     /// its choice and the bind, the node is started again on another.
     fn spawn_on_a_free_port(dir: &Path, extra: &[&str]) -> RedisNode {
         for _ in 0..5 {
-            let port = free_port();
-            let node_dir = dir.join(port.to_string());
-            std::fs::create_dir_all(&node_dir).expect("node dir");
-            let mut node = RedisNode {
-                port,
-                dir: node_dir,
-                announced: None,
-                child: None,
-                extra: extra.iter().map(|s| s.to_string()).collect(),
-            };
+            let mut node = RedisNode::unstarted(dir, free_port(), extra);
             node.spawn_child();
             if node.wait_started() {
                 return node;
