@@ -3,6 +3,8 @@
 --
 -- KEYS[1] flashsale:lock:<name>    the lock; its value is the grant's random token
 -- KEYS[2] flashsale:fence:<name>   highest fencing token this node has seen
+-- KEYS[3] flashsale:waiters:<name> how many clients wait for it (see
+--         lock_waiting.lua, which counts them back out)
 -- ARGV[1] token of this grant attempt
 -- ARGV[2] ttl in milliseconds
 -- ARGV[3] "1" when this node is the only lock node (then the fencing token
@@ -11,10 +13,17 @@
 --         with "0": the token the client proposes (unix µs), which the
 --         counter is raised to in the same step as the SET NX when it is
 --         below it (see engine/src/lock/fence.rs for why that is enough)
+-- ARGV[5] tokens reserved above the grant's own for hand-offs inside the
+--         granted process (lock cohorting; "0" for none): the counter is
+--         left at the grant's token plus this, so no later grant reuses one
+-- ARGV[6] "0", or the ms a waiter count lives: when refused, count the
+--         caller in KEYS[3] in the same step, so no release can fall
+--         between the refusal and the count (and go unheard)
 --
 -- Returns {granted, pttl, fence}:
 --   {1, ttl, "<fence>"}    taken on this node; with ARGV[3] = "1", fence is
---                          the grant's token, already stored in KEYS[2]; with
+--                          the grant's token (KEYS[2] now holds it plus
+--                          ARGV[5]); with
 --                          "0", the counter before this call (the proposal
 --                          holds on this node only if that is below it)
 --   {0, pttl, "<fence>"}   held by another token; pttl = its remaining ms
@@ -26,13 +35,21 @@
 local fence = redis.call('GET', KEYS[2]) or '0'
 if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
   -- Tokens stay below 2^53, so Lua's numbers hold them exactly.
+  local reserve = tonumber(ARGV[5])
   if ARGV[3] == '1' then
     local next = math.max(tonumber(fence) + 1, tonumber(ARGV[4]))
     fence = string.format('%.0f', next)
-    redis.call('SET', KEYS[2], fence)
+    redis.call('SET', KEYS[2], string.format('%.0f', next + reserve))
   elseif tonumber(fence) < tonumber(ARGV[4]) then
-    redis.call('SET', KEYS[2], ARGV[4])
+    redis.call('SET', KEYS[2], string.format('%.0f', tonumber(ARGV[4]) + reserve))
   end
   return {1, tonumber(ARGV[2]), fence}
+end
+if ARGV[6] ~= '0' then
+  redis.call('INCR', KEYS[3])
+  -- Only ever lengthened, as in lock_waiting.lua.
+  if redis.call('PTTL', KEYS[3]) < tonumber(ARGV[6]) then
+    redis.call('PEXPIRE', KEYS[3], ARGV[6])
+  end
 end
 return {0, redis.call('PTTL', KEYS[1]), fence}

@@ -46,6 +46,8 @@ pub const WORKERS: usize = 4;
 #[derive(Clone)]
 enum Impl {
     Flashsale(LockClient),
+    /// flashsale's default: no fixed lease, the watchdog renews it.
+    Watchdog(LockClient),
     Fair(LockClient),
     Semaphore(LockClient),
     Rslock(Arc<rslock::LockManager>),
@@ -53,6 +55,10 @@ enum Impl {
 
 /// Labels of the flashsale rows beside `flashsale` and `rslock`.
 pub const FAIR: &str = "flashsale fair";
+/// flashsale's lock under the watchdog (no fixed lease), in the
+/// cross-process scenario: a task of the holder's process takes it over
+/// with no trip to the nodes (a fixed lease is set again on the nodes).
+pub const WATCHDOG: &str = "flashsale-watchdog";
 /// A semaphore of one permit used as a lock.
 pub const SEMAPHORE: &str = "flashsale semaphore(1)";
 
@@ -66,6 +72,10 @@ impl Impl {
                 let opts = LockOptions::new(format!("w{worker}"))
                     .lease(TTL)
                     .wait(Duration::from_secs(60));
+                c.lock(name, &opts).await.ok().map(Held::Flashsale)
+            }
+            Impl::Watchdog(c) => {
+                let opts = LockOptions::new(format!("w{worker}")).wait(Duration::from_secs(60));
                 c.lock(name, &opts).await.ok().map(Held::Flashsale)
             }
             Impl::Fair(c) => {
@@ -206,6 +216,7 @@ pub async fn child(spec: &str) -> anyhow::Result<String> {
     let urls: Vec<String> = urls.split(',').map(str::to_owned).collect();
     let imp = match implementation {
         "flashsale" => Impl::Flashsale(LockClient::new(&urls, LockConfig::default())?),
+        WATCHDOG => Impl::Watchdog(LockClient::new(&urls, LockConfig::default())?),
         "rslock" => Impl::Rslock(Arc::new(rslock::LockManager::new(urls))),
         other => anyhow::bail!("--lock-child: unknown implementation {other:?}"),
     };
@@ -256,7 +267,7 @@ pub async fn cross_process(
             continue;
         }
         let urls = lock_nodes[..n].join(",");
-        for implementation in ["flashsale", "rslock"] {
+        for implementation in ["flashsale", WATCHDOG, "rslock"] {
             bar.set_message(format!("lock x-proc {implementation} nodes={n}"));
             let name = format!(
                 "lockbench-xproc-{implementation}-{n}-{}",

@@ -71,6 +71,8 @@ pub const LEDGER_IMBALANCE: &str = "flashsale_ledger_imbalance_units";
 pub const LOCK_ACQUIRE_SECONDS: &str = "flashsale_lock_acquire_duration_seconds";
 /// Lock attempts that found the lock held and waited.
 pub const LOCK_WAITS: &str = "flashsale_lock_waits_total";
+/// Grants passed from one task of a process to the next (lock cohorting).
+pub const LOCK_HANDOFFS: &str = "flashsale_lock_handoffs_total";
 /// Watchdog renewals confirmed by a quorum.
 pub const LOCK_RENEWALS: &str = "flashsale_lock_renewals_total";
 /// Grants lost (renewal failed on a quorum, or a lease ran out).
@@ -158,6 +160,10 @@ pub fn describe() {
         "Time from lock call to grant"
     );
     describe_counter!(LOCK_WAITS, "Lock attempts that waited");
+    describe_counter!(
+        LOCK_HANDOFFS,
+        "Locks handed from one task of this process to the next without a trip to the lock nodes"
+    );
     describe_counter!(LOCK_RENEWALS, "Lock leases renewed by the watchdog");
     describe_counter!(LOCK_LOST, "Locks lost before release");
     describe_counter!(LOCK_NODE_ERRORS, "Lock node errors and timeouts, by node");

@@ -619,7 +619,29 @@ pub fn lock_acquire(v: &Value) -> Result<LockAcquireReply, BadReply> {
     })
 }
 
-/// Decodes a `lock_release.lua` or `lock_extend.lua` reply: true when done,
+/// What one node said to a release.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LockRelease {
+    /// This grant did not hold the lock there (expired, or another's now).
+    NotHeld,
+    /// Released; nobody waited.
+    Released,
+    /// Released, and other clients wait for it: they were woken.
+    ReleasedToWaiters,
+}
+
+/// Decodes a `lock_release.lua` or `rw_release.lua` reply.
+pub fn lock_release(v: &Value) -> Result<LockRelease, BadReply> {
+    const S: &str = "lock_release";
+    match int(S, v)? {
+        scripts::lock::NOT_HELD => Ok(LockRelease::NotHeld),
+        scripts::lock::DONE => Ok(LockRelease::Released),
+        scripts::lock::RELEASED_TO_WAITERS => Ok(LockRelease::ReleasedToWaiters),
+        c => Err(bad(S, format!("code {c}"))),
+    }
+}
+
+/// Decodes a `lock_extend.lua` (or `rw_extend.lua`) reply: true when done,
 /// false when this grant does not hold the lock.
 pub fn lock_done(v: &Value) -> Result<bool, BadReply> {
     const S: &str = "lock_release/lock_extend";
@@ -651,6 +673,13 @@ mod tests {
             Ok((false, 5))
         );
         assert!(lock_acquire(&reply(2, Value::Int(5))).is_err());
+        assert_eq!(lock_release(&Value::Int(0)), Ok(LockRelease::NotHeld));
+        assert_eq!(lock_release(&Value::Int(1)), Ok(LockRelease::Released));
+        assert_eq!(
+            lock_release(&Value::Int(2)),
+            Ok(LockRelease::ReleasedToWaiters)
+        );
+        assert!(lock_release(&Value::Int(3)).is_err());
         assert!(lock_acquire(&reply(1, Value::Int(-5))).is_err());
         assert!(lock_acquire(&reply(1, Value::BulkString(b"x".to_vec()))).is_err());
         assert!(lock_acquire(&Value::Array(vec![Value::Int(1)])).is_err());

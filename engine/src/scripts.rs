@@ -205,6 +205,9 @@ pub mod lock {
     /// lock_acquire: held by another grant; release/extend: this token does
     /// not hold it.
     pub const NOT_HELD: i64 = 0;
+    /// lock_release: released, and others wait for the lock (a wake-up went
+    /// out).
+    pub const RELEASED_TO_WAITERS: i64 = 2;
 }
 
 /// Every script the engine runs on the inventory cluster.

@@ -200,9 +200,9 @@ fn every_strategy_runs_and_the_json_is_complete() {
     let locks = report["lock_results"].as_array().expect("lock_results");
     assert_eq!(
         locks.len(),
-        20,
+        22,
         "flashsale, rslock, the fair lock and the semaphore, 1 and 3 nodes, 1 and 3 tasks; \
-         then flashsale and rslock across 4 processes on 1 and 3 nodes"
+         then flashsale (fixed lease and watchdog) and rslock across 4 processes on 1 and 3 nodes"
     );
     assert_eq!(
         locks
@@ -213,13 +213,13 @@ fn every_strategy_runs_and_the_json_is_complete() {
                 && l["tasks"] == 16
                 && l["longest_wait_ms"].as_f64().is_some())
             .count(),
-        4,
+        6,
         "the cross-process rows: {locks:?}"
     );
     assert!(locks
         .iter()
         .all(|l| l["pairs"].as_u64().unwrap_or(0) > 0 && l["errors"] == 0));
-    assert_eq!(report["targets"].as_array().map(Vec::len), Some(19));
+    assert_eq!(report["targets"].as_array().map(Vec::len), Some(21));
     // Batch sizes on every engine row, and never on an anchor's; one call
     // per purchase where batch_max = 1.
     for r in results.iter().filter(|r| {

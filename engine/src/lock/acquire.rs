@@ -1,4 +1,5 @@
-//! Acquiring a lock: reentry for the same owner, the per-process FIFO gate,
+//! Acquiring a lock: reentry for the same owner, the per-process FIFO gate
+//! (and a grant handed over through it by the task before: lock cohorting),
 //! one attempt on every node, and the grant (fencing round, watchdog start)
 //! once a majority said yes within the lock's validity. The same path takes
 //! a fair lock (each waiter queued on the nodes by arrival, with an entry
@@ -9,10 +10,11 @@ use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use tokio::sync::{watch, Semaphore};
+use tokio::sync::watch;
 
 use super::client::*;
 use super::fence;
+use super::gate::{Baton, Gate, Pass};
 use super::mode::Mode;
 use super::{LockClient, LockError, LockGuard, LockOptions};
 use crate::metrics as m;
@@ -41,6 +43,9 @@ pub(super) struct Request {
     queue: Option<QueueEntry>,
     /// A writer taking the read side: its own write token (a downgrade).
     own_writer: Option<String>,
+    /// Fencing tokens to reserve above the grant's for hand-offs inside
+    /// this process (lock cohorting); 0 for none.
+    reserve: u64,
 }
 
 /// A waiter's place in a queue on the nodes.
@@ -50,13 +55,31 @@ struct QueueEntry {
     arrival_us: String,
 }
 
+/// Where a lock call counted itself among the lock's waiters (so that
+/// releases wake it), to be counted out of again.
+enum Counted {
+    No,
+    /// On every node, by a round of its own.
+    Everywhere,
+    /// On these nodes, by the attempt they refused.
+    On(Vec<usize>),
+}
+
 impl Request {
+    /// Whether this request's attempt can count the caller in itself (the
+    /// plain lock's script can; the queued ones count by a round of their
+    /// own).
+    fn counts_in_attempt(&self) -> bool {
+        self.mode == Mode::Exclusive && self.queue.is_none()
+    }
+
     /// The plain lock: no queue.
     pub(super) fn plain() -> Request {
         Request {
             mode: Mode::Exclusive,
             queue: None,
             own_writer: None,
+            reserve: 0,
         }
     }
 
@@ -72,6 +95,7 @@ impl Request {
                 arrival_us: arrival_us.to_string(),
             }),
             own_writer: None,
+            reserve: 0,
         }
     }
 }
@@ -186,6 +210,7 @@ impl LockClient {
                 own_writer: self
                     .holding(Mode::Write, name, &opts.owner)
                     .map(|h| h.token.clone()),
+                reserve: 0,
             },
         };
         let timeout = || LockError::Timeout {
@@ -197,18 +222,41 @@ impl LockClient {
         // failed attempts on Redis. Not for a fair lock (every task queues
         // on the nodes, in its own arrival order) nor a read-write lock
         // (readers of one process share it).
-        let mut permit = None;
+        let mut request = request;
+        let mut permit: Option<Pass> = None;
+        let mut others_first = false;
         if mode == Mode::Exclusive && !opts.fair {
             let gate = self.gate(name);
-            permit = Some(if wait.is_zero() {
-                gate.try_acquire_owned().map_err(|_| timeout())?
+            let mut pass = if wait.is_zero() {
+                gate.try_enter().ok_or_else(timeout)?
             } else {
-                match tokio::time::timeout(wait, gate.acquire_owned()).await {
-                    Ok(Ok(p)) => p,
-                    _ => return Err(timeout()),
+                match tokio::time::timeout(wait, gate.enter()).await {
+                    Ok(p) => p,
+                    Err(_) => return Err(timeout()),
                 }
-            });
+            };
+            if let Some(baton) = pass.take_grant() {
+                if let Some(held) = self.take_over(baton, name, opts).await {
+                    *held.gate.lock().unwrap_or_else(|p| p.into_inner()) = Some(pass);
+                    metrics::counter!(m::LOCK_HANDOFFS).increment(1);
+                    metrics::histogram!(m::LOCK_ACQUIRE_SECONDS)
+                        .record(started.elapsed().as_secs_f64());
+                    return Ok(LockGuard {
+                        client: self.clone(),
+                        held,
+                        released: false,
+                    });
+                }
+            }
+            others_first = pass.others_first;
+            // Others of this process wait too: reserve tokens for handing
+            // the grant on to them.
+            if pass.has_waiting() {
+                request.reserve = u64::from(self.inner.config.cohort_max);
+            }
+            permit = Some(pass);
         }
+        let request = request;
         // Leaves the queue on every node however this call ends (granted
         // through a majority, given up, or dropped mid-wait).
         let mut dequeue = request.queue.as_ref().map(|q| Dequeue {
@@ -221,12 +269,46 @@ impl LockClient {
         // Register before the first attempt so a release between the attempt
         // and the wait is not missed.
         let wake = self.inner.waiters.register(&mode.wake_name(name));
-        let mut counted = false;
+        let mut counted = Counted::No;
+        let count_ttl = (wait + Duration::from_secs(5)).as_millis().to_string();
+        if others_first && !wait.is_zero() {
+            // The task before us gave the lock back to the nodes while
+            // clients elsewhere waited for it (its cohort was over): let one
+            // of them have it first. Count in (so their release wakes us)
+            // and wait for that release, or a moment if nobody took it.
+            metrics::counter!(m::LOCK_WAITS).increment(1);
+            self.count_waiter_of(mode, name, 1, wait).await;
+            counted = Counted::Everywhere;
+            // Listen only now: the release before us published a wake-up
+            // too, and this process hears it as well; a round trip later it
+            // has come in, and what wakes us is the next release.
+            let notified = wake.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            // Long enough for a woken client elsewhere to take it even on a
+            // busy machine; short, should the count be stale (a waiter that
+            // died counts until its count expires).
+            let pause = (self.inner.config.wake_spread * 2 + self.inner.config.cohort_window * 5)
+                .max(Duration::from_millis(50));
+            tokio::select! {
+                _ = &mut notified => {}
+                _ = tokio::time::sleep(pause.min(wait.saturating_sub(started.elapsed()))) => {}
+            }
+        }
         let result = loop {
             let notified = wake.notified();
             tokio::pin!(notified);
             notified.as_mut().enable();
-            let last = self.attempt(name, opts, &request).await;
+            // A plain lock's attempt counts us in on every node that refuses,
+            // in the same step (no release can fall between refusal and
+            // count); the others count with a round of their own.
+            let count = (matches!(counted, Counted::No) && request.counts_in_attempt())
+                .then_some(count_ttl.as_str());
+            let (last, counted_on) = self.attempt(name, opts, &request, count).await;
+            if !counted_on.is_empty() {
+                metrics::counter!(m::LOCK_WAITS).increment(1);
+                counted = Counted::On(counted_on);
+            }
             let remaining = wait.saturating_sub(started.elapsed());
             match last {
                 Attempt::Granted { held, everywhere } => {
@@ -255,13 +337,13 @@ impl LockClient {
                     });
                 }
                 Attempt::Busy { .. } if remaining.is_zero() => break Err(timeout()),
-                Attempt::Busy { .. } if !counted => {
+                Attempt::Busy { .. } if matches!(counted, Counted::No) => {
                     // Count ourselves among the waiters so releases publish,
                     // then look again at once: a release that came before the
                     // count published nothing.
                     metrics::counter!(m::LOCK_WAITS).increment(1);
                     self.count_waiter_of(mode, name, 1, wait).await;
-                    counted = true;
+                    counted = Counted::Everywhere;
                 }
                 Attempt::Busy { retry_in } => {
                     let mut pause = retry_in.min(remaining) + self.jitter();
@@ -298,17 +380,28 @@ impl LockClient {
             if let Some(d) = dequeue.take() {
                 d.now().await;
             }
-            if counted {
-                self.count_waiter_of(mode, name, -1, wait).await;
-            }
+            self.uncount(mode, name, wait, &counted).await;
             return result;
         }
-        if counted {
+        if !matches!(counted, Counted::No) {
             // Off the caller's path: the count only decides who gets woken.
             let (client, name) = (self.clone(), name.to_owned());
-            tokio::spawn(async move { client.count_waiter_of(mode, &name, -1, wait).await });
+            tokio::spawn(async move { client.uncount(mode, &name, wait, &counted).await });
         }
         result
+    }
+
+    /// Takes this call out of the waiter count where it counted itself in.
+    async fn uncount(&self, mode: Mode, name: &str, wait: Duration, counted: &Counted) {
+        let only = match counted {
+            Counted::No => return,
+            Counted::Everywhere => None,
+            Counted::On(nodes) => Some(nodes.as_slice()),
+        };
+        let key = mode.waiters_key(name);
+        let ttl = (wait + Duration::from_secs(5)).as_millis().to_string();
+        self.on_nodes(&self.inner.scripts.waiting, &[&key], &["-1", &ttl], only)
+            .await;
     }
 
     /// Adds `delta` to the waiter count of the lock `name` on every node.
@@ -329,12 +422,92 @@ impl LockClient {
     }
 
     /// The gate of `name`, created on first use.
-    pub(super) fn gate(&self, name: &str) -> Arc<Semaphore> {
+    pub(super) fn gate(&self, name: &str) -> Arc<Gate> {
         let mut gates = self.inner.gates.lock().unwrap_or_else(|p| p.into_inner());
-        gates
-            .entry(name.to_owned())
-            .or_insert_with(|| Arc::new(Semaphore::new(1)))
-            .clone()
+        gates.entry(name.to_owned()).or_default().clone()
+    }
+
+    /// Takes over a grant handed on by the task before (lock cohorting):
+    /// the same keys on the nodes, the next reserved fencing token, this
+    /// caller's owner and lease. `None` (and the grant released on the
+    /// nodes) when it is no longer valid, or a fixed lease could not be set
+    /// on a majority.
+    async fn take_over(&self, baton: Baton, name: &str, opts: &LockOptions) -> Option<Arc<Held>> {
+        let before = baton.held()?.clone();
+        let until = before.valid_until_ms.load(Ordering::SeqCst);
+        if *before.lost.borrow()
+            || self.now_ms() >= until
+            || before.fence >= before.fence_last
+            || before.name != name
+        {
+            return None;
+        }
+        let ttl = opts.lease.unwrap_or(self.inner.config.watchdog_ttl);
+        let valid_until_ms = if opts.lease.is_none() && !before.leased && before.ttl == ttl {
+            // Under the watchdog the lease goes on as it was.
+            until
+        } else {
+            // A fixed lease runs from this grant: set it on the nodes, the
+            // round trip the release would have cost.
+            let sent = Instant::now();
+            let lease_ms = (ttl.as_millis().max(1) as u64).to_string();
+            let replies = self
+                .on_all_nodes(
+                    &self.inner.scripts.extend,
+                    &[&Mode::Exclusive.hold_key(name)],
+                    &[&before.token, &lease_ms],
+                )
+                .await;
+            let confirmed = replies
+                .iter()
+                .filter(|r| matches!(r.as_ref().map(crate::replies::lock_done), Ok(Ok(true))))
+                .count();
+            let drift = ttl / 100 + Duration::from_millis(2);
+            let validity = ttl.checked_sub(sent.elapsed() + drift)?;
+            if confirmed < self.quorum() || validity.is_zero() {
+                return None;
+            }
+            self.now_ms() + validity.as_millis() as u64
+        };
+        let (lost, _) = watch::channel(false);
+        let held = Arc::new(Held {
+            mode: Mode::Exclusive,
+            name: name.to_owned(),
+            owner: opts.owner.clone(),
+            token: before.token.clone(),
+            fence: before.fence + 1,
+            fence_last: before.fence_last,
+            cohort_since_ms: before.cohort_since_ms,
+            leased: opts.lease.is_some(),
+            ttl,
+            count: AtomicU32::new(1),
+            valid_until_ms: AtomicU64::new(valid_until_ms),
+            lost,
+            keeper: Mutex::new(None),
+            gate: Mutex::new(None),
+        });
+        baton.taken();
+        self.keep(&held);
+        Some(held)
+    }
+
+    /// Starts what keeps `held` (the watchdog, or the lease timer) and
+    /// records it as this client's.
+    fn keep(&self, held: &Arc<Held>) {
+        let keeper = if held.leased {
+            self.spawn_lease_timer(held.clone())
+        } else {
+            self.spawn_watchdog(held.clone())
+        };
+        *held.keeper.lock().unwrap_or_else(|p| p.into_inner()) = Some(keeper);
+        self.inner
+            .held
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(
+                (held.mode, held.name.clone(), held.owner.clone()),
+                held.clone(),
+            );
     }
 
     /// Drops the gate of `name` when nobody holds or waits on it (every
@@ -393,8 +566,16 @@ impl LockClient {
 
     /// One Redlock round: SET NX PX on every node in parallel; on a majority
     /// within validity, raise the fencing counters and keep the grant;
-    /// otherwise release what was taken.
-    pub(super) async fn attempt(&self, name: &str, opts: &LockOptions, req: &Request) -> Attempt {
+    /// otherwise release what was taken. With `count` (the count's ttl, ms),
+    /// every node that refuses counts the caller among the lock's waiters;
+    /// returns those nodes too.
+    pub(super) async fn attempt(
+        &self,
+        name: &str,
+        opts: &LockOptions,
+        req: &Request,
+        count: Option<&str>,
+    ) -> (Attempt, Vec<usize>) {
         let token = format!("{:032x}", rand::random::<u128>());
         // From the first write on, this attempt owns keys on the nodes; if
         // the caller drops it half-way (a timeout around `lock()`), the
@@ -406,7 +587,7 @@ impl LockClient {
             token: token.clone(),
             armed: true,
         };
-        let result = self.attempt_with(name, opts, req, token).await;
+        let result = self.attempt_with(name, opts, req, token, count).await;
         outstanding.disarm();
         result
     }
@@ -419,7 +600,8 @@ impl LockClient {
         opts: &LockOptions,
         req: &Request,
         token: String,
-    ) -> Attempt {
+        count: Option<&str>,
+    ) -> (Attempt, Vec<usize>) {
         let ttl = opts.lease.unwrap_or(self.inner.config.watchdog_ttl);
         let ttl_ms = ttl.as_millis().max(1) as u64;
         let started = Instant::now();
@@ -437,8 +619,11 @@ impl LockClient {
         }
         .to_string();
         let replies = self
-            .ask_nodes(name, req, &token, &ttl_s, single, &clock)
+            .ask_nodes(name, req, &token, &ttl_s, single, &clock, count)
             .await;
+        let reserve = req.reserve;
+        // Nodes that refused and so counted us in (when asked to).
+        let mut counted = Vec::new();
         let mut granted = Vec::new();
         // Nodes that did not answer (timed out, broken link, a reply we could
         // not read): they may still run, or have run, our SET NX.
@@ -457,8 +642,13 @@ impl LockClient {
                     if a.granted {
                         granted.push(i);
                         highest_granting = highest_granting.max(a.fence);
-                    } else if a.pttl > 0 {
-                        shortest_pttl = Some(shortest_pttl.map_or(a.pttl, |p| p.min(a.pttl)));
+                    } else {
+                        if count.is_some() {
+                            counted.push(i);
+                        }
+                        if a.pttl > 0 {
+                            shortest_pttl = Some(shortest_pttl.map_or(a.pttl, |p| p.min(a.pttl)));
+                        }
                     }
                 }
                 Ok(Err(e)) => {
@@ -487,13 +677,20 @@ impl LockClient {
                 }
             };
             if let Some(held) = self
-                .grant(name, opts, mode, token.clone(), ttl, started, fence)
+                .grant(
+                    name,
+                    opts,
+                    mode,
+                    token.clone(),
+                    ttl,
+                    started,
+                    fence,
+                    reserve,
+                )
                 .await
             {
-                return Attempt::Granted {
-                    held,
-                    everywhere: granted.len() == self.inner.nodes.len(),
-                };
+                let everywhere = granted.len() == self.inner.nodes.len();
+                return (Attempt::Granted { held, everywhere }, counted);
             }
             self.release_token(mode, name, &token, None).await;
         } else if !granted.is_empty() || !unanswered.is_empty() {
@@ -506,7 +703,7 @@ impl LockClient {
             self.release_token(mode, name, &token, Some(&ours)).await;
         }
         if reachable < self.quorum() {
-            return Attempt::NoQuorum { reachable, detail };
+            return (Attempt::NoQuorum { reachable, detail }, counted);
         }
         let retry_in = match shortest_pttl {
             Some(ms) => Duration::from_millis(ms.max(1) as u64),
@@ -515,11 +712,12 @@ impl LockClient {
             None if req.queue.is_some() || mode == Mode::Read => self.inner.config.queue_lease / 3,
             None => Duration::from_millis(10),
         };
-        Attempt::Busy { retry_in }
+        (Attempt::Busy { retry_in }, counted)
     }
 
     /// One attempt's script on every node: the lock's own SET NX, the fair
     /// lock's (first in the queue only), or a read-write lock's side.
+    #[allow(clippy::too_many_arguments)]
     async fn ask_nodes(
         &self,
         name: &str,
@@ -528,6 +726,7 @@ impl LockClient {
         ttl_s: &str,
         single: bool,
         clock: &str,
+        count: Option<&str>,
     ) -> Vec<Result<redis::Value, super::node::NodeError>> {
         let mode = req.mode;
         let (hkey, fkey) = (mode.hold_key(name), mode.fence_key(name));
@@ -536,10 +735,12 @@ impl LockClient {
         let scripts = &self.inner.scripts;
         match (mode, &req.queue) {
             (Mode::Exclusive, None) => {
+                let reserve = req.reserve.to_string();
+                let wkey = mode.waiters_key(name);
                 self.on_all_nodes(
                     &scripts.acquire,
-                    &[&hkey, &fkey],
-                    &[token, ttl_s, single, clock],
+                    &[&hkey, &fkey, &wkey],
+                    &[token, ttl_s, single, clock, &reserve, count.unwrap_or("0")],
                 )
                 .await
             }
@@ -568,7 +769,8 @@ impl LockClient {
     }
 
     /// Completes a majority grant: picks the fencing token, raises the
-    /// counters of a majority to it, and checks the validity left.
+    /// counters of a majority to it (plus the `reserve` tokens above it that
+    /// hand-offs inside this process may take), and checks the validity left.
     #[allow(clippy::too_many_arguments)]
     pub(super) async fn grant(
         &self,
@@ -579,6 +781,7 @@ impl LockClient {
         ttl: Duration,
         started: Instant,
         fence: FenceSource,
+        reserve: u64,
     ) -> Option<Arc<Held>> {
         let fence = match fence {
             FenceSource::Settled(f) => f,
@@ -586,7 +789,7 @@ impl LockClient {
                 let fence =
                     fence::next_token(highest_seen, self.inner.config.token_clock.since_epoch());
                 let fkey = mode.fence_key(name);
-                let fence_s = fence.to_string();
+                let fence_s = fence.saturating_add(reserve).to_string();
                 let raised = self
                     .on_all_nodes(&self.inner.scripts.fence, &[&fkey], &[&fence_s])
                     .await;
@@ -602,33 +805,24 @@ impl LockClient {
             return None;
         }
         let (lost, _) = watch::channel(false);
+        let now_ms = self.now_ms();
         let held = Arc::new(Held {
             mode,
             name: name.to_owned(),
             owner: opts.owner.clone(),
             token,
             fence,
+            fence_last: fence.saturating_add(reserve),
+            cohort_since_ms: now_ms,
+            leased: opts.lease.is_some(),
             ttl,
             count: AtomicU32::new(1),
-            valid_until_ms: AtomicU64::new(self.now_ms() + validity.as_millis() as u64),
+            valid_until_ms: AtomicU64::new(now_ms + validity.as_millis() as u64),
             lost,
             keeper: Mutex::new(None),
             gate: Mutex::new(None),
         });
-        let keeper = if opts.lease.is_some() {
-            self.spawn_lease_timer(held.clone())
-        } else {
-            self.spawn_watchdog(held.clone())
-        };
-        *held.keeper.lock().unwrap_or_else(|p| p.into_inner()) = Some(keeper);
-        self.inner
-            .held
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .insert(
-                (held.mode, held.name.clone(), held.owner.clone()),
-                held.clone(),
-            );
+        self.keep(&held);
         Some(held)
     }
 }

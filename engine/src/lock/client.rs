@@ -9,9 +9,10 @@ use std::time::{Duration, Instant};
 
 use futures_util::future::join_all;
 use redis::Value;
-use tokio::sync::{watch, OwnedSemaphorePermit, Semaphore};
+use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
+use super::gate::{Gate, Pass};
 use super::mode::Mode;
 use super::node::{LockNode, NodeError};
 use super::waiters::Waiters;
@@ -26,6 +27,14 @@ pub(super) struct Held {
     pub(super) owner: String,
     pub(super) token: String,
     pub(super) fence: u64,
+    /// The last token reserved for this grant (see `fence`): hand-offs
+    /// inside this process take the tokens above `fence` up to it.
+    pub(super) fence_last: u64,
+    /// When the grant was taken from the nodes (ms since client start); a
+    /// hand-off keeps it, and hands on only while the cohort is young.
+    pub(super) cohort_since_ms: u64,
+    /// A fixed lease (no watchdog).
+    pub(super) leased: bool,
     pub(super) ttl: Duration,
     pub(super) count: AtomicU32,
     /// Engine-independent ms timestamp (since client start) until which the
@@ -33,9 +42,9 @@ pub(super) struct Held {
     pub(super) valid_until_ms: AtomicU64,
     pub(super) lost: watch::Sender<bool>,
     pub(super) keeper: Mutex<Option<JoinHandle<()>>>,
-    /// This process's gate for the name, held as long as the grant: other
-    /// tasks of the process queue on it instead of on Redis.
-    pub(super) gate: Mutex<Option<OwnedSemaphorePermit>>,
+    /// This process's pass for the name, held as long as the grant: other
+    /// tasks of the process queue for it instead of on Redis.
+    pub(super) gate: Mutex<Option<Pass>>,
 }
 
 /// A hold's kind, lock name and owner.
@@ -49,9 +58,9 @@ pub(super) struct Inner {
     pub(super) listeners: Vec<JoinHandle<()>>,
     /// What this client holds, by kind, name and owner (reentrancy).
     pub(super) held: Mutex<HashMap<HeldKey, Arc<Held>>>,
-    /// One permit per lock name: tasks of this process wait here, in FIFO
+    /// One gate per lock name: tasks of this process wait here, in FIFO
     /// order, so only one of them at a time asks the lock nodes.
-    pub(super) gates: Mutex<HashMap<String, Arc<Semaphore>>>,
+    pub(super) gates: Mutex<HashMap<String, Arc<Gate>>>,
     pub(super) epoch: Instant,
 }
 

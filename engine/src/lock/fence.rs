@@ -29,6 +29,17 @@
 //! The clock term keeps tokens growing even past the loss of more state than
 //! that (every node restarted empty), as long as the granting clocks do not
 //! step back; it costs nothing, since tokens are 64-bit.
+//!
+//! Hand-offs inside one process (lock cohorting). A grant may reserve `R`
+//! tokens above its own `t`: every counter the argument above raises to `t`
+//! is raised to `t + R` instead (the acquire script's ARGV[5], or the second
+//! round's value), and tasks of the granted process that take the lock over
+//! from each other, without a trip to the nodes, get `t + 1`, `t + 2`, ...
+//! up to `t + R`, in the order they hold it. They hold it one after another
+//! under the same keys, so they are ordered among themselves, and the
+//! argument above, read with `t + R` in place of `t`, puts every later grant
+//! G' above all of them. The price: `R` tokens spent per grant, which the
+//! µs clock term wipes out anyway.
 
 use std::time::Duration;
 

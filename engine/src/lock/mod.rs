@@ -19,7 +19,8 @@
 //! accepted refuses the late holder's write (see `db::fenced`).
 //!
 //! The files: `client.rs` the client, its nodes and the quorum call;
-//! `acquire.rs` reentry, the FIFO gate, attempts and the grant;
+//! `acquire.rs` reentry, attempts, the grant and hand-offs inside a
+//! process; `gate.rs` the FIFO line of a process's tasks for one name;
 //! `watchdog.rs` renewal, the lease timer and release; `guard.rs` what a
 //! holder keeps; `mode.rs` the keys and scripts of the lock and of a
 //! read-write lock's two sides (fair locks and writers queue on the nodes);
@@ -28,6 +29,7 @@
 mod acquire;
 mod client;
 pub mod fence;
+mod gate;
 mod guard;
 pub mod latch;
 mod mode;

@@ -74,6 +74,16 @@ pub struct LockConfig {
     /// renewed while the waiter lives, so one that died stops blocking the
     /// queue within this.
     pub queue_lease: Duration,
+    /// Lock cohorting: how many times in a row a plain lock released while
+    /// another task of this process waits for it passes straight to that
+    /// task, with no trip to the nodes (0: never). Each grant from the
+    /// nodes reserves this many fencing tokens above its own, so the tokens
+    /// of hand-offs still grow and stay below every later grant's.
+    pub cohort_max: u32,
+    /// ... and for how long after the grant from the nodes: past either
+    /// bound the lock goes back to the nodes, and when clients elsewhere
+    /// wait, the next task of this process lets them go first.
+    pub cohort_window: Duration,
 }
 
 /// The clock that fencing tokens never fall below.
@@ -110,6 +120,8 @@ impl Default for LockConfig {
             wake_spread: Duration::from_millis(3),
             token_clock: TokenClock::System,
             queue_lease: Duration::from_secs(2),
+            cohort_max: 64,
+            cohort_window: Duration::from_millis(10),
         }
     }
 }

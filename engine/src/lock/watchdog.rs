@@ -1,6 +1,7 @@
 //! Keeping and giving back a lock: the watchdog that renews a held lease
 //! every ttl/3 (and reports the loss when a majority stops confirming), the
-//! lease timer without a watchdog, and release on the nodes.
+//! lease timer without a watchdog, and release: to the next task of this
+//! process while the cohort lasts, otherwise on the nodes.
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -9,6 +10,7 @@ use std::time::{Duration, Instant};
 use tokio::task::JoinHandle;
 
 use super::client::*;
+use super::gate::Baton;
 use super::mode::Mode;
 use super::waiters::CHANNEL;
 use super::{LockClient, LockError};
@@ -138,13 +140,32 @@ impl LockClient {
         if let Some(k) = held.keeper.lock().unwrap_or_else(|p| p.into_inner()).take() {
             k.abort();
         }
+        let mut pass = held.gate.lock().unwrap_or_else(|p| p.into_inner()).take();
+        if valid && self.cohort_goes_on(held) && pass.as_ref().is_some_and(|p| p.has_waiting()) {
+            if let Some(pass) = pass.take() {
+                // Lock cohorting: the next task of this process takes the
+                // grant as it is, with the next reserved token.
+                pass.hand_over(Baton::new(self.clone(), held.clone()));
+                return true;
+            }
+        }
         let released = self
-            .release_token(held.mode, &held.name, &held.token, None)
+            .release_on_nodes(held.mode, &held.name, &held.token, None)
             .await;
         // Only now may the next task of this process go.
-        drop(held.gate.lock().unwrap_or_else(|p| p.into_inner()).take());
+        if let Some(pass) = pass {
+            pass.release(released.others_wait);
+        }
         self.forget_gate(&held.name);
-        valid && released >= self.quorum()
+        valid && released.count >= self.quorum()
+    }
+
+    /// Whether a grant may still pass to another task of this process: a
+    /// reserved token is left, and the cohort is younger than its window.
+    fn cohort_goes_on(&self, held: &Held) -> bool {
+        held.fence < held.fence_last
+            && self.now_ms().saturating_sub(held.cohort_since_ms)
+                < self.inner.config.cohort_window.as_millis() as u64
     }
 
     /// Compare-and-delete of `token` on every node (or only on `only`);
@@ -156,16 +177,49 @@ impl LockClient {
         token: &str,
         only: Option<&[usize]>,
     ) -> usize {
-        let (key, wkey) = (mode.hold_key(name), mode.waiters_key(name));
-        self.on_nodes(
-            mode.release_script(&self.inner.scripts),
-            &[&key, &wkey],
-            &[&mode.credential(token), CHANNEL, &mode.wake_name(name)],
-            only,
-        )
-        .await
-        .iter()
-        .filter(|r| matches!(r.as_ref().map(crate::replies::lock_done), Ok(Ok(true))))
-        .count()
+        self.release_on_nodes(mode, name, token, only).await.count
     }
+
+    /// [`LockClient::release_token`], and whether any node said others wait.
+    async fn release_on_nodes(
+        &self,
+        mode: Mode,
+        name: &str,
+        token: &str,
+        only: Option<&[usize]>,
+    ) -> Released {
+        use crate::replies::LockRelease;
+        let (key, wkey) = (mode.hold_key(name), mode.waiters_key(name));
+        let replies = self
+            .on_nodes(
+                mode.release_script(&self.inner.scripts),
+                &[&key, &wkey],
+                &[&mode.credential(token), CHANNEL, &mode.wake_name(name)],
+                only,
+            )
+            .await;
+        let mut out = Released {
+            count: 0,
+            others_wait: false,
+        };
+        for r in &replies {
+            match r.as_ref().map(crate::replies::lock_release) {
+                Ok(Ok(LockRelease::Released)) => out.count += 1,
+                Ok(Ok(LockRelease::ReleasedToWaiters)) => {
+                    out.count += 1;
+                    out.others_wait = true;
+                }
+                _ => {}
+            }
+        }
+        out
+    }
+}
+
+/// What a release on the nodes did.
+struct Released {
+    /// Nodes that released.
+    count: usize,
+    /// Some node woke clients waiting for the lock.
+    others_wait: bool,
 }

@@ -1,0 +1,283 @@
+//! Lock cohorting against real redis-server processes: a plain lock released
+//! while another task of the same client waits passes straight to it, with
+//! no trip to the lock nodes; its fencing tokens still grow, across clients
+//! too; the cohort ends within its bound and clients elsewhere get their
+//! turn; a fixed lease is set again for the task that takes it over; and a
+//! waiter that gave up never strands a grant.
+
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use flashsale::lock::{LockClient, LockConfig, LockOptions, TokenClock};
+use flashsale_tests::RedisServer;
+
+fn servers(n: usize) -> Vec<RedisServer> {
+    (0..n).map(|_| RedisServer::start()).collect()
+}
+
+fn urls(s: &[RedisServer]) -> Vec<String> {
+    s.iter().map(|s| s.url()).collect()
+}
+
+/// A client whose tokens come from the nodes' counters alone (the clock
+/// frozen at the epoch), so a hand-off token that some later grant reuses
+/// shows as a repeat instead of hiding under the µs clock.
+fn counter_client(nodes: &[RedisServer]) -> LockClient {
+    LockClient::new(
+        &urls(nodes),
+        LockConfig {
+            token_clock: TokenClock::Fixed(Duration::ZERO),
+            ..LockConfig::default()
+        },
+    )
+    .expect("lock client")
+}
+
+/// EVALSHA calls a node has run so far (`INFO commandstats`).
+fn evalsha_calls(node: &RedisServer) -> u64 {
+    let info: String = node.node.cmd(&["INFO", "commandstats"]);
+    info.lines()
+        .find_map(|l| l.strip_prefix("cmdstat_evalsha:calls="))
+        .and_then(|rest| rest.split(',').next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(0)
+}
+
+/// Three clients of four tasks each take one lock 100 times per task; every
+/// grant writes its token, under the lock, after the one before. Returns
+/// the tokens in the order the grants held the lock.
+async fn tokens_in_grant_order(nodes: &[RedisServer]) -> Vec<u64> {
+    let clients: Vec<LockClient> = (0..3).map(|_| counter_client(nodes)).collect();
+    let order = Arc::new(Mutex::new(Vec::new()));
+    let inside = Arc::new(AtomicUsize::new(0));
+    let tasks: Vec<_> = (0..12)
+        .map(|t| {
+            let (locks, order, inside) = (clients[t % 3].clone(), order.clone(), inside.clone());
+            tokio::spawn(async move {
+                let opts = LockOptions::new(format!("task-{t}")).wait(Duration::from_secs(120));
+                for _ in 0..100 {
+                    let guard = locks.lock("tokens", &opts).await.expect("lock");
+                    assert_eq!(inside.fetch_add(1, Ordering::SeqCst), 0, "two holders");
+                    order.lock().expect("order").push(guard.fencing_token());
+                    tokio::task::yield_now().await;
+                    inside.fetch_sub(1, Ordering::SeqCst);
+                    assert!(guard.unlock().await, "the holder releases its own grant");
+                }
+            })
+        })
+        .collect();
+    for t in tasks {
+        t.await.expect("task");
+    }
+    let order = order.lock().expect("order").clone();
+    order
+}
+
+fn assert_strictly_growing(tokens: &[u64]) {
+    assert_eq!(tokens.len(), 1200);
+    if let Some(w) = tokens.windows(2).find(|w| w[0] >= w[1]) {
+        panic!(
+            "a grant's token {} is not above the one before, {}",
+            w[1], w[0]
+        );
+    }
+}
+
+/// Found while building cohorting: a hand-off takes the next token above
+/// the grant's, and without the reservation on the nodes the next grant of
+/// another client took the same number again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tokens_of_hand_offs_stay_below_the_next_clients_grant_on_one_node() {
+    let nodes = servers(1);
+    assert_strictly_growing(&tokens_in_grant_order(&nodes).await);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tokens_of_hand_offs_stay_below_the_next_clients_grant_on_three_nodes() {
+    let nodes = servers(3);
+    assert_strictly_growing(&tokens_in_grant_order(&nodes).await);
+}
+
+/// Four tasks of one client pass the lock among themselves: far fewer
+/// script calls on the node than a trip per grant and per release would
+/// take, and every task still gets it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tasks_of_one_client_hand_the_lock_on_without_asking_the_node() {
+    let nodes = servers(1);
+    let locks = counter_client(&nodes);
+    // Warm up: load the scripts, open the connection.
+    let opts = LockOptions::new("warm");
+    assert!(
+        locks
+            .lock("warm", &opts)
+            .await
+            .expect("lock")
+            .unlock()
+            .await
+    );
+    let before = evalsha_calls(&nodes[0]);
+    let per_task: Vec<_> = (0..4)
+        .map(|t| {
+            let locks = locks.clone();
+            tokio::spawn(async move {
+                let opts = LockOptions::new(format!("task-{t}")).wait(Duration::from_secs(60));
+                for _ in 0..100 {
+                    let guard = locks.lock("shared", &opts).await.expect("lock");
+                    tokio::task::yield_now().await;
+                    assert!(guard.unlock().await);
+                }
+            })
+        })
+        .collect();
+    for t in per_task {
+        t.await.expect("task");
+    }
+    let calls = evalsha_calls(&nodes[0]) - before;
+    assert!(
+        calls < 400,
+        "400 grants took {calls} script calls: the lock went back to the node nearly every time"
+    );
+}
+
+/// One client's four tasks keep taking the lock; a task of another client
+/// asks for it once. Its cohort bound makes the first client give the lock
+/// back to the node, and its next task lets the waiting client go first:
+/// the other client gets in within a few cohorts, not whenever the busy
+/// client's tasks happen to be slow.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_busy_client_lets_a_waiting_client_in_after_its_cohort() {
+    for n in [1usize, 3] {
+        let nodes = servers(n);
+        let busy = counter_client(&nodes);
+        let other = counter_client(&nodes);
+        let cohort = LockConfig::default().cohort_max as u64 + 1;
+        let done = Arc::new(AtomicBool::new(false));
+        let taken = Arc::new(AtomicU64::new(0));
+        let loops: Vec<_> = (0..4)
+            .map(|t| {
+                let (locks, done, taken) = (busy.clone(), done.clone(), taken.clone());
+                tokio::spawn(async move {
+                    let opts = LockOptions::new(format!("busy-{t}")).wait(Duration::from_secs(60));
+                    // Bounded: far more grants than the bound allows.
+                    for _ in 0..(cohort * 40) {
+                        if done.load(Ordering::SeqCst) {
+                            break;
+                        }
+                        let guard = locks.lock("hot", &opts).await.expect("lock");
+                        taken.fetch_add(1, Ordering::SeqCst);
+                        tokio::task::yield_now().await;
+                        guard.unlock().await;
+                    }
+                })
+            })
+            .collect();
+        // Wait until the busy client is at it.
+        while taken.load(Ordering::SeqCst) < 10 {
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+        // Three times over: a waiting client that got in by luck once
+        // would not get in by luck every time.
+        let mut waits = Vec::new();
+        for _ in 0..3 {
+            let asked_at = taken.load(Ordering::SeqCst);
+            let guard = other
+                .lock(
+                    "hot",
+                    &LockOptions::new("other").wait(Duration::from_secs(60)),
+                )
+                .await
+                .expect("the other client gets the lock");
+            waits.push(taken.load(Ordering::SeqCst) - asked_at);
+            assert!(guard.unlock().await);
+        }
+        done.store(true, Ordering::SeqCst);
+        for l in loops {
+            l.await.expect("busy task");
+        }
+        assert!(
+            waits.iter().all(|&w| w <= 3 * cohort),
+            "{n} node(s): the other client waited through {waits:?} grants of the busy one \
+             (a cohort is at most {cohort})"
+        );
+    }
+}
+
+/// A task that takes a fixed-lease lock over gets its own lease from the
+/// hand-off, set on the node, not what was left of the task's before.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fixed_lease_handed_over_starts_again_for_the_new_holder() {
+    let nodes = servers(1);
+    let locks = counter_client(&nodes);
+    let lease = Duration::from_secs(30);
+    let first = locks
+        .lock("leased", &LockOptions::new("first").lease(lease))
+        .await
+        .expect("lock");
+    let waiter = {
+        let locks = locks.clone();
+        tokio::spawn(async move {
+            locks
+                .lock(
+                    "leased",
+                    &LockOptions::new("second")
+                        .lease(lease)
+                        .wait(Duration::from_secs(60)),
+                )
+                .await
+        })
+    };
+    // Let the first lease run down a little.
+    let pttl = || -> i64 { nodes[0].node.cmd(&["PTTL", "flashsale:lock:leased"]) };
+    while pttl() > 29_700 {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let left_before = pttl();
+    let t1 = first.fencing_token();
+    assert!(first.unlock().await);
+    let second = waiter.await.expect("task").expect("handed over");
+    assert!(second.fencing_token() > t1);
+    let left_after = pttl();
+    assert!(
+        left_after > left_before,
+        "the new holder's lease ({left_after} ms left) is what remained of the first ({left_before} ms)"
+    );
+    assert!(second.unlock().await);
+    let gone: i64 = nodes[0].node.cmd(&["EXISTS", "flashsale:lock:leased"]);
+    assert_eq!(gone, 0, "the last holder's unlock frees the node");
+}
+
+/// A task waiting behind the holder gives up (its `lock()` dropped); the
+/// holder's release finds nobody to hand to and gives the lock back to the
+/// node, where another client takes it at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiter_that_gave_up_leaves_no_grant_stranded_in_its_client() {
+    let nodes = servers(1);
+    let locks = counter_client(&nodes);
+    let holder = locks
+        .lock("stranded", &LockOptions::new("holder"))
+        .await
+        .expect("lock");
+    let waiter = {
+        let locks = locks.clone();
+        tokio::spawn(async move {
+            locks
+                .lock(
+                    "stranded",
+                    &LockOptions::new("waiter").wait(Duration::from_secs(60)),
+                )
+                .await
+        })
+    };
+    // The waiter is queued in the client (it cannot get the lock).
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    waiter.abort();
+    assert!(waiter.await.is_err(), "the waiter was cancelled");
+    assert!(holder.unlock().await);
+    let other = counter_client(&nodes);
+    let got = other
+        .try_lock("stranded", &LockOptions::new("other"))
+        .await
+        .expect("nodes answer");
+    assert!(got.is_some(), "the lock went back to the node");
+}
