@@ -203,23 +203,27 @@ async fn a_busy_client_lets_a_waiting_client_in_after_its_cohort() {
     }
 }
 
-/// A task that takes a fixed-lease lock over gets its own lease from the
-/// hand-off, set on the node, not what was left of the task's before.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_fixed_lease_handed_over_starts_again_for_the_new_holder() {
-    let nodes = servers(1);
-    let locks = counter_client(&nodes);
-    let lease = Duration::from_secs(30);
+/// A fixed-lease lock handed to a waiting task of the same client, with
+/// `lease`, after the first holder's lease ran down to `down_to_ms` on the
+/// node. Returns the ms left on the node before the hand-off, and the
+/// second guard with the node's PTTL at the moment its `lock()` returned.
+async fn hand_over_leased(
+    nodes: &[RedisServer],
+    name: &str,
+    lease: Duration,
+    down_to_ms: i64,
+) -> (i64, flashsale::lock::LockGuard, i64) {
+    let locks = counter_client(nodes);
     let first = locks
-        .lock("leased", &LockOptions::new("first").lease(lease))
+        .lock(name, &LockOptions::new("first").lease(lease))
         .await
         .expect("lock");
     let waiter = {
-        let locks = locks.clone();
+        let (locks, name) = (locks.clone(), name.to_owned());
         tokio::spawn(async move {
             locks
                 .lock(
-                    "leased",
+                    &name,
                     &LockOptions::new("second")
                         .lease(lease)
                         .wait(Duration::from_secs(60)),
@@ -227,17 +231,37 @@ async fn a_fixed_lease_handed_over_starts_again_for_the_new_holder() {
                 .await
         })
     };
-    // Let the first lease run down a little.
-    let pttl = || -> i64 { nodes[0].node.cmd(&["PTTL", "flashsale:lock:leased"]) };
-    while pttl() > 29_700 {
-        tokio::time::sleep(Duration::from_millis(20)).await;
+    let key = format!("flashsale:lock:{name}");
+    let pttl = || -> i64 { nodes[0].node.cmd(&["PTTL", &key]) };
+    while pttl() > down_to_ms {
+        tokio::time::sleep(Duration::from_millis(10)).await;
     }
     let left_before = pttl();
     let t1 = first.fencing_token();
     assert!(first.unlock().await);
     let second = waiter.await.expect("task").expect("handed over");
+    let at_grant = pttl();
     assert!(second.fencing_token() > t1);
-    let left_after = pttl();
+    (left_before, second, at_grant)
+}
+
+/// A task that takes a fixed-lease lock over gets its own lease, set on
+/// the node behind it while most of the first lease is left.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fixed_lease_handed_over_starts_again_for_the_new_holder() {
+    let nodes = servers(1);
+    let (left_before, second, _) =
+        hand_over_leased(&nodes, "leased", Duration::from_secs(30), 29_700).await;
+    // The new lease is set right after the grant: wait for it (bounded).
+    let pttl = || -> i64 { nodes[0].node.cmd(&["PTTL", "flashsale:lock:leased"]) };
+    let mut left_after = pttl();
+    for _ in 0..500 {
+        if left_after > left_before {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        left_after = pttl();
+    }
     assert!(
         left_after > left_before,
         "the new holder's lease ({left_after} ms left) is what remained of the first ({left_before} ms)"
@@ -245,6 +269,20 @@ async fn a_fixed_lease_handed_over_starts_again_for_the_new_holder() {
     assert!(second.unlock().await);
     let gone: i64 = nodes[0].node.cmd(&["EXISTS", "flashsale:lock:leased"]);
     assert_eq!(gone, 0, "the last holder's unlock frees the node");
+}
+
+/// With less than half of it left, the new lease is set on the node before
+/// the new holder gets the lock: it never holds on a key about to expire.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fixed_lease_handed_over_near_its_end_is_set_before_the_new_holder_holds() {
+    let nodes = servers(1);
+    let (left_before, second, at_grant) =
+        hand_over_leased(&nodes, "short", Duration::from_millis(1_000), 400).await;
+    assert!(
+        at_grant > left_before + 300,
+        "the node had {at_grant} ms left when the new holder got the lock, {left_before} before"
+    );
+    assert!(second.unlock().await);
 }
 
 /// A task waiting behind the holder gives up (its `lock()` dropped); the

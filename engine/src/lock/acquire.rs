@@ -443,12 +443,19 @@ impl LockClient {
             return None;
         }
         let ttl = opts.lease.unwrap_or(self.inner.config.watchdog_ttl);
+        let left_ms = until.saturating_sub(self.now_ms());
+        // A fixed lease runs from this grant, so it is set again on the
+        // nodes. While at least half of it is left on them, that happens
+        // behind the new holder (its validity is what the nodes have until
+        // they confirm the new lease); with less, before it holds.
+        let mut renew_behind = false;
         let valid_until_ms = if opts.lease.is_none() && !before.leased && before.ttl == ttl {
             // Under the watchdog the lease goes on as it was.
             until
+        } else if opts.lease.is_some() && u128::from(left_ms) * 2 >= ttl.as_millis() {
+            renew_behind = true;
+            until
         } else {
-            // A fixed lease runs from this grant: set it on the nodes, the
-            // round trip the release would have cost.
             let sent = Instant::now();
             let lease_ms = (ttl.as_millis().max(1) as u64).to_string();
             let replies = self
@@ -487,15 +494,16 @@ impl LockClient {
             gate: Mutex::new(None),
         });
         baton.taken();
-        self.keep(&held);
+        self.keep(&held, renew_behind);
         Some(held)
     }
 
-    /// Starts what keeps `held` (the watchdog, or the lease timer) and
+    /// Starts what keeps `held` (the watchdog, or the lease timer, which
+    /// first sets the lease again on the nodes when `renew_first`) and
     /// records it as this client's.
-    fn keep(&self, held: &Arc<Held>) {
+    fn keep(&self, held: &Arc<Held>, renew_first: bool) {
         let keeper = if held.leased {
-            self.spawn_lease_timer(held.clone())
+            self.spawn_lease_timer(held.clone(), renew_first)
         } else {
             self.spawn_watchdog(held.clone())
         };
@@ -822,7 +830,7 @@ impl LockClient {
             keeper: Mutex::new(None),
             gate: Mutex::new(None),
         });
-        self.keep(&held);
+        self.keep(&held, false);
         Some(held)
     }
 }

@@ -121,7 +121,7 @@ impl Default for LockConfig {
             token_clock: TokenClock::System,
             queue_lease: Duration::from_secs(2),
             cohort_max: 64,
-            cohort_window: Duration::from_millis(10),
+            cohort_window: Duration::from_millis(2),
         }
     }
 }

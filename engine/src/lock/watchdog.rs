@@ -60,10 +60,16 @@ impl LockClient {
     }
 
     /// With a fixed lease, reports the loss when the lease runs out (later,
-    /// if [`LockClient::extend_held`] pushed it forward meanwhile).
-    pub(super) fn spawn_lease_timer(&self, held: Arc<Held>) -> JoinHandle<()> {
+    /// if [`LockClient::extend_held`] pushed it forward meanwhile). With
+    /// `renew_first` (a grant handed over inside this process), first sets
+    /// the holder's own lease on the nodes; if a majority does not confirm,
+    /// the grant keeps the validity it came with.
+    pub(super) fn spawn_lease_timer(&self, held: Arc<Held>, renew_first: bool) -> JoinHandle<()> {
         let client = self.clone();
         tokio::spawn(async move {
+            if renew_first {
+                let _ = client.extend_held(&held, held.ttl).await;
+            }
             loop {
                 let left = held
                     .valid_until_ms
