@@ -24,14 +24,40 @@ fn urls(s: &[RedisServer]) -> Vec<String> {
 /// frozen at the epoch), so a hand-off token that some later grant reuses
 /// shows as a repeat instead of hiding under the µs clock.
 fn counter_client(nodes: &[RedisServer]) -> LockClient {
+    LockClient::new(&urls(nodes), counter_config()).expect("lock client")
+}
+
+fn counter_config() -> LockConfig {
+    LockConfig {
+        token_clock: TokenClock::Fixed(Duration::ZERO),
+        ..LockConfig::default()
+    }
+}
+
+/// A counter client whose cohorts are bounded by count alone (a window of
+/// a minute): tests of what a hand-off does must not depend on how fast a
+/// loaded machine gets through the default 2 ms window.
+fn unhurried_client(nodes: &[RedisServer], cohort_max: u32) -> LockClient {
     LockClient::new(
         &urls(nodes),
         LockConfig {
-            token_clock: TokenClock::Fixed(Duration::ZERO),
-            ..LockConfig::default()
+            cohort_max,
+            cohort_window: Duration::from_secs(60),
+            ..counter_config()
         },
     )
     .expect("lock client")
+}
+
+/// Waits (bounded) until `n` tasks of `locks` queue for `name` in its line.
+async fn until_queued(locks: &LockClient, name: &str, n: usize) {
+    for _ in 0..5_000 {
+        if locks.queued(name) >= n {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+    panic!("{n} tasks never queued for {name}");
 }
 
 /// EVALSHA calls a node has run so far (`INFO commandstats`).
@@ -105,7 +131,7 @@ async fn tokens_of_hand_offs_stay_below_the_next_clients_grant_on_three_nodes() 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tasks_of_one_client_hand_the_lock_on_without_asking_the_node() {
     let nodes = servers(1);
-    let locks = counter_client(&nodes);
+    let locks = unhurried_client(&nodes, 64);
     // Warm up: load the scripts, open the connection.
     let opts = LockOptions::new("warm");
     assert!(
@@ -203,45 +229,57 @@ async fn a_busy_client_lets_a_waiting_client_in_after_its_cohort() {
     }
 }
 
-/// A fixed-lease lock handed to a waiting task of the same client, with
-/// `lease`, after the first holder's lease ran down to `down_to_ms` on the
-/// node. Returns the ms left on the node before the hand-off, and the
-/// second guard with the node's PTTL at the moment its `lock()` returned.
+/// A fixed-lease lock handed from one waiting task of a client to the next:
+/// a first holder takes it, two tasks queue behind it, the first of them
+/// gets it from the node (reserving tokens, since the other waits) and,
+/// once the node's lease ran down to `down_to_ms`, hands it over. Returns
+/// the ms left on the node before the hand-off, the second guard, and the
+/// node's PTTL at the moment its `lock()` returned.
 async fn hand_over_leased(
     nodes: &[RedisServer],
     name: &str,
     lease: Duration,
     down_to_ms: i64,
 ) -> (i64, flashsale::lock::LockGuard, i64) {
-    let locks = counter_client(nodes);
-    let first = locks
-        .lock(name, &LockOptions::new("first").lease(lease))
-        .await
-        .expect("lock");
-    let waiter = {
-        let (locks, name) = (locks.clone(), name.to_owned());
+    let locks = unhurried_client(nodes, 64);
+    let opts = |owner: &str| {
+        LockOptions::new(owner)
+            .lease(lease)
+            .wait(Duration::from_secs(60))
+    };
+    let first = locks.lock(name, &opts("first")).await.expect("lock");
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    let middle = {
+        let (locks, name, o) = (locks.clone(), name.to_owned(), opts("middle"));
         tokio::spawn(async move {
-            locks
-                .lock(
-                    &name,
-                    &LockOptions::new("second")
-                        .lease(lease)
-                        .wait(Duration::from_secs(60)),
-                )
-                .await
+            let guard = locks.lock(&name, &o).await.expect("middle");
+            let _ = tx.send(guard);
         })
     };
+    until_queued(&locks, name, 1).await;
+    let last = {
+        let (locks, name, o) = (locks.clone(), name.to_owned(), opts("last"));
+        tokio::spawn(async move { locks.lock(&name, &o).await })
+    };
+    until_queued(&locks, name, 2).await;
+    assert!(first.unlock().await);
+    let middle_guard = rx.await.expect("the middle task holds it");
+    middle.await.expect("middle task");
     let key = format!("flashsale:lock:{name}");
     let pttl = || -> i64 { nodes[0].node.cmd(&["PTTL", &key]) };
     while pttl() > down_to_ms {
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
     let left_before = pttl();
-    let t1 = first.fencing_token();
-    assert!(first.unlock().await);
-    let second = waiter.await.expect("task").expect("handed over");
+    let t_middle = middle_guard.fencing_token();
+    assert!(middle_guard.unlock().await);
+    let second = last.await.expect("task").expect("handed over");
     let at_grant = pttl();
-    assert!(second.fencing_token() > t1);
+    assert_eq!(
+        second.fencing_token(),
+        t_middle + 1,
+        "the last task took the lock over with the next reserved token"
+    );
     (left_before, second, at_grant)
 }
 
@@ -318,4 +356,86 @@ async fn a_waiter_that_gave_up_leaves_no_grant_stranded_in_its_client() {
         .await
         .expect("nodes answer");
     assert!(got.is_some(), "the lock went back to the node");
+}
+
+/// Found by the attack on cohorting: a waiter count left on the node by a
+/// client that died made every cohort end pause for the full pause (about
+/// 50 ms), for the count's whole life (the dead waiter's wait + 5 s). After
+/// one pause nobody used, the client stops pausing for a while.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stale_waiter_count_makes_a_client_pause_for_nobody_at_most_once_a_second() {
+    let recorder = metrics_exporter_prometheus::PrometheusBuilder::new()
+        .install_recorder()
+        .expect("recorder");
+    let nodes = servers(1);
+    // A waiter that died ten minutes into a long wait.
+    let _: () = nodes[0]
+        .node
+        .cmd(&["SET", "flashsale:waiters:stale", "1", "PX", "600000"]);
+    // Cohorts of 4: a hundred cohort ends in 400 grants.
+    let locks = unhurried_client(&nodes, 4);
+    let tasks: Vec<_> = (0..4)
+        .map(|t| {
+            let locks = locks.clone();
+            tokio::spawn(async move {
+                let opts = LockOptions::new(format!("task-{t}")).wait(Duration::from_secs(60));
+                for _ in 0..100 {
+                    let guard = locks.lock("stale", &opts).await.expect("lock");
+                    tokio::task::yield_now().await;
+                    assert!(guard.unlock().await);
+                }
+            })
+        })
+        .collect();
+    let started = std::time::Instant::now();
+    for t in tasks {
+        t.await.expect("task");
+    }
+    // Each pause counts as a wait; nothing else waits here (one client).
+    let waits = recorder
+        .render()
+        .lines()
+        .find_map(|l| l.strip_prefix("flashsale_lock_waits_total "))
+        .and_then(|v| v.trim().parse::<f64>().ok())
+        .unwrap_or(0.0) as u64;
+    let seconds = started.elapsed().as_secs() + 1;
+    assert!(
+        waits <= seconds,
+        "{waits} pauses for nobody in {seconds} s (a hundred cohort ends)"
+    );
+}
+
+/// Found by the attack on cohorting: a `try_lock` that is refused counted
+/// itself among the waiters and out again (two script calls instead of
+/// one), and a holder releasing in between paused for a caller already gone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_try_lock_is_one_call_and_counts_no_waiter() {
+    let nodes = servers(1);
+    let holder = counter_client(&nodes);
+    let prober = counter_client(&nodes);
+    let guard = holder
+        .lock("probed", &LockOptions::new("holder"))
+        .await
+        .expect("lock");
+    // Warm the prober up (scripts loaded, connection open).
+    let warm = prober
+        .try_lock("other", &LockOptions::new("prober"))
+        .await
+        .expect("nodes answer")
+        .expect("free");
+    assert!(warm.unlock().await);
+    let before = evalsha_calls(&nodes[0]);
+    let got = prober
+        .try_lock("probed", &LockOptions::new("prober"))
+        .await
+        .expect("nodes answer");
+    assert!(got.is_none(), "held by the holder");
+    assert_eq!(
+        evalsha_calls(&nodes[0]) - before,
+        1,
+        "one attempt, no count"
+    );
+    let count: Option<i64> = nodes[0].node.cmd(&["GET", "flashsale:waiters:probed"]);
+    assert_eq!(count.unwrap_or(0), 0);
+    assert!(guard.unlock().await);
 }

@@ -55,6 +55,21 @@ struct QueueEntry {
     arrival_us: String,
 }
 
+/// Largest number of fencing tokens a grant reserves for hand-offs inside
+/// its process: below 1,000, so on one node the counter stays under the
+/// next millisecond's clock term (`fence.rs`).
+const MAX_COHORT: u32 = 255;
+
+/// After a pause for clients elsewhere that nobody used, how long (ms) the
+/// tasks of this process stop pausing for them.
+const NO_YIELD_AFTER_NOBODY_MS: u64 = 1_000;
+
+/// How long a waiter count lives (ms): a little past the longest wait, and
+/// never past a day (a wait of `Duration::MAX` means "as long as it takes").
+fn count_ttl_ms(wait: Duration) -> u128 {
+    (wait.min(MAX_LEASE) + Duration::from_secs(5)).as_millis()
+}
+
 /// Where a lock call counted itself among the lock's waiters (so that
 /// releases wake it), to be counted out of again.
 enum Counted {
@@ -225,6 +240,7 @@ impl LockClient {
         let mut request = request;
         let mut permit: Option<Pass> = None;
         let mut others_first = false;
+        let mut line = None;
         if mode == Mode::Exclusive && !opts.fair {
             let gate = self.gate(name);
             let mut pass = if wait.is_zero() {
@@ -248,13 +264,14 @@ impl LockClient {
                     });
                 }
             }
-            others_first = pass.others_first;
+            others_first = pass.others_first && gate.yielding_pays(self.now_ms());
             // Others of this process wait too: reserve tokens for handing
             // the grant on to them.
             if pass.has_waiting() {
-                request.reserve = u64::from(self.inner.config.cohort_max);
+                request.reserve = u64::from(self.inner.config.cohort_max.min(MAX_COHORT));
             }
             permit = Some(pass);
+            line = Some(gate);
         }
         let request = request;
         // Leaves the queue on every node however this call ends (granted
@@ -270,7 +287,9 @@ impl LockClient {
         // and the wait is not missed.
         let wake = self.inner.waiters.register(&mode.wake_name(name));
         let mut counted = Counted::No;
-        let count_ttl = (wait + Duration::from_secs(5)).as_millis().to_string();
+        let count_ttl = count_ttl_ms(wait).to_string();
+        // The pause below ran out with no release heard.
+        let mut yield_unheard = false;
         if others_first && !wait.is_zero() {
             // The task before us gave the lock back to the nodes while
             // clients elsewhere waited for it (its cohort was over): let one
@@ -285,14 +304,15 @@ impl LockClient {
             let notified = wake.notified();
             tokio::pin!(notified);
             notified.as_mut().enable();
-            // Long enough for a woken client elsewhere to take it even on a
-            // busy machine; short, should the count be stale (a waiter that
-            // died counts until its count expires).
-            let pause = (self.inner.config.wake_spread * 2 + self.inner.config.cohort_window * 5)
-                .max(Duration::from_millis(50));
+            // Long enough for a woken client elsewhere (its wake-up, its
+            // spread, its attempt) to take it even on a busy machine; short,
+            // should the count be stale (then it is paid once a second).
+            let pause = (self.inner.config.wake_spread * 4).max(Duration::from_millis(50));
             tokio::select! {
                 _ = &mut notified => {}
-                _ = tokio::time::sleep(pause.min(wait.saturating_sub(started.elapsed()))) => {}
+                _ = tokio::time::sleep(pause.min(wait.saturating_sub(started.elapsed()))) => {
+                    yield_unheard = true;
+                }
             }
         }
         let result = loop {
@@ -302,12 +322,25 @@ impl LockClient {
             // A plain lock's attempt counts us in on every node that refuses,
             // in the same step (no release can fall between refusal and
             // count); the others count with a round of their own.
-            let count = (matches!(counted, Counted::No) && request.counts_in_attempt())
-                .then_some(count_ttl.as_str());
+            // Not a call that will not wait (`try_lock`): it would be
+            // counted out again at once, and a release in between would
+            // make the holder's process pause for nobody.
+            let count =
+                (matches!(counted, Counted::No) && request.counts_in_attempt() && !wait.is_zero())
+                    .then_some(count_ttl.as_str());
             let (last, counted_on) = self.attempt(name, opts, &request, count).await;
             if !counted_on.is_empty() {
                 metrics::counter!(m::LOCK_WAITS).increment(1);
                 counted = Counted::On(counted_on);
+            }
+            if std::mem::take(&mut yield_unheard) && matches!(last, Attempt::Granted { .. }) {
+                // We paused for clients elsewhere, nobody took the lock, and
+                // it was still free: the count that made us pause is stale.
+                // Do not pause again for a while (a live client elsewhere
+                // still gets in by its wake-up, only not ahead of us).
+                if let Some(gate) = &line {
+                    gate.yielded_for_nobody(self.now_ms() + NO_YIELD_AFTER_NOBODY_MS);
+                }
             }
             let remaining = wait.saturating_sub(started.elapsed());
             match last {
@@ -399,9 +432,16 @@ impl LockClient {
             Counted::On(nodes) => Some(nodes.as_slice()),
         };
         let key = mode.waiters_key(name);
-        let ttl = (wait + Duration::from_secs(5)).as_millis().to_string();
+        let ttl = count_ttl_ms(wait).to_string();
         self.on_nodes(&self.inner.scripts.waiting, &[&key], &["-1", &ttl], only)
             .await;
+    }
+
+    /// Tasks of this client waiting in its own line for the plain lock
+    /// `name` (behind the one that holds it or asks the nodes for it).
+    pub fn queued(&self, name: &str) -> usize {
+        let gates = self.inner.gates.lock().unwrap_or_else(|p| p.into_inner());
+        gates.get(name).map_or(0, |g| g.queued())
     }
 
     /// Adds `delta` to the waiter count of the lock `name` on every node.
@@ -415,7 +455,7 @@ impl LockClient {
     /// waiter that died only costs extra wake-ups until then.
     async fn count_waiter_of(&self, mode: Mode, name: &str, delta: i64, wait: Duration) {
         let key = mode.waiters_key(name);
-        let ttl = (wait + Duration::from_secs(5)).as_millis().to_string();
+        let ttl = count_ttl_ms(wait).to_string();
         let delta = delta.to_string();
         self.on_all_nodes(&self.inner.scripts.waiting, &[&key], &[&delta, &ttl])
             .await;

@@ -31,6 +31,10 @@ struct Line {
     taken: bool,
     /// Tasks waiting for the pass, first come first served.
     waiting: VecDeque<oneshot::Sender<Pass>>,
+    /// Until when (ms since client start) letting clients elsewhere go first
+    /// is not worth it: the last time, nobody came (a waiter count left by
+    /// a client that died, say), and the lock sat free for the whole pause.
+    no_yield_until_ms: u64,
 }
 
 /// The right, for one task of this process at a time, to ask the lock
@@ -97,6 +101,46 @@ impl Gate {
         !line.waiting.is_empty()
     }
 
+    /// Tasks waiting for the pass now.
+    pub(super) fn queued(&self) -> usize {
+        self.line()
+            .waiting
+            .iter()
+            .filter(|tx| !tx.is_closed())
+            .count()
+    }
+
+    /// Whether to let clients elsewhere go first at `now_ms`.
+    pub(super) fn yielding_pays(&self, now_ms: u64) -> bool {
+        now_ms >= self.line().no_yield_until_ms
+    }
+
+    /// The last pause for clients elsewhere was for nobody: do not pause
+    /// again until `until_ms`.
+    pub(super) fn yielded_for_nobody(&self, until_ms: u64) {
+        self.line().no_yield_until_ms = until_ms;
+    }
+
+    /// Gives the pass and `grant` to the first waiter still there; the
+    /// grant back when there is none (the pass stays with the caller).
+    fn try_hand(self: &Arc<Self>, mut grant: Baton) -> Result<(), Baton> {
+        loop {
+            let Some(next) = self.line().waiting.pop_front() else {
+                return Err(grant);
+            };
+            match next.send(self.pass(Some(grant))) {
+                Ok(()) => return Ok(()),
+                Err(mut returned) => {
+                    returned.gate = None;
+                    match returned.grant.take() {
+                        Some(g) => grant = g,
+                        None => return Ok(()),
+                    }
+                }
+            }
+        }
+    }
+
     fn pass(self: &Arc<Self>, grant: Option<Baton>) -> Pass {
         Pass {
             gate: Some(self.clone()),
@@ -139,11 +183,16 @@ impl Pass {
         self.grant.take()
     }
 
-    /// Hands `grant` to the next waiting task with the pass.
-    pub(super) fn hand_over(mut self, grant: Baton) {
-        if let Some(gate) = self.gate.take() {
-            gate.hand_on(Some(grant), false);
-        }
+    /// Hands `grant` to the next waiting task with the pass; gives it back
+    /// (and keeps the pass) when no waiter is left to take it, so the caller
+    /// can release it on the nodes itself.
+    pub(super) fn hand_over(&mut self, grant: Baton) -> Result<(), Baton> {
+        let Some(gate) = self.gate.clone() else {
+            return Err(grant);
+        };
+        gate.try_hand(grant)?;
+        self.gate = None;
+        Ok(())
     }
 
     /// Gives the pass on after a release to the nodes; `others_waited`
@@ -184,6 +233,11 @@ impl Baton {
     /// The grant is the receiver's now: nothing to release on drop.
     pub(super) fn taken(mut self) {
         self.held = None;
+    }
+
+    /// The grant back, to be released by the caller (nobody took it).
+    pub(super) fn into_held(mut self) -> Option<Arc<Held>> {
+        self.held.take()
     }
 }
 

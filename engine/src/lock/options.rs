@@ -78,7 +78,8 @@ pub struct LockConfig {
     /// another task of this process waits for it passes straight to that
     /// task, with no trip to the nodes (0: never). Each grant from the
     /// nodes reserves this many fencing tokens above its own, so the tokens
-    /// of hand-offs still grow and stay below every later grant's.
+    /// of hand-offs still grow and stay below every later grant's. At most
+    /// 255 are used.
     pub cohort_max: u32,
     /// ... and for how long after the grant from the nodes: past either
     /// bound the lock goes back to the nodes, and when clients elsewhere

@@ -147,12 +147,15 @@ impl LockClient {
             k.abort();
         }
         let mut pass = held.gate.lock().unwrap_or_else(|p| p.into_inner()).take();
-        if valid && self.cohort_goes_on(held) && pass.as_ref().is_some_and(|p| p.has_waiting()) {
-            if let Some(pass) = pass.take() {
+        if valid && self.cohort_goes_on(held) {
+            if let Some(p) = pass.as_mut() {
                 // Lock cohorting: the next task of this process takes the
-                // grant as it is, with the next reserved token.
-                pass.hand_over(Baton::new(self.clone(), held.clone()));
-                return true;
+                // grant as it is, with the next reserved token. If no waiter
+                // is left to take it, it is released below, before returning.
+                match p.hand_over(Baton::new(self.clone(), held.clone())) {
+                    Ok(()) => return true,
+                    Err(baton) => drop(baton.into_held()),
+                }
             }
         }
         let released = self
