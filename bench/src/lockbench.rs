@@ -59,6 +59,10 @@ pub const FAIR: &str = "flashsale fair";
 /// cross-process scenario: a task of the holder's process takes it over
 /// with no trip to the nodes (a fixed lease is set again on the nodes).
 pub const WATCHDOG: &str = "flashsale-watchdog";
+/// The fair lock in the cross-process scenario.
+pub const XPROC_FAIR: &str = "flashsale-fair";
+/// A semaphore of one permit in the cross-process scenario.
+pub const XPROC_SEMAPHORE: &str = "flashsale-semaphore(1)";
 /// A semaphore of one permit used as a lock.
 pub const SEMAPHORE: &str = "flashsale semaphore(1)";
 
@@ -217,6 +221,13 @@ pub async fn child(spec: &str) -> anyhow::Result<String> {
     let imp = match implementation {
         "flashsale" => Impl::Flashsale(LockClient::new(&urls, LockConfig::default())?),
         WATCHDOG => Impl::Watchdog(LockClient::new(&urls, LockConfig::default())?),
+        XPROC_FAIR => Impl::Fair(LockClient::new(&urls, LockConfig::default())?),
+        XPROC_SEMAPHORE => {
+            let client = LockClient::new(&urls, LockConfig::default())?;
+            // Every process sets the same total; the latest wins, all say 1.
+            client.semaphore(name)?.set_permits(1).await?;
+            Impl::Semaphore(client)
+        }
         "rslock" => Impl::Rslock(Arc::new(rslock::LockManager::new(urls))),
         other => anyhow::bail!("--lock-child: unknown implementation {other:?}"),
     };
@@ -267,7 +278,7 @@ pub async fn cross_process(
             continue;
         }
         let urls = lock_nodes[..n].join(",");
-        for implementation in ["flashsale", WATCHDOG, "rslock"] {
+        for implementation in ["flashsale", WATCHDOG, "rslock", XPROC_FAIR, XPROC_SEMAPHORE] {
             bar.set_message(format!("lock x-proc {implementation} nodes={n}"));
             let name = format!(
                 "lockbench-xproc-{implementation}-{n}-{}",

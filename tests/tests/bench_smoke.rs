@@ -200,9 +200,10 @@ fn every_strategy_runs_and_the_json_is_complete() {
     let locks = report["lock_results"].as_array().expect("lock_results");
     assert_eq!(
         locks.len(),
-        22,
+        26,
         "flashsale, rslock, the fair lock and the semaphore, 1 and 3 nodes, 1 and 3 tasks; \
-         then flashsale (fixed lease and watchdog) and rslock across 4 processes on 1 and 3 nodes"
+         then flashsale (fixed lease and watchdog), rslock, the fair lock and the semaphore \
+         across 4 processes on 1 and 3 nodes"
     );
     assert_eq!(
         locks
@@ -213,7 +214,7 @@ fn every_strategy_runs_and_the_json_is_complete() {
                 && l["tasks"] == 16
                 && l["longest_wait_ms"].as_f64().is_some())
             .count(),
-        6,
+        10,
         "the cross-process rows: {locks:?}"
     );
     assert!(locks

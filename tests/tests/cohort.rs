@@ -175,8 +175,15 @@ async fn tasks_of_one_client_hand_the_lock_on_without_asking_the_node() {
 async fn a_busy_client_lets_a_waiting_client_in_after_its_cohort() {
     for n in [1usize, 3] {
         let nodes = servers(n);
-        let busy = counter_client(&nodes);
-        let other = counter_client(&nodes);
+        // A pause of 200 ms for the other client (wake_spread x 4): a live
+        // waiter slower than the pause counts as nobody, and a loaded
+        // machine must not make it look dead.
+        let patient = LockConfig {
+            wake_spread: Duration::from_millis(50),
+            ..counter_config()
+        };
+        let busy = LockClient::new(&urls(&nodes), patient).expect("lock client");
+        let other = LockClient::new(&urls(&nodes), patient).expect("lock client");
         let cohort = LockConfig::default().cohort_max as u64 + 1;
         let done = Arc::new(AtomicBool::new(false));
         let taken = Arc::new(AtomicU64::new(0));
@@ -323,39 +330,34 @@ async fn a_fixed_lease_handed_over_near_its_end_is_set_before_the_new_holder_hol
     assert!(second.unlock().await);
 }
 
-/// A task waiting behind the holder gives up (its `lock()` dropped); the
-/// holder's release finds nobody to hand to and gives the lock back to the
-/// node, where another client takes it at once.
+/// Found by the attack on cohorting: a holder whose hand-over found its
+/// waiter gone (it gave up after the holder looked) left the release to a
+/// spawned task, so `unlock()` returned with the lock still on the node.
+/// Now the grant comes back and `unlock()` releases it before returning:
+/// another client takes the lock at once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_waiter_that_gave_up_leaves_no_grant_stranded_in_its_client() {
     let nodes = servers(1);
-    let locks = counter_client(&nodes);
-    let holder = locks
-        .lock("stranded", &LockOptions::new("holder"))
-        .await
-        .expect("lock");
-    let waiter = {
-        let locks = locks.clone();
-        tokio::spawn(async move {
-            locks
-                .lock(
-                    "stranded",
-                    &LockOptions::new("waiter").wait(Duration::from_secs(60)),
-                )
-                .await
-        })
-    };
-    // The waiter is queued in the client (it cannot get the lock).
-    tokio::time::sleep(Duration::from_millis(50)).await;
-    waiter.abort();
-    assert!(waiter.await.is_err(), "the waiter was cancelled");
-    assert!(holder.unlock().await);
+    let locks = unhurried_client(&nodes, 64);
+    let wait = Duration::from_secs(60);
+    let (middle, last) = chain(
+        &locks,
+        "stranded",
+        LockOptions::new("first"),
+        LockOptions::new("middle").wait(wait),
+        LockOptions::new("last").wait(wait),
+    )
+    .await;
+    // The middle holder reserved tokens for the last task; it gives up.
+    last.abort();
+    assert!(last.await.is_err(), "the waiter was cancelled");
+    assert!(middle.unlock().await);
     let other = counter_client(&nodes);
     let got = other
         .try_lock("stranded", &LockOptions::new("other"))
         .await
         .expect("nodes answer");
-    assert!(got.is_some(), "the lock went back to the node");
+    assert!(got.is_some(), "unlock() returned with the lock still held");
 }
 
 /// Found by the attack on cohorting: a waiter count left on the node by a
@@ -438,4 +440,162 @@ async fn a_refused_try_lock_is_one_call_and_counts_no_waiter() {
     let count: Option<i64> = nodes[0].node.cmd(&["GET", "flashsale:waiters:probed"]);
     assert_eq!(count.unwrap_or(0), 0);
     assert!(guard.unlock().await);
+}
+
+/// Takes `name` with `first` options, then queues a middle task (`middle`)
+/// and a last task (`last`) behind it; the first unlocks, so the middle one
+/// gets the lock from the node with tokens reserved for the last. Returns
+/// the middle guard and the last task's pending `lock()`.
+async fn chain(
+    locks: &LockClient,
+    name: &str,
+    first: LockOptions,
+    middle: LockOptions,
+    last: LockOptions,
+) -> (
+    flashsale::lock::LockGuard,
+    tokio::task::JoinHandle<Result<flashsale::lock::LockGuard, flashsale::lock::LockError>>,
+) {
+    let guard = locks.lock(name, &first).await.expect("first");
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    {
+        let (locks, name) = (locks.clone(), name.to_owned());
+        tokio::spawn(async move {
+            let _ = tx.send(locks.lock(&name, &middle).await.expect("middle"));
+        });
+    }
+    until_queued(locks, name, 1).await;
+    let last = {
+        let (locks, name) = (locks.clone(), name.to_owned());
+        tokio::spawn(async move { locks.lock(&name, &last).await })
+    };
+    until_queued(locks, name, 2).await;
+    assert!(guard.unlock().await);
+    (rx.await.expect("middle holds"), last)
+}
+
+/// Found by the second attack on cohorting: a task taking over with a fixed
+/// lease shorter than what the grant had left got the old (longer) validity
+/// and set its lease in the background; with that round short of a
+/// majority, it believed it held long after the nodes let the key go.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_shorter_fixed_lease_handed_over_is_set_before_the_new_holder_holds() {
+    let nodes = servers(1);
+    let locks = unhurried_client(&nodes, 64);
+    let wait = Duration::from_secs(60);
+    let (middle, last) = chain(
+        &locks,
+        "shorter",
+        LockOptions::new("first"),
+        LockOptions::new("middle").wait(wait),
+        LockOptions::new("last")
+            .lease(Duration::from_secs(2))
+            .wait(wait),
+    )
+    .await;
+    let t = middle.fencing_token();
+    assert!(middle.unlock().await);
+    let last = last.await.expect("task").expect("handed over");
+    assert_eq!(last.fencing_token(), t + 1, "a hand-off");
+    let pttl: i64 = nodes[0].node.cmd(&["PTTL", "flashsale:lock:shorter"]);
+    assert!(
+        pttl <= 2_000,
+        "the node keeps the key {pttl} ms, past the new holder's 2 s lease"
+    );
+    assert!(last.unlock().await);
+}
+
+/// Found by the second attack on cohorting: the lease set behind a hand-off
+/// ran after the new holder's own `extend` and cut it back. On one thread
+/// the holder's extend goes out first (the round behind it was only
+/// spawned), which is the order that cut it.
+#[tokio::test(flavor = "current_thread")]
+async fn an_extend_right_after_a_hand_off_is_not_undone_by_the_lease_set_behind_it() {
+    let nodes = servers(1);
+    let locks = unhurried_client(&nodes, 64);
+    let (lease, wait) = (Duration::from_millis(1_500), Duration::from_secs(60));
+    let first = locks
+        .lock("extended", &LockOptions::new("first"))
+        .await
+        .expect("first");
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    {
+        let locks = locks.clone();
+        let opts = LockOptions::new("middle").lease(lease).wait(wait);
+        tokio::spawn(async move {
+            let _ = tx.send(locks.lock("extended", &opts).await.expect("middle"));
+        });
+    }
+    until_queued(&locks, "extended", 1).await;
+    let last = {
+        let locks = locks.clone();
+        let opts = LockOptions::new("last").lease(lease).wait(wait);
+        tokio::spawn(async move {
+            let guard = locks.lock("extended", &opts).await.expect("last");
+            guard.extend(Duration::from_secs(30)).await.expect("extend");
+            guard
+        })
+    };
+    until_queued(&locks, "extended", 2).await;
+    assert!(first.unlock().await);
+    let middle = rx.await.expect("middle holds");
+    let t = middle.fencing_token();
+    assert!(middle.unlock().await);
+    let last = last.await.expect("task");
+    assert_eq!(last.fencing_token(), t + 1, "a hand-off");
+    // Whatever runs behind the hand-off has run once the lease it would
+    // have set is over: the node must still have the key.
+    let pttl = || -> i64 { nodes[0].node.cmd(&["PTTL", "flashsale:lock:extended"]) };
+    for _ in 0..50 {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        assert!(
+            pttl() > 25_000,
+            "the 30 s extension was cut to {} ms",
+            pttl()
+        );
+    }
+    assert!(!last.is_lost());
+    assert!(last.unlock().await);
+}
+
+/// Found by the second attack on cohorting: each hand-off restarted the
+/// watchdog, whose first renewal came a third of the ttl later; handed on
+/// more often than that, the lock was never renewed and expired on the
+/// node under a holder that was never told.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lock_handed_on_faster_than_its_renewals_is_still_renewed() {
+    let nodes = servers(1);
+    let ttl = Duration::from_millis(600);
+    let locks = LockClient::new(
+        &urls(&nodes),
+        LockConfig {
+            watchdog_ttl: ttl,
+            cohort_max: 255,
+            cohort_window: Duration::from_secs(60),
+            ..counter_config()
+        },
+    )
+    .expect("lock client");
+    // Two tasks pass the lock back and forth, each holding it a tenth of
+    // the ttl, for about three ttls: never long enough for a renewal.
+    let tasks: Vec<_> = (0..2)
+        .map(|t| {
+            let locks = locks.clone();
+            tokio::spawn(async move {
+                let opts = LockOptions::new(format!("task-{t}")).wait(Duration::from_secs(60));
+                for _ in 0..15 {
+                    let guard = locks.lock("renewed", &opts).await.expect("lock");
+                    tokio::time::sleep(ttl / 10).await;
+                    assert!(!guard.is_lost());
+                    assert!(
+                        guard.unlock().await,
+                        "the grant had run out under its holder"
+                    );
+                }
+            })
+        })
+        .collect();
+    for t in tasks {
+        t.await.expect("task");
+    }
 }

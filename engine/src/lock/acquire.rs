@@ -485,14 +485,19 @@ impl LockClient {
         let ttl = opts.lease.unwrap_or(self.inner.config.watchdog_ttl);
         let left_ms = until.saturating_sub(self.now_ms());
         // A fixed lease runs from this grant, so it is set again on the
-        // nodes. While at least half of it is left on them, that happens
-        // behind the new holder (its validity is what the nodes have until
-        // they confirm the new lease); with less, before it holds.
+        // nodes. When that only lengthens what is left there, and at least
+        // half of the new lease is left, it happens behind the new holder
+        // (its validity is what the nodes have until they confirm the new
+        // lease, and nodes that miss it keep at least that); otherwise
+        // (shorter, or little left) before it holds.
         let mut renew_behind = false;
         let valid_until_ms = if opts.lease.is_none() && !before.leased && before.ttl == ttl {
             // Under the watchdog the lease goes on as it was.
             until
-        } else if opts.lease.is_some() && u128::from(left_ms) * 2 >= ttl.as_millis() {
+        } else if opts.lease.is_some()
+            && u128::from(left_ms) * 2 >= ttl.as_millis()
+            && u128::from(left_ms) <= ttl.as_millis()
+        {
             renew_behind = true;
             until
         } else {
@@ -532,6 +537,7 @@ impl LockClient {
             lost,
             keeper: Mutex::new(None),
             gate: Mutex::new(None),
+            lease_set: tokio::sync::Mutex::new(false),
         });
         baton.taken();
         self.keep(&held, renew_behind);
@@ -869,6 +875,7 @@ impl LockClient {
             lost,
             keeper: Mutex::new(None),
             gate: Mutex::new(None),
+            lease_set: tokio::sync::Mutex::new(false),
         });
         self.keep(&held, false);
         Some(held)

@@ -45,6 +45,9 @@ pub(super) struct Held {
     /// This process's pass for the name, held as long as the grant: other
     /// tasks of the process queue for it instead of on Redis.
     pub(super) gate: Mutex<Option<Pass>>,
+    /// Held while a lease is set on the nodes; true once the holder set its
+    /// own (`extend`), which a lease set behind a hand-off must not undo.
+    pub(super) lease_set: tokio::sync::Mutex<bool>,
 }
 
 /// A hold's kind, lock name and owner.

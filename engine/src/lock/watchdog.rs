@@ -26,8 +26,18 @@ impl LockClient {
             let key = held.mode.hold_key(&held.name);
             let credential = held.mode.credential(&held.token).into_owned();
             let ttl_s = (held.ttl.as_millis().max(1) as u64).to_string();
+            // The first renewal when it is due for the validity the grant
+            // has (ttl/3 after the last renewal): a grant handed over inside
+            // the process comes with the validity of the one before, and
+            // restarting the clock at every hand-off would renew never.
+            let due_ms = held
+                .valid_until_ms
+                .load(Ordering::SeqCst)
+                .saturating_sub((held.ttl * 2 / 3).as_millis() as u64);
+            let mut pause = Duration::from_millis(due_ms.saturating_sub(client.now_ms()));
             loop {
-                tokio::time::sleep(every).await;
+                tokio::time::sleep(pause).await;
+                pause = every;
                 let sent = Instant::now();
                 let replies = client
                     .on_all_nodes(
@@ -68,7 +78,11 @@ impl LockClient {
         let client = self.clone();
         tokio::spawn(async move {
             if renew_first {
-                let _ = client.extend_held(&held, held.ttl).await;
+                let set = held.lease_set.lock().await;
+                // Not over a lease the holder set itself meanwhile.
+                if !*set {
+                    let _ = client.lease_round(&held, held.ttl).await;
+                }
             }
             loop {
                 let left = held
@@ -90,6 +104,14 @@ impl LockClient {
     /// even where a node still has the key.
     pub(super) async fn extend_held(&self, held: &Held, lease: Duration) -> Result<(), LockError> {
         check_lease(lease)?;
+        let mut set = held.lease_set.lock().await;
+        *set = true;
+        self.lease_round(held, lease).await
+    }
+
+    /// One round setting `lease` from now on a majority; the validity
+    /// follows what they confirmed.
+    async fn lease_round(&self, held: &Held, lease: Duration) -> Result<(), LockError> {
         let expired = || LockError::Expired {
             name: held.name.clone(),
         };
