@@ -333,9 +333,9 @@ async fn a_fixed_lease_handed_over_near_its_end_is_set_before_the_new_holder_hol
 /// Found by the attack on cohorting: a holder whose hand-over found its
 /// waiter gone (it gave up after the holder looked) left the release to a
 /// spawned task, so `unlock()` returned with the lock still on the node.
-/// Now the grant comes back and `unlock()` releases it before returning:
-/// another client takes the lock at once.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+/// Now the grant comes back and `unlock()` releases it before returning. On
+/// one thread a spawned release could not have run before the read below.
+#[tokio::test(flavor = "current_thread")]
 async fn a_waiter_that_gave_up_leaves_no_grant_stranded_in_its_client() {
     let nodes = servers(1);
     let locks = unhurried_client(&nodes, 64);
@@ -352,12 +352,8 @@ async fn a_waiter_that_gave_up_leaves_no_grant_stranded_in_its_client() {
     last.abort();
     assert!(last.await.is_err(), "the waiter was cancelled");
     assert!(middle.unlock().await);
-    let other = counter_client(&nodes);
-    let got = other
-        .try_lock("stranded", &LockOptions::new("other"))
-        .await
-        .expect("nodes answer");
-    assert!(got.is_some(), "unlock() returned with the lock still held");
+    let held: i64 = nodes[0].node.cmd(&["EXISTS", "flashsale:lock:stranded"]);
+    assert_eq!(held, 0, "unlock() returned with the lock still on the node");
 }
 
 /// Found by the attack on cohorting: a waiter count left on the node by a
@@ -477,30 +473,54 @@ async fn chain(
 /// Found by the second attack on cohorting: a task taking over with a fixed
 /// lease shorter than what the grant had left got the old (longer) validity
 /// and set its lease in the background; with that round short of a
-/// majority, it believed it held long after the nodes let the key go.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+/// majority, it believed it held long after the nodes let the key go. On one
+/// thread, and read before the task yields, the node shows which it was.
+#[tokio::test(flavor = "current_thread")]
 async fn a_shorter_fixed_lease_handed_over_is_set_before_the_new_holder_holds() {
     let nodes = servers(1);
     let locks = unhurried_client(&nodes, 64);
     let wait = Duration::from_secs(60);
-    let (middle, last) = chain(
-        &locks,
-        "shorter",
-        LockOptions::new("first"),
-        LockOptions::new("middle").wait(wait),
-        LockOptions::new("last")
-            .lease(Duration::from_secs(2))
-            .wait(wait),
-    )
-    .await;
+    let first = locks
+        .lock("shorter", &LockOptions::new("first"))
+        .await
+        .expect("first");
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    {
+        let locks = locks.clone();
+        tokio::spawn(async move {
+            let opts = LockOptions::new("middle").wait(wait);
+            let _ = tx.send(locks.lock("shorter", &opts).await.expect("middle"));
+        });
+    }
+    until_queued(&locks, "shorter", 1).await;
+    let last = {
+        let (locks, url) = (locks.clone(), nodes[0].url());
+        tokio::spawn(async move {
+            let opts = LockOptions::new("last")
+                .lease(Duration::from_secs(2))
+                .wait(wait);
+            let guard = locks.lock("shorter", &opts).await.expect("last");
+            // No await between the grant and this read.
+            let mut conn = redis::Client::open(url)
+                .and_then(|c| c.get_connection())
+                .expect("node");
+            let pttl: i64 = redis::cmd("PTTL")
+                .arg("flashsale:lock:shorter")
+                .query(&mut conn)
+                .expect("pttl");
+            (guard, pttl)
+        })
+    };
+    until_queued(&locks, "shorter", 2).await;
+    assert!(first.unlock().await);
+    let middle = rx.await.expect("middle holds");
     let t = middle.fencing_token();
     assert!(middle.unlock().await);
-    let last = last.await.expect("task").expect("handed over");
+    let (last, pttl) = last.await.expect("task");
     assert_eq!(last.fencing_token(), t + 1, "a hand-off");
-    let pttl: i64 = nodes[0].node.cmd(&["PTTL", "flashsale:lock:shorter"]);
     assert!(
         pttl <= 2_000,
-        "the node keeps the key {pttl} ms, past the new holder's 2 s lease"
+        "the node kept the key {pttl} ms when the new holder got it, past its 2 s lease"
     );
     assert!(last.unlock().await);
 }
@@ -565,7 +585,7 @@ async fn an_extend_right_after_a_hand_off_is_not_undone_by_the_lease_set_behind_
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_lock_handed_on_faster_than_its_renewals_is_still_renewed() {
     let nodes = servers(1);
-    let ttl = Duration::from_millis(600);
+    let ttl = Duration::from_millis(1_500);
     let locks = LockClient::new(
         &urls(&nodes),
         LockConfig {
@@ -576,15 +596,23 @@ async fn a_lock_handed_on_faster_than_its_renewals_is_still_renewed() {
         },
     )
     .expect("lock client");
-    // Two tasks pass the lock back and forth, each holding it a tenth of
-    // the ttl, for about three ttls: never long enough for a renewal.
+    // Both tasks queue behind a starter, so the grant the first of them
+    // takes from the node reserves tokens for hand-offs to the other.
+    let starter = locks
+        .lock("renewed", &LockOptions::new("starter"))
+        .await
+        .expect("lock");
+    let tokens = Arc::new(Mutex::new(Vec::new()));
     let tasks: Vec<_> = (0..2)
         .map(|t| {
-            let locks = locks.clone();
+            let (locks, tokens) = (locks.clone(), tokens.clone());
             tokio::spawn(async move {
                 let opts = LockOptions::new(format!("task-{t}")).wait(Duration::from_secs(60));
-                for _ in 0..15 {
+                // Each holds it a tenth of the ttl, 40 times between them:
+                // about three ttls, never long enough for a renewal.
+                for _ in 0..20 {
                     let guard = locks.lock("renewed", &opts).await.expect("lock");
+                    tokens.lock().expect("tokens").push(guard.fencing_token());
                     tokio::time::sleep(ttl / 10).await;
                     assert!(!guard.is_lost());
                     assert!(
@@ -595,7 +623,16 @@ async fn a_lock_handed_on_faster_than_its_renewals_is_still_renewed() {
             })
         })
         .collect();
+    until_queued(&locks, "renewed", 2).await;
+    assert!(starter.unlock().await);
     for t in tasks {
         t.await.expect("task");
     }
+    let tokens = tokens.lock().expect("tokens").clone();
+    let handed = tokens.windows(2).filter(|w| w[1] == w[0] + 1).count();
+    assert_eq!(
+        handed,
+        tokens.len() - 1,
+        "every grant after the first was a hand-off: {tokens:?}"
+    );
 }

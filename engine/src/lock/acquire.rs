@@ -496,7 +496,10 @@ impl LockClient {
             until
         } else if opts.lease.is_some()
             && u128::from(left_ms) * 2 >= ttl.as_millis()
-            && u128::from(left_ms) <= ttl.as_millis()
+            // ... and with the drift allowance below the new lease, so a
+            // node that misses the round keeps the key past the validity.
+            && u128::from(left_ms) + (ttl / 100 + Duration::from_millis(2)).as_millis()
+                <= ttl.as_millis()
         {
             renew_behind = true;
             until

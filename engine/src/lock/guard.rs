@@ -27,9 +27,15 @@ impl LockGuard {
         &self.held.name
     }
 
-    /// True once the grant is known lost (renewal failed, or lease over).
+    /// True once the grant is known lost (renewal failed, or lease over),
+    /// or its validity has run out by this client's clock.
     pub fn is_lost(&self) -> bool {
         *self.held.lost.borrow()
+            || self.client.now_ms()
+                >= self
+                    .held
+                    .valid_until_ms
+                    .load(std::sync::atomic::Ordering::SeqCst)
     }
 
     /// Resolves when the grant is lost, so the holder can stop its work.

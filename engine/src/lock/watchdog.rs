@@ -27,17 +27,25 @@ impl LockClient {
             let credential = held.mode.credential(&held.token).into_owned();
             let ttl_s = (held.ttl.as_millis().max(1) as u64).to_string();
             // The first renewal when it is due for the validity the grant
-            // has (ttl/3 after the last renewal): a grant handed over inside
-            // the process comes with the validity of the one before, and
-            // restarting the clock at every hand-off would renew never.
+            // has (ttl/3 after the last renewal), and no later than ttl/3
+            // from now: a grant handed over inside the process comes with
+            // the validity of the one before, and restarting the clock at
+            // every hand-off would renew never; and that validity may be
+            // longer than the key (a renewal of the holder before, cut off
+            // by its release, may have shortened an `extend` on the nodes).
             let due_ms = held
                 .valid_until_ms
                 .load(Ordering::SeqCst)
                 .saturating_sub((held.ttl * 2 / 3).as_millis() as u64);
-            let mut pause = Duration::from_millis(due_ms.saturating_sub(client.now_ms()));
+            let mut pause =
+                Duration::from_millis(due_ms.saturating_sub(client.now_ms())).min(every);
             loop {
                 tokio::time::sleep(pause).await;
                 pause = every;
+                // One lease round at a time per grant (an `extend` too), so
+                // the validity follows the order the nodes apply them in.
+                let _round = held.lease_set.lock().await;
+                client.cap_validity(&held, held.ttl);
                 let sent = Instant::now();
                 let replies = client
                     .on_all_nodes(
@@ -109,6 +117,17 @@ impl LockClient {
         self.lease_round(held, lease).await
     }
 
+    /// Before a round that sets `lease` from now: whether it reaches a node
+    /// or not (a timeout, a cancelled future), no node will keep the key
+    /// for less than this or than what it had, so the validity must not
+    /// promise more until a majority confirms. A round may shorten the
+    /// lease (an `extend` to less, a watchdog renewal after an `extend`).
+    fn cap_validity(&self, held: &Held, lease: Duration) {
+        let drift = lease / 100 + Duration::from_millis(2);
+        let cap = self.now_ms() + lease.saturating_sub(drift).as_millis() as u64;
+        held.valid_until_ms.fetch_min(cap, Ordering::SeqCst);
+    }
+
     /// One round setting `lease` from now on a majority; the validity
     /// follows what they confirmed.
     async fn lease_round(&self, held: &Held, lease: Duration) -> Result<(), LockError> {
@@ -118,6 +137,7 @@ impl LockClient {
         if *held.lost.borrow() || self.now_ms() >= held.valid_until_ms.load(Ordering::SeqCst) {
             return Err(expired());
         }
+        self.cap_validity(held, lease);
         let sent = Instant::now();
         let lease_ms = (lease.as_millis().max(1) as u64).to_string();
         let replies = self
