@@ -256,6 +256,17 @@ impl RedisServer {
     }
 }
 
+/// EVALSHA calls a node has run so far (`INFO commandstats`): how tests see
+/// that a script call did, or did not, reach a node.
+pub fn evalsha_calls(node: &RedisServer) -> u64 {
+    let info: String = node.node.cmd(&["INFO", "commandstats"]);
+    info.lines()
+        .find_map(|l| l.strip_prefix("cmdstat_evalsha:calls="))
+        .and_then(|rest| rest.split(',').next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(0)
+}
+
 /// A Redis Cluster of `masters` masters with `replicas` replicas each.
 pub struct RedisCluster {
     /// Every node, masters first as created (roles change on failover).

@@ -10,7 +10,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use flashsale::lock::{LockClient, LockConfig, LockOptions, TokenClock};
-use flashsale_tests::RedisServer;
+use flashsale_tests::{evalsha_calls, RedisServer};
 
 fn servers(n: usize) -> Vec<RedisServer> {
     (0..n).map(|_| RedisServer::start()).collect()
@@ -58,16 +58,6 @@ async fn until_queued(locks: &LockClient, name: &str, n: usize) {
         tokio::time::sleep(Duration::from_millis(2)).await;
     }
     panic!("{n} tasks never queued for {name}");
-}
-
-/// EVALSHA calls a node has run so far (`INFO commandstats`).
-fn evalsha_calls(node: &RedisServer) -> u64 {
-    let info: String = node.node.cmd(&["INFO", "commandstats"]);
-    info.lines()
-        .find_map(|l| l.strip_prefix("cmdstat_evalsha:calls="))
-        .and_then(|rest| rest.split(',').next())
-        .and_then(|n| n.parse().ok())
-        .unwrap_or(0)
 }
 
 /// Three clients of four tasks each take one lock 100 times per task; every

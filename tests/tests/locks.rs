@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use flashsale::lock::{LockClient, LockConfig, LockError, LockOptions};
-use flashsale_tests::{flashsale_cmd, PgDb, RedisServer};
+use flashsale_tests::{evalsha_calls, flashsale_cmd, PgDb, RedisServer};
 
 fn servers(n: usize) -> Vec<RedisServer> {
     (0..n).map(|_| RedisServer::start()).collect()
@@ -741,16 +741,6 @@ async fn a_lock_call_dropped_mid_attempt_leaves_nothing_held() {
         "the dropped attempt's keys are still held",
     )
     .await;
-}
-
-/// EVALSHA calls a node has run so far (`INFO commandstats`).
-fn evalsha_calls(node: &RedisServer) -> u64 {
-    let info: String = node.node.cmd(&["INFO", "commandstats"]);
-    info.lines()
-        .find_map(|l| l.strip_prefix("cmdstat_evalsha:calls="))
-        .and_then(|rest| rest.split(',').next())
-        .and_then(|n| n.parse().ok())
-        .unwrap_or(0)
 }
 
 /// The same late node, but stalled longer than the Redis client's own

@@ -431,10 +431,7 @@ impl LockClient {
             Counted::Everywhere => None,
             Counted::On(nodes) => Some(nodes.as_slice()),
         };
-        let key = mode.waiters_key(name);
-        let ttl = count_ttl_ms(wait).to_string();
-        self.on_nodes(&self.inner.scripts.waiting, &[&key], &["-1", &ttl], only)
-            .await;
+        self.count_round(mode, name, -1, wait, only).await;
     }
 
     /// Tasks of this client waiting in its own line for the plain lock
@@ -454,10 +451,22 @@ impl LockClient {
     /// every node; the count expires a little after the longest wait, so a
     /// waiter that died only costs extra wake-ups until then.
     async fn count_waiter_of(&self, mode: Mode, name: &str, delta: i64, wait: Duration) {
+        self.count_round(mode, name, delta, wait, None).await;
+    }
+
+    /// Adds `delta` to the waiter count on every node, or on `only`.
+    async fn count_round(
+        &self,
+        mode: Mode,
+        name: &str,
+        delta: i64,
+        wait: Duration,
+        only: Option<&[usize]>,
+    ) {
         let key = mode.waiters_key(name);
         let ttl = count_ttl_ms(wait).to_string();
         let delta = delta.to_string();
-        self.on_all_nodes(&self.inner.scripts.waiting, &[&key], &[&delta, &ttl])
+        self.on_nodes(&self.inner.scripts.waiting, &[&key], &[&delta, &ttl], only)
             .await;
     }
 
@@ -490,40 +499,14 @@ impl LockClient {
         // (its validity is what the nodes have until they confirm the new
         // lease, and nodes that miss it keep at least that); otherwise
         // (shorter, or little left) before it holds.
-        let mut renew_behind = false;
-        let valid_until_ms = if opts.lease.is_none() && !before.leased && before.ttl == ttl {
-            // Under the watchdog the lease goes on as it was.
-            until
-        } else if opts.lease.is_some()
+        // Under the watchdog the lease goes on as it was.
+        let as_it_was = opts.lease.is_none() && !before.leased && before.ttl == ttl;
+        let renew_behind = !as_it_was
+            && opts.lease.is_some()
             && u128::from(left_ms) * 2 >= ttl.as_millis()
             // ... and with the drift allowance below the new lease, so a
             // node that misses the round keeps the key past the validity.
-            && u128::from(left_ms) + (ttl / 100 + Duration::from_millis(2)).as_millis()
-                <= ttl.as_millis()
-        {
-            renew_behind = true;
-            until
-        } else {
-            let sent = Instant::now();
-            let lease_ms = (ttl.as_millis().max(1) as u64).to_string();
-            let replies = self
-                .on_all_nodes(
-                    &self.inner.scripts.extend,
-                    &[&Mode::Exclusive.hold_key(name)],
-                    &[&before.token, &lease_ms],
-                )
-                .await;
-            let confirmed = replies
-                .iter()
-                .filter(|r| matches!(r.as_ref().map(crate::replies::lock_done), Ok(Ok(true))))
-                .count();
-            let drift = ttl / 100 + Duration::from_millis(2);
-            let validity = ttl.checked_sub(sent.elapsed() + drift)?;
-            if confirmed < self.quorum() || validity.is_zero() {
-                return None;
-            }
-            self.now_ms() + validity.as_millis() as u64
-        };
+            && u128::from(left_ms) + drift(ttl).as_millis() <= ttl.as_millis();
         let (lost, _) = watch::channel(false);
         let held = Arc::new(Held {
             mode: Mode::Exclusive,
@@ -536,12 +519,20 @@ impl LockClient {
             leased: opts.lease.is_some(),
             ttl,
             count: AtomicU32::new(1),
-            valid_until_ms: AtomicU64::new(valid_until_ms),
+            valid_until_ms: AtomicU64::new(until),
             lost,
             keeper: Mutex::new(None),
             gate: Mutex::new(None),
             lease_set: tokio::sync::Mutex::new(false),
         });
+        if !as_it_was && !renew_behind {
+            // The new lease on a majority before it holds (the baton still
+            // releases the grant if this fails or is cancelled).
+            self.lease_round(&held, ttl).await.ok()?;
+            if self.now_ms() >= held.valid_until_ms.load(Ordering::SeqCst) {
+                return None;
+            }
+        }
         baton.taken();
         self.keep(&held, renew_behind);
         Some(held)
@@ -856,8 +847,7 @@ impl LockClient {
                 fence
             }
         };
-        let drift = ttl / 100 + Duration::from_millis(2);
-        let validity = ttl.checked_sub(started.elapsed() + drift)?;
+        let validity = ttl.checked_sub(started.elapsed() + drift(ttl))?;
         if validity.is_zero() {
             return None;
         }

@@ -97,6 +97,12 @@ pub(super) fn fence_key(name: &str) -> String {
 /// milliseconds, and the client's own clock must not overflow either.
 pub const MAX_LEASE: Duration = Duration::from_secs(24 * 3600);
 
+/// The clock-drift allowance of a lease: 1 % of it plus 2 ms, taken off
+/// every validity (Redlock's drift factor).
+pub(super) fn drift(lease: Duration) -> Duration {
+    lease / 100 + Duration::from_millis(2)
+}
+
 /// A lease from 1 ms to [`MAX_LEASE`].
 pub(super) fn check_lease(lease: Duration) -> Result<(), LockError> {
     if lease < Duration::from_millis(1) || lease > MAX_LEASE {

@@ -58,10 +58,9 @@ impl LockClient {
                     .iter()
                     .filter(|r| matches!(r.as_ref().map(crate::replies::lock_done), Ok(Ok(true))))
                     .count();
-                let drift = held.ttl / 100 + Duration::from_millis(2);
                 let still_valid = client.now_ms() < held.valid_until_ms.load(Ordering::SeqCst);
                 if confirmed >= client.quorum() && still_valid {
-                    let validity = held.ttl.saturating_sub(sent.elapsed() + drift);
+                    let validity = held.ttl.saturating_sub(sent.elapsed() + drift(held.ttl));
                     held.valid_until_ms.store(
                         client.now_ms() + validity.as_millis() as u64,
                         Ordering::SeqCst,
@@ -123,14 +122,13 @@ impl LockClient {
     /// promise more until a majority confirms. A round may shorten the
     /// lease (an `extend` to less, a watchdog renewal after an `extend`).
     fn cap_validity(&self, held: &Held, lease: Duration) {
-        let drift = lease / 100 + Duration::from_millis(2);
-        let cap = self.now_ms() + lease.saturating_sub(drift).as_millis() as u64;
+        let cap = self.now_ms() + lease.saturating_sub(drift(lease)).as_millis() as u64;
         held.valid_until_ms.fetch_min(cap, Ordering::SeqCst);
     }
 
     /// One round setting `lease` from now on a majority; the validity
     /// follows what they confirmed.
-    async fn lease_round(&self, held: &Held, lease: Duration) -> Result<(), LockError> {
+    pub(super) async fn lease_round(&self, held: &Held, lease: Duration) -> Result<(), LockError> {
         let expired = || LockError::Expired {
             name: held.name.clone(),
         };
@@ -154,8 +152,7 @@ impl LockClient {
         if confirmed < self.quorum() {
             return Err(expired());
         }
-        let drift = lease / 100 + Duration::from_millis(2);
-        let validity = lease.saturating_sub(sent.elapsed() + drift);
+        let validity = lease.saturating_sub(sent.elapsed() + drift(lease));
         held.valid_until_ms.store(
             self.now_ms() + validity.as_millis() as u64,
             Ordering::SeqCst,
