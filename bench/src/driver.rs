@@ -1589,7 +1589,7 @@ pub async fn measure(b: &mut Bench) -> Result<(Vec<RunResult>, Vec<lockbench::Lo
     }
     let mut locks = Vec::new();
     if !b.args.no_lock_bench && !b.lock_nodes.is_empty() {
-        let bar = b.bar(20, "lock benchmark".into());
+        let bar = b.bar(38, "lock benchmark".into());
         locks = lockbench::run_all(
             &b.lock_nodes,
             b.args.lock_pairs,
@@ -1599,6 +1599,7 @@ pub async fn measure(b: &mut Bench) -> Result<(Vec<RunResult>, Vec<lockbench::Lo
         )
         .await?;
         let window = Duration::from_secs(b.args.lock_window_seconds.clamp(1, 60));
+        locks.extend(lockbench::shared_client(&b.lock_nodes, window, &bar).await?);
         locks.extend(lockbench::cross_process(&b.lock_nodes, window, &bar).await?);
         bar.finish();
     }

@@ -325,6 +325,132 @@ pub async fn cross_process(
     Ok(out)
 }
 
+/// Workers sharing one client in the scenarios U and C.
+pub const SHARED_WORKERS: usize = 16;
+
+/// The scenarios with [`SHARED_WORKERS`] tokio workers on one client (one
+/// `LockClient`, one rslock `LockManager`): `U`, each worker locks a name of
+/// its own (the cost of an uncontended pair); `C`, every worker shares one
+/// name. Row labels are `<implementation> U` and `<implementation> C`.
+pub async fn shared_client(
+    lock_nodes: &[String],
+    window: Duration,
+    bar: &indicatif::ProgressBar,
+) -> anyhow::Result<Vec<LockResult>> {
+    let mut out = Vec::new();
+    for n in [1usize, 3] {
+        if lock_nodes.len() < n {
+            continue;
+        }
+        let urls = lock_nodes[..n].to_vec();
+        for contended in [false, true] {
+            let scenario = if contended { "C" } else { "U" };
+            for implementation in ["flashsale", WATCHDOG, "rslock"] {
+                bar.set_message(format!("lock {implementation} {scenario} nodes={n}"));
+                let imp = match implementation {
+                    "rslock" => Impl::Rslock(Arc::new(rslock::LockManager::new(urls.clone()))),
+                    WATCHDOG => Impl::Watchdog(LockClient::new(&urls, LockConfig::default())?),
+                    _ => Impl::Flashsale(LockClient::new(&urls, LockConfig::default())?),
+                };
+                let name = format!(
+                    "lockbench-shared-{implementation}-{scenario}-{n}-{}",
+                    std::process::id()
+                );
+                let (done, longest) = shared_window(imp, &name, contended, window).await;
+                out.push(LockResult {
+                    implementation: format!("{implementation} {scenario}"),
+                    nodes: n,
+                    tasks: SHARED_WORKERS,
+                    pairs: done,
+                    pairs_per_second: done as f64 / window.as_secs_f64().max(1e-9),
+                    handoff_p50_ms: None,
+                    handoff_p99_ms: None,
+                    errors: 0,
+                    longest_wait_ms: Some(longest.as_secs_f64() * 1000.0),
+                });
+                bar.inc(1);
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// One scenario of [`shared_client`] alone (`--lock-shared SPEC`, SPEC =
+/// `implementation|U or C|window_ms|url,url...`): prints
+/// `pairs pairs_per_second longest_wait_ms`.
+pub async fn shared_alone(spec: &str) -> anyhow::Result<String> {
+    let mut parts = spec.splitn(4, '|');
+    let (Some(implementation), Some(scenario), Some(window_ms), Some(urls)) =
+        (parts.next(), parts.next(), parts.next(), parts.next())
+    else {
+        anyhow::bail!("--lock-shared: expected implementation|U or C|window_ms|urls");
+    };
+    let window = Duration::from_millis(window_ms.parse()?);
+    let urls: Vec<String> = urls.split(',').map(str::to_owned).collect();
+    let imp = match implementation {
+        "rslock" => Impl::Rslock(Arc::new(rslock::LockManager::new(urls))),
+        WATCHDOG => Impl::Watchdog(LockClient::new(&urls, LockConfig::default())?),
+        "flashsale" => Impl::Flashsale(LockClient::new(&urls, LockConfig::default())?),
+        other => anyhow::bail!("--lock-shared: unknown implementation {other:?}"),
+    };
+    let name = format!(
+        "lockbench-alone-{implementation}-{scenario}-{}",
+        std::process::id()
+    );
+    let (done, longest) = shared_window(imp, &name, scenario == "C", window).await;
+    Ok(format!(
+        "{done} {:.0} {:.1}",
+        done as f64 / window.as_secs_f64().max(1e-9),
+        longest.as_secs_f64() * 1000.0
+    ))
+}
+
+/// [`SHARED_WORKERS`] workers on `imp` taking and releasing their name
+/// (`name`, or `name-<worker>` when not `contended`) until `window` ends:
+/// pairs done, and the longest wait for one grant.
+async fn shared_window(
+    imp: Impl,
+    name: &str,
+    contended: bool,
+    window: Duration,
+) -> (u64, Duration) {
+    let end = tokio::time::Instant::now() + window;
+    let workers: Vec<_> = (0..SHARED_WORKERS)
+        .map(|w| {
+            let imp = imp.clone();
+            let name = if contended {
+                name.to_owned()
+            } else {
+                format!("{name}-{w}")
+            };
+            tokio::spawn(async move {
+                let (mut done, mut longest) = (0u64, Duration::ZERO);
+                while tokio::time::Instant::now() < end {
+                    let asked = Instant::now();
+                    match tokio::time::timeout_at(end, imp.acquire(&name, w)).await {
+                        Ok(Some(held)) => {
+                            longest = longest.max(asked.elapsed());
+                            imp.release(held).await;
+                            done += 1;
+                        }
+                        Ok(None) => {}
+                        Err(_) => longest = longest.max(asked.elapsed()),
+                    }
+                }
+                (done, longest)
+            })
+        })
+        .collect();
+    let (mut done, mut longest) = (0u64, Duration::ZERO);
+    for w in workers {
+        if let Ok((d, l)) = w.await {
+            done += d;
+            longest = longest.max(l);
+        }
+    }
+    (done, longest)
+}
+
 /// Every combination: {flashsale, rslock} x {1, 3 nodes} x {1, `tasks`}.
 pub async fn run_all(
     lock_nodes: &[String],

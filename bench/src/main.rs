@@ -73,6 +73,11 @@ struct Args {
     /// Internal: run as one process of the cross-process lock scenario.
     #[arg(long, hide = true)]
     lock_child: Option<String>,
+    /// Run one scenario of 16 workers on one client alone and print its
+    /// pairs and longest wait (`implementation|U or C|window_ms|url,url...`;
+    /// for A/B runs and profiling).
+    #[arg(long, hide = true)]
+    lock_shared: Option<String>,
     /// Skip the lock benchmark.
     #[arg(long)]
     no_lock_bench: bool,
@@ -113,6 +118,10 @@ async fn main() -> Result<()> {
     let args = Args::parse();
     if let Some(spec) = &args.lock_child {
         println!("{}", lockbench::child(spec).await?);
+        return Ok(());
+    }
+    if let Some(spec) = &args.lock_shared {
+        println!("{}", lockbench::shared_alone(spec).await?);
         return Ok(());
     }
     let config = config(&args)?;

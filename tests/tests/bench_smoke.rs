@@ -203,9 +203,10 @@ fn every_strategy_runs_and_the_json_is_complete() {
     let locks = report["lock_results"].as_array().expect("lock_results");
     assert_eq!(
         locks.len(),
-        26,
+        38,
         "flashsale, rslock, the fair lock and the semaphore, 1 and 3 nodes, 1 and 3 tasks; \
-         then flashsale (fixed lease and watchdog), rslock, the fair lock and the semaphore \
+         flashsale (fixed lease and watchdog) and rslock with 16 workers on one client, \
+         U and C, 1 and 3 nodes; then flashsale (fixed lease and watchdog), rslock, the fair lock and the semaphore \
          across 4 processes on 1 and 3 nodes"
     );
     assert_eq!(
@@ -220,10 +221,22 @@ fn every_strategy_runs_and_the_json_is_complete() {
         10,
         "the cross-process rows: {locks:?}"
     );
+    assert_eq!(
+        locks
+            .iter()
+            .filter(|l| l["implementation"]
+                .as_str()
+                .is_some_and(|i| i.ends_with(" U") || i.ends_with(" C"))
+                && l["tasks"] == 16
+                && l["longest_wait_ms"].as_f64().is_some())
+            .count(),
+        12,
+        "the rows of 16 workers on one client: {locks:?}"
+    );
     assert!(locks
         .iter()
         .all(|l| l["pairs"].as_u64().unwrap_or(0) > 0 && l["errors"] == 0));
-    assert_eq!(report["targets"].as_array().map(Vec::len), Some(21));
+    assert_eq!(report["targets"].as_array().map(Vec::len), Some(23));
     // Batch sizes on every engine row, and never on an anchor's; one call
     // per purchase where batch_max = 1.
     for r in results.iter().filter(|r| {
