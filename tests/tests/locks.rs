@@ -182,6 +182,83 @@ async fn watchdog_keeps_a_long_holder_and_never_renews_after_unlock() {
     }
 }
 
+/// The issue asked for no watchdog task per grant: one timer per client
+/// keeps every live grant. 300 grants held at once (200 under the watchdog,
+/// 100 with a fixed lease) start no task each, and the watchdog still
+/// renews every one of them past twice its TTL.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn many_held_locks_start_no_task_each_and_every_one_is_renewed() {
+    let nodes = servers(1);
+    let ttl = Duration::from_secs(2);
+    let locks = client(&nodes, ttl);
+    // Warm up: connections, scripts, the client's own tasks.
+    let warm = locks
+        .lock("warm", &LockOptions::new("w"))
+        .await
+        .expect("lock");
+    assert!(warm.unlock().await);
+    let metrics = tokio::runtime::Handle::current().metrics();
+    let before = metrics.num_alive_tasks();
+    let mut guards = Vec::new();
+    for i in 0..200 {
+        let opts = LockOptions::new("holder");
+        guards.push(locks.lock(&format!("many-{i}"), &opts).await.expect("lock"));
+    }
+    for i in 0..100 {
+        let opts = LockOptions::new("holder").lease(Duration::from_secs(60));
+        guards.push(
+            locks
+                .lock(&format!("leased-{i}"), &opts)
+                .await
+                .expect("lock"),
+        );
+    }
+    let during = metrics.num_alive_tasks();
+    assert!(
+        during < before + 20,
+        "300 held locks took {} tasks more ({before} before, {during} while held)",
+        during - before
+    );
+    // Past twice the TTL: only renewals keep the watchdog's 200 keys.
+    tokio::time::sleep(ttl * 9 / 4).await;
+    for (i, g) in guards.iter().enumerate() {
+        assert!(!g.is_lost(), "grant {i} lost");
+    }
+    for i in 0..200 {
+        let key = format!("flashsale:lock:many-{i}");
+        let pttl: i64 = nodes[0].node.cmd(&["PTTL", &key]);
+        assert!(pttl > 0, "{key} was not renewed (PTTL {pttl})");
+    }
+    for g in guards {
+        assert!(g.unlock().await);
+    }
+}
+
+/// A fixed lease that `extend` cut short is reported lost at its new end,
+/// not at the old one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fixed_lease_cut_short_by_extend_is_reported_lost_at_its_new_end() {
+    let nodes = servers(1);
+    let locks = client(&nodes, Duration::from_secs(30));
+    let guard = locks
+        .lock(
+            "cut",
+            &LockOptions::new("holder").lease(Duration::from_secs(60)),
+        )
+        .await
+        .expect("lock");
+    guard
+        .extend(Duration::from_millis(300))
+        .await
+        .expect("extend");
+    // The old lease would report the loss after a minute.
+    tokio::time::timeout(Duration::from_secs(20), guard.lost())
+        .await
+        .expect("lost() fires at the lease's new end, not the old one");
+    assert!(guard.is_lost());
+    assert!(!guard.unlock().await, "the lease ended: not released");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn paused_holder_is_fenced_out_of_postgres() {
     let nodes = servers(3);

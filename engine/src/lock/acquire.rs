@@ -521,7 +521,7 @@ impl LockClient {
             count: AtomicU32::new(1),
             valid_until_ms: AtomicU64::new(until),
             lost,
-            keeper: Mutex::new(None),
+            kept: Mutex::default(),
             gate: Mutex::new(None),
             lease_set: tokio::sync::Mutex::new(false),
         });
@@ -538,16 +538,11 @@ impl LockClient {
         Some(held)
     }
 
-    /// Starts what keeps `held` (the watchdog, or the lease timer, which
-    /// first sets the lease again on the nodes when `renew_first`) and
-    /// records it as this client's.
+    /// Starts keeping `held` (see `keeper`; with `renew_first`, a fixed
+    /// lease handed over is first set again on the nodes, behind the
+    /// holder) and records it as this client's.
     fn keep(&self, held: &Arc<Held>, renew_first: bool) {
-        let keeper = if held.leased {
-            self.spawn_lease_timer(held.clone(), renew_first)
-        } else {
-            self.spawn_watchdog(held.clone())
-        };
-        *held.keeper.lock().unwrap_or_else(|p| p.into_inner()) = Some(keeper);
+        self.start_keeping(held, renew_first);
         self.inner
             .held
             .lock()
@@ -629,13 +624,13 @@ impl LockClient {
         // the caller drops it half-way (a timeout around `lock()`), the
         // guard gives them back.
         let outstanding = Outstanding {
-            client: self.clone(),
+            client: self,
             mode: req.mode,
-            name: name.to_owned(),
-            token: token.clone(),
+            name,
+            token: &token,
             armed: true,
         };
-        let result = self.attempt_with(name, opts, req, token, count).await;
+        let result = self.attempt_with(name, opts, req, &token, count).await;
         outstanding.disarm();
         result
     }
@@ -647,7 +642,7 @@ impl LockClient {
         name: &str,
         opts: &LockOptions,
         req: &Request,
-        token: String,
+        token: &str,
         count: Option<&str>,
     ) -> (Attempt, Vec<usize>) {
         let ttl = opts.lease.unwrap_or(self.inner.config.watchdog_ttl);
@@ -667,7 +662,7 @@ impl LockClient {
         }
         .to_string();
         let replies = self
-            .ask_nodes(name, req, &token, &ttl_s, single, &clock, count)
+            .ask_nodes(name, req, token, &ttl_s, single, &clock, count)
             .await;
         let reserve = req.reserve;
         // Nodes that refused and so counted us in (when asked to).
@@ -729,7 +724,7 @@ impl LockClient {
                     name,
                     opts,
                     mode,
-                    token.clone(),
+                    token.to_owned(),
                     ttl,
                     started,
                     fence,
@@ -740,7 +735,7 @@ impl LockClient {
                 let everywhere = granted.len() == self.inner.nodes.len();
                 return (Attempt::Granted { held, everywhere }, counted);
             }
-            self.release_token(mode, name, &token, None).await;
+            self.release_token(mode, name, token, None).await;
         } else if !granted.is_empty() || !unanswered.is_empty() {
             // Give back the minority we got, and ask every node that did not
             // answer too: a node that timed out still runs our SET NX when it
@@ -748,7 +743,7 @@ impl LockClient {
             // would otherwise keep our token for the whole lease, blocking
             // the next majority. Nodes that refused hold nothing of ours.
             let ours: Vec<usize> = granted.iter().chain(&unanswered).copied().collect();
-            self.release_token(mode, name, &token, Some(&ours)).await;
+            self.release_token(mode, name, token, Some(&ours)).await;
         }
         if reachable < self.quorum() {
             return (Attempt::NoQuorum { reachable, detail }, counted);
@@ -866,7 +861,7 @@ impl LockClient {
             count: AtomicU32::new(1),
             valid_until_ms: AtomicU64::new(now_ms + validity.as_millis() as u64),
             lost,
-            keeper: Mutex::new(None),
+            kept: Mutex::default(),
             gate: Mutex::new(None),
             lease_set: tokio::sync::Mutex::new(false),
         });
@@ -880,15 +875,15 @@ impl LockClient {
 /// node, so a cancelled `lock()` leaves nothing held: without it, the nodes
 /// that granted keep the key, with no guard and no watchdog, until the lease
 /// runs out.
-struct Outstanding {
-    client: LockClient,
+struct Outstanding<'a> {
+    client: &'a LockClient,
     mode: Mode,
-    name: String,
-    token: String,
+    name: &'a str,
+    token: &'a str,
     armed: bool,
 }
 
-impl Outstanding {
+impl Outstanding<'_> {
     /// The attempt finished: what it holds is a guard's now, or was given
     /// back already.
     fn disarm(mut self) {
@@ -896,7 +891,7 @@ impl Outstanding {
     }
 }
 
-impl Drop for Outstanding {
+impl Drop for Outstanding<'_> {
     fn drop(&mut self) {
         if !self.armed {
             return;
@@ -907,10 +902,7 @@ impl Drop for Outstanding {
             return;
         };
         let (client, mode) = (self.client.clone(), self.mode);
-        let (name, token) = (
-            std::mem::take(&mut self.name),
-            std::mem::take(&mut self.token),
-        );
+        let (name, token) = (self.name.to_owned(), self.token.to_owned());
         runtime.spawn(async move {
             client.release_token(mode, &name, &token, None).await;
         });

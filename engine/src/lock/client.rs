@@ -13,6 +13,7 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
 use super::gate::{Gate, Pass};
+use super::keeper::Keeper;
 use super::mode::Mode;
 use super::node::{LockNode, NodeError};
 use super::waiters::Waiters;
@@ -41,7 +42,8 @@ pub(super) struct Held {
     /// grant is valid; pushed forward by the watchdog.
     pub(super) valid_until_ms: AtomicU64,
     pub(super) lost: watch::Sender<bool>,
-    pub(super) keeper: Mutex<Option<JoinHandle<()>>>,
+    /// Its entry in the client's keeper, and its lease round in flight.
+    pub(super) kept: Mutex<super::keeper::Kept>,
     /// This process's pass for the name, held as long as the grant: other
     /// tasks of the process queue for it instead of on Redis.
     pub(super) gate: Mutex<Option<Pass>>,
@@ -64,6 +66,10 @@ pub(super) struct Inner {
     /// One gate per lock name: tasks of this process wait here, in FIFO
     /// order, so only one of them at a time asks the lock nodes.
     pub(super) gates: Mutex<HashMap<String, Arc<Gate>>>,
+    /// When each live grant must be renewed, or its fixed lease runs out.
+    pub(super) keeper: Keeper,
+    /// The keeper's timer task.
+    pub(super) timer: Mutex<Option<JoinHandle<()>>>,
     pub(super) epoch: Instant,
 }
 
@@ -71,6 +77,9 @@ impl Drop for Inner {
     fn drop(&mut self) {
         for l in &self.listeners {
             l.abort();
+        }
+        if let Some(t) = self.timer.lock().unwrap_or_else(|p| p.into_inner()).take() {
+            t.abort();
         }
     }
 }
@@ -137,7 +146,7 @@ impl LockClient {
             .iter()
             .map(|n| Waiters::listen(&waiters, n.client().clone()))
             .collect();
-        Ok(LockClient {
+        let client = LockClient {
             inner: Arc::new(Inner {
                 nodes,
                 scripts: LockScripts::new(),
@@ -146,9 +155,14 @@ impl LockClient {
                 listeners,
                 held: Mutex::new(HashMap::new()),
                 gates: Mutex::new(HashMap::new()),
+                keeper: Keeper::default(),
+                timer: Mutex::new(None),
                 epoch: Instant::now(),
             }),
-        })
+        };
+        let timer = tokio::spawn(Keeper::run(&client.inner));
+        *client.inner.timer.lock().unwrap_or_else(|p| p.into_inner()) = Some(timer);
+        Ok(client)
     }
 
     /// Nodes needed for a grant: a majority.

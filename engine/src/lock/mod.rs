@@ -21,7 +21,8 @@
 //! The files: `client.rs` the client, its nodes and the quorum call;
 //! `acquire.rs` reentry, attempts, the grant and hand-offs inside a
 //! process; `gate.rs` the FIFO line of a process's tasks for one name;
-//! `watchdog.rs` renewal, the lease timer and release; `guard.rs` what a
+//! `keeper.rs` one timer per client for the watchdog renewals and fixed
+//! leases of every grant; `watchdog.rs` extend, the lease round and release; `guard.rs` what a
 //! holder keeps; `mode.rs` the keys and scripts of the lock and of a
 //! read-write lock's two sides (fair locks and writers queue on the nodes);
 //! `semaphore.rs` leased permits as slots of locks; `latch.rs` a count-down latch; `multi.rs` several names all or none; `fence.rs` the tokens; `waiters.rs` the pub/sub wake-ups.
@@ -31,6 +32,7 @@ mod client;
 pub mod fence;
 mod gate;
 mod guard;
+mod keeper;
 pub mod latch;
 mod mode;
 pub mod multi;

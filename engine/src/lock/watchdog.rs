@@ -1,115 +1,27 @@
-//! Keeping and giving back a lock: the watchdog that renews a held lease
-//! every ttl/3 (and reports the loss when a majority stops confirming), the
-//! lease timer without a watchdog, and release: to the next task of this
-//! process while the cohort lasts, otherwise on the nodes.
+//! A held lock's lease and its release: `extend`, the lease round that it,
+//! the watchdog (`keeper.rs`) and a hand-off share, and release: to the
+//! next task of this process while the cohort lasts, otherwise on the
+//! nodes.
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-
-use tokio::task::JoinHandle;
 
 use super::client::*;
 use super::gate::Baton;
 use super::mode::Mode;
 use super::waiters::CHANNEL;
 use super::{LockClient, LockError};
-use crate::metrics as m;
 
 impl LockClient {
-    /// Renews every ttl/3 while the grant lives; reports the loss when a
-    /// majority stops confirming or the validity runs out first.
-    pub(super) fn spawn_watchdog(&self, held: Arc<Held>) -> JoinHandle<()> {
-        let client = self.clone();
-        tokio::spawn(async move {
-            let every = held.ttl / 3;
-            let key = held.mode.hold_key(&held.name);
-            let credential = held.mode.credential(&held.token).into_owned();
-            let ttl_s = (held.ttl.as_millis().max(1) as u64).to_string();
-            // The first renewal when it is due for the validity the grant
-            // has (ttl/3 after the last renewal), and no later than ttl/3
-            // from now: a grant handed over inside the process comes with
-            // the validity of the one before, and restarting the clock at
-            // every hand-off would renew never; and that validity may be
-            // longer than the key (a renewal of the holder before, cut off
-            // by its release, may have shortened an `extend` on the nodes).
-            let due_ms = held
-                .valid_until_ms
-                .load(Ordering::SeqCst)
-                .saturating_sub((held.ttl * 2 / 3).as_millis() as u64);
-            let mut pause =
-                Duration::from_millis(due_ms.saturating_sub(client.now_ms())).min(every);
-            loop {
-                tokio::time::sleep(pause).await;
-                pause = every;
-                // One lease round at a time per grant (an `extend` too), so
-                // the validity follows the order the nodes apply them in.
-                let _round = held.lease_set.lock().await;
-                client.cap_validity(&held, held.ttl);
-                let sent = Instant::now();
-                let replies = client
-                    .on_all_nodes(
-                        held.mode.extend_script(&client.inner.scripts),
-                        &[&key],
-                        &[&credential, &ttl_s],
-                    )
-                    .await;
-                let confirmed = replies
-                    .iter()
-                    .filter(|r| matches!(r.as_ref().map(crate::replies::lock_done), Ok(Ok(true))))
-                    .count();
-                let still_valid = client.now_ms() < held.valid_until_ms.load(Ordering::SeqCst);
-                if confirmed >= client.quorum() && still_valid {
-                    let validity = held.ttl.saturating_sub(sent.elapsed() + drift(held.ttl));
-                    held.valid_until_ms.store(
-                        client.now_ms() + validity.as_millis() as u64,
-                        Ordering::SeqCst,
-                    );
-                    metrics::counter!(m::LOCK_RENEWALS).increment(1);
-                    continue;
-                }
-                tracing::warn!(lock = %held.name, confirmed, "lock lost: renewal not confirmed by a majority");
-                metrics::counter!(m::LOCK_LOST).increment(1);
-                let _ = held.lost.send(true);
-                return;
-            }
-        })
-    }
-
-    /// With a fixed lease, reports the loss when the lease runs out (later,
-    /// if [`LockClient::extend_held`] pushed it forward meanwhile). With
-    /// `renew_first` (a grant handed over inside this process), first sets
-    /// the holder's own lease on the nodes; if a majority does not confirm,
-    /// the grant keeps the validity it came with.
-    pub(super) fn spawn_lease_timer(&self, held: Arc<Held>, renew_first: bool) -> JoinHandle<()> {
-        let client = self.clone();
-        tokio::spawn(async move {
-            if renew_first {
-                let set = held.lease_set.lock().await;
-                // Not over a lease the holder set itself meanwhile.
-                if !*set {
-                    let _ = client.lease_round(&held, held.ttl).await;
-                }
-            }
-            loop {
-                let left = held
-                    .valid_until_ms
-                    .load(Ordering::SeqCst)
-                    .saturating_sub(client.now_ms());
-                if left == 0 {
-                    break;
-                }
-                tokio::time::sleep(Duration::from_millis(left)).await;
-            }
-            metrics::counter!(m::LOCK_LOST).increment(1);
-            let _ = held.lost.send(true);
-        })
-    }
-
     /// Sets the lease of a live grant to `lease` from now, on a majority.
     /// Refused once the grant is lost: a lease that ran out is not revived,
     /// even where a node still has the key.
-    pub(super) async fn extend_held(&self, held: &Held, lease: Duration) -> Result<(), LockError> {
+    pub(super) async fn extend_held(
+        &self,
+        held: &Arc<Held>,
+        lease: Duration,
+    ) -> Result<(), LockError> {
         check_lease(lease)?;
         let mut set = held.lease_set.lock().await;
         *set = true;
@@ -121,14 +33,22 @@ impl LockClient {
     /// for less than this or than what it had, so the validity must not
     /// promise more until a majority confirms. A round may shorten the
     /// lease (an `extend` to less, a watchdog renewal after an `extend`).
-    fn cap_validity(&self, held: &Held, lease: Duration) {
+    pub(super) fn cap_validity(&self, held: &Arc<Held>, lease: Duration) {
         let cap = self.now_ms() + lease.saturating_sub(drift(lease)).as_millis() as u64;
         held.valid_until_ms.fetch_min(cap, Ordering::SeqCst);
+        if held.leased {
+            // A fixed lease is lost when the validity runs out: now sooner.
+            self.inner.keeper.no_later_than(held, cap);
+        }
     }
 
     /// One round setting `lease` from now on a majority; the validity
     /// follows what they confirmed.
-    pub(super) async fn lease_round(&self, held: &Held, lease: Duration) -> Result<(), LockError> {
+    pub(super) async fn lease_round(
+        &self,
+        held: &Arc<Held>,
+        lease: Duration,
+    ) -> Result<(), LockError> {
         let expired = || LockError::Expired {
             name: held.name.clone(),
         };
@@ -182,9 +102,7 @@ impl LockClient {
                 map.remove(&key);
             }
         }
-        if let Some(k) = held.keeper.lock().unwrap_or_else(|p| p.into_inner()).take() {
-            k.abort();
-        }
+        self.inner.keeper.give_back(held);
         let mut pass = held.gate.lock().unwrap_or_else(|p| p.into_inner()).take();
         if valid && self.cohort_goes_on(held) {
             if let Some(p) = pass.as_mut() {
