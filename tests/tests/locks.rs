@@ -184,13 +184,14 @@ async fn watchdog_keeps_a_long_holder_and_never_renews_after_unlock() {
 
 /// The issue asked for no watchdog task per grant: one timer per client
 /// keeps every live grant. 300 grants held at once (200 under the watchdog,
-/// 100 with a fixed lease) start no task each, and the watchdog still
-/// renews every one of them past twice its TTL.
+/// 100 with a fixed lease) start no task each; and on a short TTL the
+/// watchdog still renews every one of 100 grants past twice that TTL.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn many_held_locks_start_no_task_each_and_every_one_is_renewed() {
     let nodes = servers(1);
-    let ttl = Duration::from_secs(2);
-    let locks = client(&nodes, ttl);
+    // A minute's TTL while counting tasks: no renewal round (a task while
+    // it runs) can be in flight when they are counted.
+    let locks = client(&nodes, Duration::from_secs(60));
     // Warm up: connections, scripts, the client's own tasks.
     let warm = locks
         .lock("warm", &LockOptions::new("w"))
@@ -219,19 +220,64 @@ async fn many_held_locks_start_no_task_each_and_every_one_is_renewed() {
         "300 held locks took {} tasks more ({before} before, {during} while held)",
         during - before
     );
-    // Past twice the TTL: only renewals keep the watchdog's 200 keys.
+    for g in guards.drain(..) {
+        assert!(g.unlock().await);
+    }
+    // Past twice the TTL: only renewals keep these 100 keys.
+    let ttl = Duration::from_secs(2);
+    let short = client(&nodes, ttl);
+    for i in 0..100 {
+        let opts = LockOptions::new("holder");
+        guards.push(
+            short
+                .lock(&format!("renewed-{i}"), &opts)
+                .await
+                .expect("lock"),
+        );
+    }
     tokio::time::sleep(ttl * 9 / 4).await;
     for (i, g) in guards.iter().enumerate() {
         assert!(!g.is_lost(), "grant {i} lost");
-    }
-    for i in 0..200 {
-        let key = format!("flashsale:lock:many-{i}");
+        let key = format!("flashsale:lock:renewed-{i}");
         let pttl: i64 = nodes[0].node.cmd(&["PTTL", &key]);
         assert!(pttl > 0, "{key} was not renewed (PTTL {pttl})");
     }
     for g in guards {
         assert!(g.unlock().await);
     }
+}
+
+/// Found by the attack on the one-timer keeper: its task ran on the
+/// runtime the client was made in, so a client made in a runtime that is
+/// gone since (a set-up runtime, a test's) renewed no grant taken later in
+/// another: they lapsed under their holders.
+#[test]
+fn a_client_made_in_a_runtime_that_is_gone_still_renews_its_grants() {
+    let nodes = servers(1);
+    let ttl = Duration::from_millis(1_500);
+    let setup = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+    let locks = setup.block_on(async { client(&nodes, ttl) });
+    drop(setup);
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("runtime");
+    runtime.block_on(async {
+        let guard = locks
+            .lock("moved", &LockOptions::new("holder"))
+            .await
+            .expect("lock");
+        // Past twice the TTL: only renewals keep it.
+        tokio::time::sleep(ttl * 2).await;
+        assert!(!guard.is_lost(), "the grant lapsed: nothing renewed it");
+        let pttl: i64 = nodes[0].node.cmd(&["PTTL", "flashsale:lock:moved"]);
+        assert!(pttl > 0, "the key expired under its holder (PTTL {pttl})");
+        assert!(guard.unlock().await);
+    });
 }
 
 /// A fixed lease that `extend` cut short is reported lost at its new end,

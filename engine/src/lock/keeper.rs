@@ -54,31 +54,43 @@ impl Keeper {
     /// once the grant was given back.
     fn schedule(&self, held: &Arc<Held>, at_ms: u64) {
         let mut kept = held.kept();
+        let wake = self.schedule_kept(held, &mut kept, at_ms);
+        drop(kept);
+        self.wake_if(wake);
+    }
+
+    /// [`Keeper::schedule`] with `held`'s keeping already locked (so what
+    /// decided `at_ms` and the move are one step); true when the timer
+    /// task must be woken, once the lock is let go.
+    fn schedule_kept(&self, held: &Arc<Held>, kept: &mut Kept, at_ms: u64) -> bool {
         if kept.given_back {
-            return;
+            return false;
         }
         let due = (at_ms, self.next_seq.fetch_add(1, Ordering::Relaxed));
-        let soonest = {
-            let mut entries = self.entries();
-            if let Some(old) = kept.due.take() {
-                entries.remove(&old);
-            }
-            entries.insert(due, held.clone());
-            at_ms < self.alarm_ms.load(Ordering::Relaxed)
-        };
+        let mut entries = self.entries();
+        if let Some(old) = kept.due.take() {
+            entries.remove(&old);
+        }
+        entries.insert(due, held.clone());
         kept.due = Some(due);
-        drop(kept);
-        if soonest {
+        at_ms < self.alarm_ms.load(Ordering::Relaxed)
+    }
+
+    fn wake_if(&self, wake: bool) {
+        if wake {
             self.sooner.notify_one();
         }
     }
 
-    /// Brings `held`'s entry forward to `at_ms` if it is due later.
+    /// Brings `held`'s entry forward to `at_ms` if it is due later. An
+    /// entry being fired right now is rescheduled under the same lock, from
+    /// the validity it reads there, so it cannot move back past this.
     pub(super) fn no_later_than(&self, held: &Arc<Held>, at_ms: u64) {
-        let later = held.kept().due.is_some_and(|(due, _)| due > at_ms);
-        if later {
-            self.schedule(held, at_ms);
-        }
+        let mut kept = held.kept();
+        let later = kept.due.is_some_and(|(due, _)| due > at_ms);
+        let wake = later && self.schedule_kept(held, &mut kept, at_ms);
+        drop(kept);
+        self.wake_if(wake);
     }
 
     /// The grant was given back: its entry goes, and a round it has in
@@ -156,6 +168,7 @@ impl LockClient {
     /// `renew_first` (a fixed-lease grant handed over inside this process),
     /// first sets the holder's own lease on the nodes, behind it.
     pub(super) fn start_keeping(&self, held: &Arc<Held>, renew_first: bool) {
+        self.ensure_timer();
         if held.leased {
             if renew_first {
                 let (client, behind) = (self.clone(), held.clone());
@@ -189,6 +202,20 @@ impl LockClient {
         }
     }
 
+    /// The timer task runs on the runtime the client was made in. Should
+    /// that runtime be gone (its tasks dropped with it) or the task have
+    /// ended, it starts again on the caller's: grants taken here must not
+    /// go unrenewed.
+    fn ensure_timer(&self) {
+        let mut timer = self.inner.timer.lock().unwrap_or_else(|p| p.into_inner());
+        if timer.as_ref().is_some_and(|t| !t.is_finished()) {
+            return;
+        }
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            *timer = Some(runtime.spawn(Keeper::run(&self.inner)));
+        }
+    }
+
     /// An entry fell due: a fixed lease that ran out is lost (one that
     /// `extend` pushed forward is due again then); a grant under the
     /// watchdog is renewed.
@@ -199,11 +226,17 @@ impl LockClient {
         }
         kept.due = None;
         if held.leased {
+            // Read and rescheduled under the lock `cap_validity`'s move
+            // takes too: a validity cut meanwhile is seen here, or moves
+            // the entry after.
             let until = held.valid_until_ms.load(Ordering::SeqCst);
-            drop(kept);
             if self.now_ms() < until {
-                self.inner.keeper.schedule(&held, until);
+                let keeper = &self.inner.keeper;
+                let wake = keeper.schedule_kept(&held, &mut kept, until);
+                drop(kept);
+                keeper.wake_if(wake);
             } else {
+                drop(kept);
                 metrics::counter!(m::LOCK_LOST).increment(1);
                 let _ = held.lost.send(true);
             }
