@@ -543,14 +543,23 @@ impl LockClient {
     /// holder) and records it as this client's.
     fn keep(&self, held: &Arc<Held>, renew_first: bool) {
         self.start_keeping(held, renew_first);
-        self.inner
-            .held
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .insert(
-                (held.mode, held.name.clone(), held.owner.clone()),
-                held.clone(),
-            );
+        let mut map = self.inner.held.lock().unwrap_or_else(|p| p.into_inner());
+        match map.get_mut(&held.name) {
+            Some(holds) => {
+                // In place of a hold of the same kind and owner (one lost,
+                // not yet given back), else beside the others.
+                match holds
+                    .iter_mut()
+                    .find(|h| h.mode == held.mode && h.owner == held.owner)
+                {
+                    Some(old) => *old = held.clone(),
+                    None => holds.push(held.clone()),
+                }
+            }
+            None => {
+                map.insert(held.name.clone(), vec![held.clone()]);
+            }
+        }
     }
 
     /// Drops the gate of `name` when nobody holds or waits on it (every
@@ -577,12 +586,15 @@ impl LockClient {
 
     fn live(
         &self,
-        map: &std::collections::HashMap<HeldKey, Arc<Held>>,
+        map: &std::collections::HashMap<String, Vec<Arc<Held>>>,
         mode: Mode,
         name: &str,
         owner: &str,
     ) -> Option<Arc<Held>> {
-        let held = map.get(&(mode, name.to_owned(), owner.to_owned()))?;
+        let held = map
+            .get(name)?
+            .iter()
+            .find(|h| h.mode == mode && h.owner == owner)?;
         let valid =
             !*held.lost.borrow() && self.now_ms() < held.valid_until_ms.load(Ordering::SeqCst);
         valid.then(|| held.clone())

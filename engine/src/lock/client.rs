@@ -52,9 +52,6 @@ pub(super) struct Held {
     pub(super) lease_set: tokio::sync::Mutex<bool>,
 }
 
-/// A hold's kind, lock name and owner.
-pub(super) type HeldKey = (Mode, String, String);
-
 pub(super) struct Inner {
     pub(super) nodes: Vec<LockNode>,
     pub(super) scripts: LockScripts,
@@ -62,7 +59,9 @@ pub(super) struct Inner {
     pub(super) waiters: Arc<Waiters>,
     pub(super) listeners: Vec<JoinHandle<()>>,
     /// What this client holds, by kind, name and owner (reentrancy).
-    pub(super) held: Mutex<HashMap<HeldKey, Arc<Held>>>,
+    /// By lock name (a few holds each: the kinds and owners that hold it),
+    /// so a look-up borrows the name instead of building a key.
+    pub(super) held: Mutex<HashMap<String, Vec<Arc<Held>>>>,
     /// One gate per lock name: tasks of this process wait here, in FIFO
     /// order, so only one of them at a time asks the lock nodes.
     pub(super) gates: Mutex<HashMap<String, Arc<Gate>>>,
@@ -193,6 +192,12 @@ impl LockClient {
         only: Option<&[usize]>,
     ) -> Vec<Result<Value, NodeError>> {
         let timeout = self.inner.config.node_timeout;
+        if let ([node], None) = (self.inner.nodes.as_slice(), only) {
+            // One node: no fan-out to set up.
+            let reply = node.eval(script, keys, args, timeout).await;
+            count_error(node, &reply);
+            return vec![reply];
+        }
         let chosen: Vec<&LockNode> = self
             .inner
             .nodes
@@ -203,10 +208,15 @@ impl LockClient {
             .collect();
         let replies = join_all(chosen.iter().map(|n| n.eval(script, keys, args, timeout))).await;
         for (n, r) in chosen.iter().zip(&replies) {
-            if r.is_err() {
-                metrics::counter!(m::LOCK_NODE_ERRORS, "node" => n.addr.clone()).increment(1);
-            }
+            count_error(n, r);
         }
         replies
+    }
+}
+
+/// Counts a node that did not answer usefully, by node.
+fn count_error(node: &LockNode, reply: &Result<Value, NodeError>) {
+    if reply.is_err() {
+        metrics::counter!(m::LOCK_NODE_ERRORS, "node" => node.addr.clone()).increment(1);
     }
 }

@@ -97,9 +97,11 @@ impl LockClient {
             if held.count.fetch_sub(1, Ordering::SeqCst) > 1 {
                 return valid;
             }
-            let key = (held.mode, held.name.clone(), held.owner.clone());
-            if map.get(&key).is_some_and(|h| Arc::ptr_eq(h, held)) {
-                map.remove(&key);
+            if let Some(holds) = map.get_mut(&held.name) {
+                holds.retain(|h| !Arc::ptr_eq(h, held));
+                if holds.is_empty() {
+                    map.remove(&held.name);
+                }
             }
         }
         self.inner.keeper.give_back(held);
