@@ -131,7 +131,11 @@ pub(super) fn validate(name: &str, owner: &str) -> Result<(), LockError> {
 impl LockClient {
     /// A client over `urls` (`redis://host:port`, independent instances).
     /// Connections open on first use, so a node that is down now does not
-    /// stop the others from serving a majority. Needs a tokio runtime.
+    /// stop the others from serving a majority. Needs a tokio runtime, and
+    /// runs its timer (watchdog renewals, leases running out) and its
+    /// pub/sub listeners on it: make the client on a runtime that outlives
+    /// its use (should it end, the next lock call restarts the timer on its
+    /// own runtime; grants held meanwhile go unrenewed).
     pub fn new(urls: &[String], config: LockConfig) -> Result<LockClient, LockError> {
         if urls.is_empty() {
             return Err(LockError::Config("no lock nodes configured".into()));
