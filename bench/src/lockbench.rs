@@ -231,34 +231,7 @@ pub async fn child(spec: &str) -> anyhow::Result<String> {
         "rslock" => Impl::Rslock(Arc::new(rslock::LockManager::new(urls))),
         other => anyhow::bail!("--lock-child: unknown implementation {other:?}"),
     };
-    let end = tokio::time::Instant::now() + window;
-    let workers: Vec<_> = (0..WORKERS)
-        .map(|w| {
-            let (imp, name) = (imp.clone(), name.to_owned());
-            tokio::spawn(async move {
-                let (mut done, mut longest) = (0u64, Duration::ZERO);
-                while tokio::time::Instant::now() < end {
-                    let asked = Instant::now();
-                    match tokio::time::timeout_at(end, imp.acquire(&name, w)).await {
-                        Ok(Some(held)) => {
-                            longest = longest.max(asked.elapsed());
-                            imp.release(held).await;
-                            done += 1;
-                        }
-                        Ok(None) => {}
-                        Err(_) => longest = longest.max(asked.elapsed()),
-                    }
-                }
-                (done, longest)
-            })
-        })
-        .collect();
-    let (mut done, mut longest) = (0u64, Duration::ZERO);
-    for w in workers {
-        let (d, l) = w.await?;
-        done += d;
-        longest = longest.max(l);
-    }
+    let (done, longest) = take_and_release(imp, WORKERS, |_| name.to_owned(), window).await?;
     Ok(format!("{done} {}", longest.as_micros()))
 }
 
@@ -356,7 +329,7 @@ pub async fn shared_client(
                     "lockbench-shared-{implementation}-{scenario}-{n}-{}",
                     std::process::id()
                 );
-                let (done, longest) = shared_window(imp, &name, contended, window).await;
+                let (done, longest) = shared_window(imp, &name, contended, window).await?;
                 out.push(LockResult {
                     implementation: format!("{implementation} {scenario}"),
                     nodes: n,
@@ -397,7 +370,7 @@ pub async fn shared_alone(spec: &str) -> anyhow::Result<String> {
         "lockbench-alone-{implementation}-{scenario}-{}",
         std::process::id()
     );
-    let (done, longest) = shared_window(imp, &name, scenario == "C", window).await;
+    let (done, longest) = shared_window(imp, &name, scenario == "C", window).await?;
     Ok(format!(
         "{done} {:.0} {:.1}",
         done as f64 / window.as_secs_f64().max(1e-9),
@@ -413,16 +386,31 @@ async fn shared_window(
     name: &str,
     contended: bool,
     window: Duration,
-) -> (u64, Duration) {
+) -> anyhow::Result<(u64, Duration)> {
+    let name_of = |w: usize| {
+        if contended {
+            name.to_owned()
+        } else {
+            format!("{name}-{w}")
+        }
+    };
+    take_and_release(imp, SHARED_WORKERS, name_of, window).await
+}
+
+/// `workers` tasks on `imp`, worker `w` taking and releasing the name
+/// `name_of(w)` until `window` ends: pairs done, and the longest any worker
+/// waited for one grant (a wait the window cut off counts as far as it
+/// got).
+async fn take_and_release(
+    imp: Impl,
+    workers: usize,
+    name_of: impl Fn(usize) -> String,
+    window: Duration,
+) -> anyhow::Result<(u64, Duration)> {
     let end = tokio::time::Instant::now() + window;
-    let workers: Vec<_> = (0..SHARED_WORKERS)
+    let tasks: Vec<_> = (0..workers)
         .map(|w| {
-            let imp = imp.clone();
-            let name = if contended {
-                name.to_owned()
-            } else {
-                format!("{name}-{w}")
-            };
+            let (imp, name) = (imp.clone(), name_of(w));
             tokio::spawn(async move {
                 let (mut done, mut longest) = (0u64, Duration::ZERO);
                 while tokio::time::Instant::now() < end {
@@ -442,13 +430,12 @@ async fn shared_window(
         })
         .collect();
     let (mut done, mut longest) = (0u64, Duration::ZERO);
-    for w in workers {
-        if let Ok((d, l)) = w.await {
-            done += d;
-            longest = longest.max(l);
-        }
+    for t in tasks {
+        let (d, l) = t.await?;
+        done += d;
+        longest = longest.max(l);
     }
-    (done, longest)
+    Ok((done, longest))
 }
 
 /// Every combination: {flashsale, rslock} x {1, 3 nodes} x {1, `tasks`}.
