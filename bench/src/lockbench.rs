@@ -205,31 +205,50 @@ async fn run_one(
     }
 }
 
+/// The four `|`-separated fields of a `--lock-child` or `--lock-shared`
+/// SPEC (`flag` and `layout` name them in the error).
+fn spec_fields<'a>(spec: &'a str, flag: &str, layout: &str) -> anyhow::Result<[&'a str; 4]> {
+    let mut parts = spec.splitn(4, '|');
+    let (Some(a), Some(b), Some(c), Some(d)) =
+        (parts.next(), parts.next(), parts.next(), parts.next())
+    else {
+        anyhow::bail!("{flag}: expected {layout}");
+    };
+    Ok([a, b, c, d])
+}
+
+impl Impl {
+    /// The lock named `implementation` on `urls`: `flashsale` (fixed
+    /// lease), [`WATCHDOG`], [`XPROC_FAIR`] or `rslock`, each on a client
+    /// of its own.
+    fn on(implementation: &str, urls: &[String]) -> anyhow::Result<Impl> {
+        let client = || LockClient::new(urls, LockConfig::default());
+        Ok(match implementation {
+            "flashsale" => Impl::Flashsale(client()?),
+            WATCHDOG => Impl::Watchdog(client()?),
+            XPROC_FAIR => Impl::Fair(client()?),
+            "rslock" => Impl::Rslock(Arc::new(rslock::LockManager::new(urls.to_vec()))),
+            other => anyhow::bail!("unknown lock implementation {other:?}"),
+        })
+    }
+}
+
 /// One process of the cross-process scenario (`--lock-child SPEC`, SPEC =
 /// `implementation|window_ms|name|url,url...`): [`WORKERS`] tasks on one
 /// client take and release `name` until the window closes. Prints
 /// `acquisitions longest_wait_us`.
 pub async fn child(spec: &str) -> anyhow::Result<String> {
-    let mut parts = spec.splitn(4, '|');
-    let (Some(implementation), Some(window_ms), Some(name), Some(urls)) =
-        (parts.next(), parts.next(), parts.next(), parts.next())
-    else {
-        anyhow::bail!("--lock-child: expected implementation|window_ms|name|urls");
-    };
+    let [implementation, window_ms, name, urls] =
+        spec_fields(spec, "--lock-child", "implementation|window_ms|name|urls")?;
     let window = Duration::from_millis(window_ms.parse()?);
     let urls: Vec<String> = urls.split(',').map(str::to_owned).collect();
-    let imp = match implementation {
-        "flashsale" => Impl::Flashsale(LockClient::new(&urls, LockConfig::default())?),
-        WATCHDOG => Impl::Watchdog(LockClient::new(&urls, LockConfig::default())?),
-        XPROC_FAIR => Impl::Fair(LockClient::new(&urls, LockConfig::default())?),
-        XPROC_SEMAPHORE => {
-            let client = LockClient::new(&urls, LockConfig::default())?;
-            // Every process sets the same total; the latest wins, all say 1.
-            client.semaphore(name)?.set_permits(1).await?;
-            Impl::Semaphore(client)
-        }
-        "rslock" => Impl::Rslock(Arc::new(rslock::LockManager::new(urls))),
-        other => anyhow::bail!("--lock-child: unknown implementation {other:?}"),
+    let imp = if implementation == XPROC_SEMAPHORE {
+        let client = LockClient::new(&urls, LockConfig::default())?;
+        // Every process sets the same total; the latest wins, all say 1.
+        client.semaphore(name)?.set_permits(1).await?;
+        Impl::Semaphore(client)
+    } else {
+        Impl::on(implementation, &urls)?
     };
     let (done, longest) = take_and_release(imp, WORKERS, |_| name.to_owned(), window).await?;
     Ok(format!("{done} {}", longest.as_micros()))
@@ -320,11 +339,7 @@ pub async fn shared_client(
             let scenario = if contended { "C" } else { "U" };
             for implementation in ["flashsale", WATCHDOG, "rslock"] {
                 bar.set_message(format!("lock {implementation} {scenario} nodes={n}"));
-                let imp = match implementation {
-                    "rslock" => Impl::Rslock(Arc::new(rslock::LockManager::new(urls.clone()))),
-                    WATCHDOG => Impl::Watchdog(LockClient::new(&urls, LockConfig::default())?),
-                    _ => Impl::Flashsale(LockClient::new(&urls, LockConfig::default())?),
-                };
+                let imp = Impl::on(implementation, &urls)?;
                 let name = format!(
                     "lockbench-shared-{implementation}-{scenario}-{n}-{}",
                     std::process::id()
@@ -352,20 +367,14 @@ pub async fn shared_client(
 /// `implementation|U or C|window_ms|url,url...`): prints
 /// `pairs pairs_per_second longest_wait_ms`.
 pub async fn shared_alone(spec: &str) -> anyhow::Result<String> {
-    let mut parts = spec.splitn(4, '|');
-    let (Some(implementation), Some(scenario), Some(window_ms), Some(urls)) =
-        (parts.next(), parts.next(), parts.next(), parts.next())
-    else {
-        anyhow::bail!("--lock-shared: expected implementation|U or C|window_ms|urls");
-    };
+    let [implementation, scenario, window_ms, urls] = spec_fields(
+        spec,
+        "--lock-shared",
+        "implementation|U or C|window_ms|urls",
+    )?;
     let window = Duration::from_millis(window_ms.parse()?);
     let urls: Vec<String> = urls.split(',').map(str::to_owned).collect();
-    let imp = match implementation {
-        "rslock" => Impl::Rslock(Arc::new(rslock::LockManager::new(urls))),
-        WATCHDOG => Impl::Watchdog(LockClient::new(&urls, LockConfig::default())?),
-        "flashsale" => Impl::Flashsale(LockClient::new(&urls, LockConfig::default())?),
-        other => anyhow::bail!("--lock-shared: unknown implementation {other:?}"),
-    };
+    let imp = Impl::on(implementation, &urls)?;
     let name = format!(
         "lockbench-alone-{implementation}-{scenario}-{}",
         std::process::id()
