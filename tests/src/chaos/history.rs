@@ -9,7 +9,7 @@ use std::time::Instant;
 
 use serde_json::json;
 
-use super::protocol::{Op, Outcome};
+use super::protocol::{OkValue, Op, Outcome};
 
 /// When an operation ran.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -163,6 +163,25 @@ impl History {
     /// Every completed operation so far.
     pub fn ops(&self) -> Vec<OpRecord> {
         self.ops.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    /// How many purchases of a bucket in `buckets` (sale, index) were
+    /// confirmed at or after `since_ms`.
+    pub fn orders_confirmed_since(&self, since_ms: u64, buckets: &[(String, u32)]) -> usize {
+        let ops = self.ops.lock().unwrap_or_else(|p| p.into_inner());
+        ops.iter()
+            .rev()
+            .take_while(|o| o.complete_ms >= since_ms)
+            .filter(|o| match (&o.op, &o.outcome) {
+                (
+                    Op::Purchase { sku, .. },
+                    Outcome::Ok {
+                        value: OkValue::Order { bucket, .. },
+                    },
+                ) => buckets.iter().any(|(s, i)| s == sku && i == bucket),
+                _ => false,
+            })
+            .count()
     }
 
     /// Line `n` (from 1).

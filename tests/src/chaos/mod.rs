@@ -88,7 +88,7 @@ pub async fn run(options: Options) -> anyhow::Result<RunResult> {
         .await
         .map_err(|e| anyhow::anyhow!("controller engine: {e}"))?;
     let mut workload = Workload::new(options.seed, options.engines);
-    let mut bucket_slots = Vec::new();
+    let mut buckets = Vec::new();
     for s in &workload.sales {
         let status = controller
             .create_sale(flashsale::SaleSpec {
@@ -100,7 +100,12 @@ pub async fn run(options: Options) -> anyhow::Result<RunResult> {
             })
             .await
             .map_err(|e| anyhow::anyhow!("create {}: {e}", s.sku))?;
-        bucket_slots.extend(status.buckets.iter().map(|b| b.slot));
+        buckets.extend(status.buckets.iter().map(|b| nemesis::Bucket {
+            sku: s.sku.clone(),
+            index: b.index,
+            slot: b.slot,
+            stream: b.stream.clone(),
+        }));
     }
     // In a file, not on the command line: `ps` shows arguments to everyone.
     let config_path = topo.dir.path().join("engine-config.json");
@@ -142,7 +147,7 @@ pub async fn run(options: Options) -> anyhow::Result<RunResult> {
         topo: &topo,
         engines: &engines,
         writer: &writer,
-        bucket_slots,
+        buckets,
     };
     let started = Instant::now();
     let until = started + options.duration;

@@ -18,7 +18,9 @@ use super::worker::LOCK_LEASE;
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Fault {
     /// kill -9 of a master whose replica was first cut off and frozen, so
-    /// the replica that takes over misses the master's last writes.
+    /// the replica that takes over misses the master's last writes. Aimed
+    /// at a master taking orders, and only once it has taken some since
+    /// the cut (a kill that loses no order tests nothing).
     Kill,
     /// SIGSTOP of a master past the node timeout, then SIGCONT: it comes
     /// back into a world where its replica was promoted.
@@ -80,8 +82,22 @@ pub struct Targets<'a> {
     pub engines: &'a [Arc<ChildProc>],
     /// The order writer process.
     pub writer: &'a ChildProc,
-    /// Slots of the sales' buckets (what `migrate` moves).
-    pub bucket_slots: Vec<u16>,
+    /// The sales' buckets (`migrate` moves their slots, `kill` aims at
+    /// their masters).
+    pub buckets: Vec<Bucket>,
+}
+
+/// One bucket of a sale, as the nemesis sees it.
+#[derive(Debug, Clone)]
+pub struct Bucket {
+    /// The sale.
+    pub sku: String,
+    /// Its position in the sale (what a confirmed order names).
+    pub index: u32,
+    /// Its slot.
+    pub slot: u16,
+    /// Its order stream.
+    pub stream: String,
 }
 
 /// How long a cluster may take to heal after a fault before the run gives up.
@@ -116,7 +132,7 @@ pub async fn run(
         let Some(fault) = cycle.pop() else { break };
         let pick: usize = rng.random_range(0..1000);
         history.nemesis(fault.name(), "start", "");
-        let detail = inject(targets, fault, pick).await;
+        let detail = inject(targets, fault, pick, history).await;
         let healed = heal_cluster(targets.topo).await;
         let detail = match (&detail, &healed) {
             (Ok(d), Ok(())) => d.clone(),
@@ -141,17 +157,17 @@ pub async fn run(
 }
 
 /// Applies one fault and heals it; `pick` chooses the victim.
-async fn inject(t: &Targets<'_>, fault: Fault, pick: usize) -> anyhow::Result<String> {
+async fn inject(
+    t: &Targets<'_>,
+    fault: Fault,
+    pick: usize,
+    history: &History,
+) -> anyhow::Result<String> {
     let topo = t.topo;
     match fault {
         Fault::Kill => {
-            let (m, r) = topo
-                .with_cluster(move |c| {
-                    let masters = c.master_ports();
-                    let m = masters[pick % masters.len()];
-                    (m, c.replica_of(m))
-                })
-                .await?;
+            let (m, served) = pick_busy_master(t, pick).await?;
+            let r = topo.with_cluster(move |c| c.replica_of(m)).await?;
             topo.with_cluster(move |c| {
                 c.node(r).signal("STOP");
                 // Cut the replication link while the replica cannot
@@ -159,7 +175,7 @@ async fn inject(t: &Targets<'_>, fault: Fault, pick: usize) -> anyhow::Result<St
                 let _: redis::Value = c.node(m).cmd(&["CLIENT", "KILL", "TYPE", "replica"]);
             })
             .await?;
-            tokio::time::sleep(Duration::from_millis(1500)).await;
+            let (confirmed, queued) = wait_for_unreplicated_orders(t, history, m, &served).await;
             topo.with_cluster(move |c| {
                 c.node_mut(m).kill();
                 c.node(r).signal("CONT");
@@ -167,7 +183,9 @@ async fn inject(t: &Targets<'_>, fault: Fault, pick: usize) -> anyhow::Result<St
             .await?;
             wait_cluster(topo, move |c| c.master_ports().contains(&r)).await?;
             topo.with_cluster(move |c| c.node_mut(m).restart()).await?;
-            Ok(format!("master {m} killed, replica {r} promoted"))
+            Ok(format!(
+                "master {m} killed with {queued} orders queued ({confirmed} confirmed) after its replica was cut off, replica {r} promoted"
+            ))
         }
         Fault::Pause => {
             let m = pick_master(topo, pick).await?;
@@ -197,10 +215,10 @@ async fn inject(t: &Targets<'_>, fault: Fault, pick: usize) -> anyhow::Result<St
             Ok("scripts flushed on every master".into())
         }
         Fault::Migrate => {
-            if t.bucket_slots.is_empty() {
+            if t.buckets.is_empty() {
                 return Err(anyhow::anyhow!("no bucket slots"));
             }
-            let slot = t.bucket_slots[pick % t.bucket_slots.len()];
+            let slot = t.buckets[pick % t.buckets.len()].slot;
             topo.with_cluster(move |c| {
                 let from = c.master_of_slot(slot);
                 let others: Vec<u16> = c
@@ -270,6 +288,127 @@ async fn inject(t: &Targets<'_>, fault: Fault, pick: usize) -> anyhow::Result<St
             Ok(format!("engine {i} frozen for 3 lock leases"))
         }
     }
+}
+
+/// How long the kill fault lets a cut-off master take orders: once it has
+/// confirmed one (what a kill must then not lose), at least
+/// [`CONFIRMED_MIN`]; once it has only queued one (a correct engine under
+/// `ack = replicated` confirms none while the replica is cut), at least
+/// [`QUEUED_MIN`]; and at most [`UNREPLICATED_MAX`] (purchases can be slow
+/// on a busy machine, and a kill before any order would test nothing).
+const CONFIRMED_MIN: Duration = Duration::from_millis(1500);
+const QUEUED_MIN: Duration = Duration::from_secs(3);
+const UNREPLICATED_MAX: Duration = Duration::from_secs(10);
+
+/// Waits, by the rules above, while master `m` (serving `served`) takes
+/// orders its replica, cut off just now, will never see; returns how many
+/// were confirmed and queued meanwhile.
+async fn wait_for_unreplicated_orders(
+    t: &Targets<'_>,
+    history: &History,
+    m: u16,
+    served: &[Bucket],
+) -> (usize, u64) {
+    let since = history.now_ms();
+    let start = Instant::now();
+    let keys: Vec<(String, u32)> = served.iter().map(|b| (b.sku.clone(), b.index)).collect();
+    let streams: Vec<String> = served.iter().map(|b| b.stream.clone()).collect();
+    let queued_now =
+        |streams: Vec<String>| t.topo.with_cluster(move |c| orders_queued(c, m, &streams));
+    let cut_at = queued_now(streams.clone()).await.unwrap_or(0);
+    loop {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let confirmed = history.orders_confirmed_since(since, &keys);
+        let queued = queued_now(streams.clone())
+            .await
+            .unwrap_or(cut_at)
+            .saturating_sub(cut_at);
+        let waited = start.elapsed();
+        if (confirmed > 0 && waited >= CONFIRMED_MIN)
+            || (queued > 0 && waited >= QUEUED_MIN)
+            || waited >= UNREPLICATED_MAX
+        {
+            return (confirmed, queued);
+        }
+    }
+}
+
+/// How many orders the streams in `streams` have ever queued on node `m`
+/// (`entries-added` of XINFO STREAM: trimming does not lower it).
+fn orders_queued(c: &crate::RedisCluster, m: u16, streams: &[String]) -> u64 {
+    let mut conn = c.node(m).conn();
+    streams
+        .iter()
+        .filter_map(|key| {
+            let info: redis::RedisResult<std::collections::HashMap<String, redis::Value>> =
+                redis::cmd("XINFO").arg("STREAM").arg(key).query(&mut conn);
+            match info.ok()?.get("entries-added")? {
+                redis::Value::Int(n) => u64::try_from(*n).ok(),
+                _ => None,
+            }
+        })
+        .sum()
+}
+
+/// The master the kill fault aims at, and the buckets it serves: one
+/// queuing orders now (a sold-out bucket's master would lose nothing), else
+/// any bucket's master, else any master; `pick` chooses among them.
+async fn pick_busy_master(t: &Targets<'_>, pick: usize) -> anyhow::Result<(u16, Vec<Bucket>)> {
+    let buckets = t.buckets.clone();
+    // Per master: the buckets it serves and its orders queued so far.
+    let masters = t
+        .topo
+        .with_cluster(move |c| {
+            let mut by_master: Vec<(u16, Vec<Bucket>, u64)> = Vec::new();
+            for b in buckets {
+                let m = c.master_of_slot(b.slot);
+                match by_master.iter_mut().find(|(p, _, _)| *p == m) {
+                    Some((_, served, _)) => served.push(b),
+                    None => by_master.push((m, vec![b], 0)),
+                }
+            }
+            for (m, served, queued) in &mut by_master {
+                let streams: Vec<String> = served.iter().map(|b| b.stream.clone()).collect();
+                *queued = orders_queued(c, *m, &streams);
+            }
+            if by_master.is_empty() {
+                by_master = c
+                    .master_ports()
+                    .into_iter()
+                    .map(|m| (m, Vec::new(), 0))
+                    .collect();
+            }
+            by_master
+        })
+        .await?;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let sampled: Vec<(u16, Vec<String>, u64)> = masters
+        .iter()
+        .map(|(m, served, n)| (*m, served.iter().map(|b| b.stream.clone()).collect(), *n))
+        .collect();
+    let busy: Vec<u16> = t
+        .topo
+        .with_cluster(move |c| {
+            sampled
+                .into_iter()
+                .filter(|(m, streams, n)| orders_queued(c, *m, streams) > *n)
+                .map(|(m, _, _)| m)
+                .collect()
+        })
+        .await
+        .unwrap_or_default();
+    let from: Vec<&(u16, Vec<Bucket>, u64)> = match masters
+        .iter()
+        .filter(|x| busy.contains(&x.0))
+        .collect::<Vec<_>>()
+    {
+        v if v.is_empty() => masters.iter().collect(),
+        v => v,
+    };
+    let (m, served, _) = from
+        .get(pick % from.len().max(1))
+        .ok_or_else(|| anyhow::anyhow!("no master to kill"))?;
+    Ok((*m, served.clone()))
 }
 
 async fn pick_master(topo: &Topology, pick: usize) -> anyhow::Result<u16> {
