@@ -165,13 +165,16 @@ impl History {
         self.ops.lock().unwrap_or_else(|p| p.into_inner()).clone()
     }
 
-    /// How many purchases of a bucket in `buckets` (sale, index) were
-    /// confirmed at or after `since_ms`.
+    /// How many purchases of a bucket in `buckets` (sale, index) were both
+    /// asked and confirmed at or after `since_ms`.
     pub fn orders_confirmed_since(&self, since_ms: u64, buckets: &[(String, u32)]) -> usize {
         let ops = self.ops.lock().unwrap_or_else(|p| p.into_inner());
+        // Completions are pushed nearly, not strictly, in time order (the
+        // time is read before the lock): look a second further back.
         ops.iter()
             .rev()
-            .take_while(|o| o.complete_ms >= since_ms)
+            .take_while(|o| o.complete_ms + 1000 >= since_ms)
+            .filter(|o| o.invoke_ms >= since_ms)
             .filter(|o| match (&o.op, &o.outcome) {
                 (
                     Op::Purchase { sku, .. },

@@ -132,7 +132,7 @@ pub async fn run(
         let Some(fault) = cycle.pop() else { break };
         let pick: usize = rng.random_range(0..1000);
         history.nemesis(fault.name(), "start", "");
-        let detail = inject(targets, fault, pick, history).await;
+        let detail = inject(targets, fault, pick, history, until).await;
         let healed = heal_cluster(targets.topo).await;
         let detail = match (&detail, &healed) {
             (Ok(d), Ok(())) => d.clone(),
@@ -162,6 +162,7 @@ async fn inject(
     fault: Fault,
     pick: usize,
     history: &History,
+    until: Instant,
 ) -> anyhow::Result<String> {
     let topo = t.topo;
     match fault {
@@ -175,7 +176,8 @@ async fn inject(
                 let _: redis::Value = c.node(m).cmd(&["CLIENT", "KILL", "TYPE", "replica"]);
             })
             .await?;
-            let (confirmed, queued) = wait_for_unreplicated_orders(t, history, m, &served).await;
+            let (confirmed, queued) =
+                wait_for_unreplicated_orders(t, history, m, &served, until).await;
             topo.with_cluster(move |c| {
                 c.node_mut(m).kill();
                 c.node(r).signal("CONT");
@@ -184,7 +186,7 @@ async fn inject(
             wait_cluster(topo, move |c| c.master_ports().contains(&r)).await?;
             topo.with_cluster(move |c| c.node_mut(m).restart()).await?;
             Ok(format!(
-                "master {m} killed with {queued} orders queued ({confirmed} confirmed) after its replica was cut off, replica {r} promoted"
+                "master {m} killed with {queued} entries queued ({confirmed} purchases confirmed) after its replica was cut off, replica {r} promoted"
             ))
         }
         Fault::Pause => {
@@ -292,22 +294,24 @@ async fn inject(
 
 /// How long the kill fault lets a cut-off master take orders: once it has
 /// confirmed one (what a kill must then not lose), at least
-/// [`CONFIRMED_MIN`]; once it has only queued one (a correct engine under
-/// `ack = replicated` confirms none while the replica is cut), at least
-/// [`QUEUED_MIN`]; and at most [`UNREPLICATED_MAX`] (purchases can be slow
-/// on a busy machine, and a kill before any order would test nothing).
+/// [`CONFIRMED_MIN`]; once it has only queued entries (a correct engine
+/// under `ack = replicated` confirms none while the replica is cut), at
+/// least [`QUEUED_MIN`]; and at most [`UNREPLICATED_MAX`] or until the run
+/// ends (purchases can be slow on a busy machine, and a kill before any
+/// order would test nothing; a longer wait would crowd out other faults).
 const CONFIRMED_MIN: Duration = Duration::from_millis(1500);
 const QUEUED_MIN: Duration = Duration::from_secs(3);
-const UNREPLICATED_MAX: Duration = Duration::from_secs(10);
+const UNREPLICATED_MAX: Duration = Duration::from_secs(6);
 
 /// Waits, by the rules above, while master `m` (serving `served`) takes
 /// orders its replica, cut off just now, will never see; returns how many
-/// were confirmed and queued meanwhile.
+/// purchases were confirmed and entries queued meanwhile.
 async fn wait_for_unreplicated_orders(
     t: &Targets<'_>,
     history: &History,
     m: u16,
     served: &[Bucket],
+    until: Instant,
 ) -> (usize, u64) {
     let since = history.now_ms();
     let start = Instant::now();
@@ -315,39 +319,54 @@ async fn wait_for_unreplicated_orders(
     let streams: Vec<String> = served.iter().map(|b| b.stream.clone()).collect();
     let queued_now =
         |streams: Vec<String>| t.topo.with_cluster(move |c| orders_queued(c, m, &streams));
-    let cut_at = queued_now(streams.clone()).await.unwrap_or(0);
+    // A poll that fails is "unknown", never 0 (which would make every
+    // entry ever added look new).
+    let mut cut_at = queued_now(streams.clone()).await.ok().flatten();
+    let mut queued = 0;
     loop {
         tokio::time::sleep(Duration::from_millis(100)).await;
         let confirmed = history.orders_confirmed_since(since, &keys);
-        let queued = queued_now(streams.clone())
-            .await
-            .unwrap_or(cut_at)
-            .saturating_sub(cut_at);
+        match (cut_at, queued_now(streams.clone()).await.ok().flatten()) {
+            (Some(at), Some(now)) => queued = now.saturating_sub(at),
+            (None, now) => cut_at = now,
+            (Some(_), None) => {}
+        }
         let waited = start.elapsed();
         if (confirmed > 0 && waited >= CONFIRMED_MIN)
             || (queued > 0 && waited >= QUEUED_MIN)
             || waited >= UNREPLICATED_MAX
+            || Instant::now() >= until
         {
             return (confirmed, queued);
         }
     }
 }
 
-/// How many orders the streams in `streams` have ever queued on node `m`
-/// (`entries-added` of XINFO STREAM: trimming does not lower it).
-fn orders_queued(c: &crate::RedisCluster, m: u16, streams: &[String]) -> u64 {
+/// How many entries (orders, and payments, cancels and expiries of held
+/// orders) `streams` have ever had on node `m` (`entries-added` of XINFO
+/// STREAM: trimming does not lower it); `None` when a stream could not be
+/// read.
+fn orders_queued(c: &crate::RedisCluster, m: u16, streams: &[String]) -> Option<u64> {
     let mut conn = c.node(m).conn();
-    streams
-        .iter()
-        .filter_map(|key| {
-            let info: redis::RedisResult<std::collections::HashMap<String, redis::Value>> =
-                redis::cmd("XINFO").arg("STREAM").arg(key).query(&mut conn);
-            match info.ok()?.get("entries-added")? {
-                redis::Value::Int(n) => u64::try_from(*n).ok(),
-                _ => None,
-            }
-        })
-        .sum()
+    // A master that stops answering must not hold the cluster lock (and
+    // its frozen replica) past this.
+    conn.set_read_timeout(Some(Duration::from_secs(1))).ok()?;
+    let mut total = 0;
+    for key in streams {
+        let info: redis::RedisResult<std::collections::HashMap<String, redis::Value>> =
+            redis::cmd("XINFO").arg("STREAM").arg(key).query(&mut conn);
+        match info {
+            Ok(info) => match info.get("entries-added") {
+                Some(redis::Value::Int(n)) => total += u64::try_from(*n).ok()?,
+                _ => return None,
+            },
+            // No such stream yet: nothing queued there.
+            Err(e)
+                if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::ResponseError) => {}
+            Err(_) => return None,
+        }
+    }
+    Some(total)
 }
 
 /// The master the kill fault aims at, and the buckets it serves: one
@@ -369,7 +388,7 @@ async fn pick_busy_master(t: &Targets<'_>, pick: usize) -> anyhow::Result<(u16, 
             }
             for (m, served, queued) in &mut by_master {
                 let streams: Vec<String> = served.iter().map(|b| b.stream.clone()).collect();
-                *queued = orders_queued(c, *m, &streams);
+                *queued = orders_queued(c, *m, &streams).unwrap_or(0);
             }
             if by_master.is_empty() {
                 by_master = c
@@ -391,7 +410,7 @@ async fn pick_busy_master(t: &Targets<'_>, pick: usize) -> anyhow::Result<(u16, 
         .with_cluster(move |c| {
             sampled
                 .into_iter()
-                .filter(|(m, streams, n)| orders_queued(c, *m, streams) > *n)
+                .filter(|(m, streams, n)| orders_queued(c, *m, streams).is_some_and(|q| q > *n))
                 .map(|(m, _, _)| m)
                 .collect()
         })
