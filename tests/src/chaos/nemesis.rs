@@ -318,7 +318,7 @@ async fn wait_for_unreplicated_orders(
     let keys: Vec<(String, u32)> = served.iter().map(|b| (b.sku.clone(), b.index)).collect();
     let streams: Vec<String> = served.iter().map(|b| b.stream.clone()).collect();
     let queued_now =
-        |streams: Vec<String>| t.topo.with_cluster(move |c| orders_queued(c, m, &streams));
+        |streams: Vec<String>| t.topo.with_cluster(move |c| entries_added(c, m, &streams));
     // A poll that fails is "unknown", never 0 (which would make every
     // entry ever added look new).
     let mut cut_at = queued_now(streams.clone()).await.ok().flatten();
@@ -346,7 +346,7 @@ async fn wait_for_unreplicated_orders(
 /// orders) `streams` have ever had on node `m` (`entries-added` of XINFO
 /// STREAM: trimming does not lower it); `None` when a stream could not be
 /// read.
-fn orders_queued(c: &crate::RedisCluster, m: u16, streams: &[String]) -> Option<u64> {
+fn entries_added(c: &crate::RedisCluster, m: u16, streams: &[String]) -> Option<u64> {
     let mut conn = c.node(m).conn();
     // A master that stops answering must not hold the cluster lock (and
     // its frozen replica) past this.
@@ -369,65 +369,79 @@ fn orders_queued(c: &crate::RedisCluster, m: u16, streams: &[String]) -> Option<
     Some(total)
 }
 
+/// A master and the sales' buckets it serves now.
+struct Serving {
+    master: u16,
+    buckets: Vec<Bucket>,
+}
+
+impl Serving {
+    fn streams(&self) -> Vec<String> {
+        self.buckets.iter().map(|b| b.stream.clone()).collect()
+    }
+}
+
 /// The master the kill fault aims at, and the buckets it serves: one
 /// queuing orders now (a sold-out bucket's master would lose nothing), else
 /// any bucket's master, else any master; `pick` chooses among them.
 async fn pick_busy_master(t: &Targets<'_>, pick: usize) -> anyhow::Result<(u16, Vec<Bucket>)> {
     let buckets = t.buckets.clone();
-    // Per master: the buckets it serves and its orders queued so far.
-    let masters = t
+    let serving: Vec<Serving> = t
         .topo
         .with_cluster(move |c| {
-            let mut by_master: Vec<(u16, Vec<Bucket>, u64)> = Vec::new();
+            let mut serving: Vec<Serving> = Vec::new();
             for b in buckets {
                 let m = c.master_of_slot(b.slot);
-                match by_master.iter_mut().find(|(p, _, _)| *p == m) {
-                    Some((_, served, _)) => served.push(b),
-                    None => by_master.push((m, vec![b], 0)),
+                match serving.iter_mut().find(|s| s.master == m) {
+                    Some(s) => s.buckets.push(b),
+                    None => serving.push(Serving {
+                        master: m,
+                        buckets: vec![b],
+                    }),
                 }
             }
-            for (m, served, queued) in &mut by_master {
-                let streams: Vec<String> = served.iter().map(|b| b.stream.clone()).collect();
-                *queued = orders_queued(c, *m, &streams).unwrap_or(0);
-            }
-            if by_master.is_empty() {
-                by_master = c
+            if serving.is_empty() {
+                serving = c
                     .master_ports()
                     .into_iter()
-                    .map(|m| (m, Vec::new(), 0))
+                    .map(|master| Serving {
+                        master,
+                        buckets: Vec::new(),
+                    })
                     .collect();
             }
-            by_master
+            serving
         })
         .await?;
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    let sampled: Vec<(u16, Vec<String>, u64)> = masters
-        .iter()
-        .map(|(m, served, n)| (*m, served.iter().map(|b| b.stream.clone()).collect(), *n))
-        .collect();
-    let busy: Vec<u16> = t
-        .topo
-        .with_cluster(move |c| {
-            sampled
-                .into_iter()
-                .filter(|(m, streams, n)| orders_queued(c, *m, streams).is_some_and(|q| q > *n))
-                .map(|(m, _, _)| m)
-                .collect()
+    // Entries added on each master's streams, now and 300 ms later.
+    let sample = |serving: Vec<(u16, Vec<String>)>| {
+        t.topo.with_cluster(move |c| {
+            serving
+                .iter()
+                .map(|(m, streams)| entries_added(c, *m, streams))
+                .collect::<Vec<_>>()
         })
-        .await
-        .unwrap_or_default();
-    let from: Vec<&(u16, Vec<Bucket>, u64)> = match masters
-        .iter()
-        .filter(|x| busy.contains(&x.0))
-        .collect::<Vec<_>>()
-    {
-        v if v.is_empty() => masters.iter().collect(),
-        v => v,
     };
-    let (m, served, _) = from
+    let streams: Vec<(u16, Vec<String>)> =
+        serving.iter().map(|s| (s.master, s.streams())).collect();
+    let before = sample(streams.clone()).await.unwrap_or_default();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let after = sample(streams).await.unwrap_or_default();
+    let busy: Vec<&Serving> = serving
+        .iter()
+        .zip(before.iter().zip(&after))
+        .filter(|(_, (b, a))| matches!((b, a), (Some(b), Some(a)) if a > b))
+        .map(|(s, _)| s)
+        .collect();
+    let from: Vec<&Serving> = if busy.is_empty() {
+        serving.iter().collect()
+    } else {
+        busy
+    };
+    let chosen = from
         .get(pick % from.len().max(1))
         .ok_or_else(|| anyhow::anyhow!("no master to kill"))?;
-    Ok((*m, served.clone()))
+    Ok((chosen.master, chosen.buckets.clone()))
 }
 
 async fn pick_master(topo: &Topology, pick: usize) -> anyhow::Result<u16> {
