@@ -8,7 +8,8 @@
 -- writes, a refused purchase changes nothing, and no purchase's answer
 -- depends on another's except through the stock and quota they share. What
 -- a batch shares is read once: the sale hash, TIME, and the stock (kept in a
--- local as it is taken). The anchor of the bench sends a batch of one.
+-- local as it is taken, and written once, after the batch). The anchor of
+-- the bench sends a batch of one.
 --
 -- The home bucket of a buyer is picked by the engine from the user id, so the
 -- buyer's quota and every request record of that buyer live in one slot. When
@@ -26,7 +27,13 @@
 -- KEYS[1] {tag}:sale         hash: sku, tag, bucket, buckets, state, starts_ms, ends_ms, limit,
 --                            hold_ms (absent or 0: an order is paid at once)
 -- KEYS[2] {tag}:stock        integer, the units left in this bucket
--- KEYS[3] {tag}:orders       stream the order writer drains into PostgreSQL
+-- KEYS[3] {tag}:orders       stream the order writer drains into PostgreSQL; a new
+--                            order is one field, its parts separated by spaces
+--                            (which no sku, order id or user id holds; the sku and
+--                            bucket are in the order id, the tag is the stream's;
+--                            see engine/src/orders/entry.rs), ts the batch's TIME in ms:
+--                            p "<qty> <ts> <order_id> <user>"               paid at once
+--                            h "<qty> <ts> <expires_ms> <order_id> <user>"  held
 -- KEYS[4] {tag}:pending      sorted set of pending requests (score: ms). The member
 --                            is the record key without its "{tag}:r:" prefix,
 --                            "<n>:<user>:<request_id>" (not sent: the hot path
@@ -83,8 +90,8 @@ if n < 1 or n ~= math.floor(n) or (s ~= 2 and s ~= 3) then
   return redis.error_reply('ERR purchase.lua: KEYS and ARGV do not describe whole purchases')
 end
 local out = {}
-local sale = redis.call('HMGET', KEYS[1], 'state', 'starts_ms', 'ends_ms', 'limit', 'bucket', 'buckets', 'sku', 'tag', 'hold_ms')
-local hold_ms = tonumber(sale[9] or '0') or 0
+local sale = redis.call('HMGET', KEYS[1], 'state', 'starts_ms', 'ends_ms', 'limit', 'bucket', 'buckets', 'hold_ms')
+local hold_ms = tonumber(sale[7] or '0') or 0
 if sale[1] and (hold_ms > 0) ~= (s == 3) then
   return redis.error_reply('ERR purchase.lua: the order keys do not match the sale\'s hold_ms')
 end
@@ -106,8 +113,10 @@ local buckets = tonumber(sale[6])
 -- "{tag}:pending" and "{tag}:r:<member>" share the "{tag}:" prefix.
 local member_from = #KEYS[4] - #'pending' + #'r:' + 1
 
--- Read once per batch, on first need; the stock is then kept as it is taken.
-local stock, now_ms
+-- Read once per batch, on first need; the stock is then kept here as it is
+-- taken, and written once at the end (see the loop at the bottom).
+local stock, now_ms, now_text
+local stock_taken = false
 local function current_stock()
   if not stock then
     stock = tonumber(redis.call('GET', KEYS[2]) or '0')
@@ -118,6 +127,7 @@ local function clock_ms()
   if not now_ms then
     local now = redis.call('TIME')
     now_ms = tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000)
+    now_text = string.format('%d', now_ms)
   end
   return now_ms
 end
@@ -186,21 +196,19 @@ local function buy(quota_key, record_key, order_key, qty_arg, order_id, user)
     end
   end
   if have >= qty then
-    stock = redis.call('DECRBY', KEYS[2], qty)
+    stock = have - qty
+    stock_taken = true
     redis.call('SET', record_key, 'C:' .. qty .. ':' .. sale[5] .. ':' .. order_id, 'EX', ttl)
     if hold_ms == 0 then
-      redis.call('XADD', KEYS[3], '*',
-        'order_id', order_id, 'sku', sale[7], 'user', user, 'qty', qty,
-        'bucket', sale[5], 'tag', sale[8], 'ts', now)
+      redis.call('XADD', KEYS[3], '*', 'p', qty .. ' ' .. now_text .. ' ' .. order_id .. ' ' .. user)
       return {1, order_id, bucket}
     end
     local expires_ms = now + hold_ms
     redis.call('HSET', order_key, 'state', 'held', 'user', user, 'qty', qty,
       'home', sale[5], 'expires_ms', expires_ms, 'q', limit > 0 and quota_key or '', 'v', 1)
     redis.call('ZADD', KEYS[5], expires_ms, order_id)
-    redis.call('XADD', KEYS[3], '*',
-      'order_id', order_id, 'sku', sale[7], 'user', user, 'qty', qty,
-      'bucket', sale[5], 'tag', sale[8], 'ts', now, 'status', 'held', 'expires_ms', expires_ms)
+    redis.call('XADD', KEYS[3], '*', 'h',
+      qty .. ' ' .. now_text .. ' ' .. string.format('%d', expires_ms) .. ' ' .. order_id .. ' ' .. user)
     return {1, order_id, bucket, expires_ms}
   end
 
@@ -212,8 +220,28 @@ local function buy(quota_key, record_key, order_key, qty_arg, order_id, user)
   return {3, '', have}
 end
 
-for i = 1, n do
-  local k = 5 + s * (i - 1)
-  out[i] = buy(KEYS[k + 1], KEYS[k + 2], KEYS[k + 3], ARGV[3 * i], ARGV[3 * i + 1], ARGV[3 * i + 2])
+-- The stock taken is written once, after the batch (a DECRBY per purchase
+-- cost the master more than a tenth of a purchase). Redis keeps what a
+-- script wrote before an error, so the loop runs under pcall: if a purchase
+-- raises midway, the units the purchases before it took are still written
+-- before the error goes back, and no order stands without its stock.
+local ok, err = pcall(function()
+  for i = 1, n do
+    local k = 5 + s * (i - 1)
+    out[i] = buy(KEYS[k + 1], KEYS[k + 2], KEYS[k + 3], ARGV[3 * i], ARGV[3 * i + 1], ARGV[3 * i + 2])
+  end
+end)
+if stock_taken then
+  redis.call('SET', KEYS[2], string.format('%d', stock))
+end
+if not ok then
+  -- Sent back with its own code (WRONGTYPE, OOM, ...), as it would be
+  -- without the pcall: a command's error reaches pcall as "CODE message",
+  -- a Lua error as plain text (then ERR).
+  if type(err) == 'table' then
+    return err
+  end
+  err = tostring(err)
+  return redis.error_reply(string.match(err, '^%u+ ') and err or 'ERR ' .. err)
 end
 return out

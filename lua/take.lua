@@ -10,9 +10,10 @@
 -- refused for good, so at most one bucket ever takes for a request, however
 -- many attempts (and sweepers) walk at once.
 --
--- KEYS[1] {tag}:sale         hash: sku, tag, bucket, state, starts_ms, ends_ms, hold_ms
+-- KEYS[1] {tag}:sale         hash: bucket, state, starts_ms, ends_ms, hold_ms
 -- KEYS[2] {tag}:stock        integer, the units left in this bucket
--- KEYS[3] {tag}:orders       stream the order writer drains into PostgreSQL
+-- KEYS[3] {tag}:orders       stream the order writer drains into PostgreSQL (a new
+--                            order is one field, p or h, as purchase.lua writes it)
 -- KEYS[4] {tag}:r:<n>:<user>:<request_id>   this request's record in this bucket:
 --                              "C:<qty>:<bucket>:<order_id>" took here
 --                              "X:<qty>:<code>"              refused here (code -1/-4/-5)
@@ -49,11 +50,11 @@
 -- one bucket of its sale.
 
 local MAX = 9007199254740991
-local sale = redis.call('HMGET', KEYS[1], 'state', 'bucket', 'sku', 'tag', 'starts_ms', 'ends_ms', 'hold_ms')
+local sale = redis.call('HMGET', KEYS[1], 'state', 'bucket', 'starts_ms', 'ends_ms', 'hold_ms')
 if not sale[1] then
   return {-6, '', 0}
 end
-local hold_ms = tonumber(sale[7] or '0') or 0
+local hold_ms = tonumber(sale[5] or '0') or 0
 if (hold_ms > 0) ~= (#KEYS == 6) or #KEYS < 5 then
   return redis.error_reply('ERR take.lua: the order key does not match the sale\'s hold_ms')
 end
@@ -90,11 +91,11 @@ end
 local stock = tonumber(redis.call('GET', KEYS[2]) or '0')
 local now = redis.call('TIME')
 local now_ms = tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000)
-local ends_ms = tonumber(sale[6])
+local ends_ms = tonumber(sale[4])
 local refusal = nil
 if sale[1] ~= 'open' then
   refusal = -5
-elseif now_ms < tonumber(sale[5]) or (ends_ms > 0 and now_ms >= ends_ms) then
+elseif now_ms < tonumber(sale[3]) or (ends_ms > 0 and now_ms >= ends_ms) then
   refusal = -4
 elseif ARGV[5] == 'refuse' or stock < qty then
   refusal = -1
@@ -107,16 +108,13 @@ end
 redis.call('DECRBY', KEYS[2], qty)
 redis.call('SET', KEYS[4], 'C:' .. qty .. ':' .. sale[2] .. ':' .. ARGV[2], 'EX', ttl)
 if hold_ms == 0 then
-  redis.call('XADD', KEYS[3], '*',
-    'order_id', ARGV[2], 'sku', sale[3], 'user', ARGV[3], 'qty', qty,
-    'bucket', sale[2], 'tag', sale[4], 'ts', now_ms)
+  redis.call('XADD', KEYS[3], '*', 'p', qty .. ' ' .. string.format('%d', now_ms) .. ' ' .. ARGV[2] .. ' ' .. ARGV[3])
   return {1, ARGV[2], tonumber(sale[2])}
 end
 local expires_ms = now_ms + hold_ms
 redis.call('HSET', KEYS[6], 'state', 'held', 'user', ARGV[3], 'qty', qty,
   'home', ARGV[7], 'expires_ms', expires_ms, 'q', '', 'v', 1)
 redis.call('ZADD', KEYS[5], expires_ms, ARGV[2])
-redis.call('XADD', KEYS[3], '*',
-  'order_id', ARGV[2], 'sku', sale[3], 'user', ARGV[3], 'qty', qty,
-  'bucket', sale[2], 'tag', sale[4], 'ts', now_ms, 'status', 'held', 'expires_ms', expires_ms)
+redis.call('XADD', KEYS[3], '*', 'h',
+  qty .. ' ' .. string.format('%d', now_ms) .. ' ' .. string.format('%d', expires_ms) .. ' ' .. ARGV[2] .. ' ' .. ARGV[3])
 return {1, ARGV[2], tonumber(sale[2]), expires_ms}

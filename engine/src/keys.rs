@@ -121,6 +121,11 @@ pub fn orders_stream(tag: &str) -> String {
     format!("{{{tag}}}:orders")
 }
 
+/// The shard tag of an order stream's key (`{tag}:orders` -> `tag`).
+pub fn stream_tag(stream: &str) -> Option<&str> {
+    stream.strip_prefix('{')?.strip_suffix("}:orders")
+}
+
 /// The dead-letter stream of a shard tag (malformed order entries).
 pub fn dead_letter_stream(tag: &str) -> String {
     format!("{{{tag}}}:orders:dead")

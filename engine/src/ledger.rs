@@ -134,8 +134,9 @@ async fn queued_orders(
         let entries = crate::orders::entry::parse_entries(&v);
         let Some(tail) = entries.last() else { break };
         start = format!("({}", tail.id);
+        let tag = crate::keys::stream_tag(stream).unwrap_or_default();
         for e in &entries {
-            match e.to_record() {
+            match e.to_record(tag) {
                 Ok(Record::Order(o)) => out.push((o.order_id, o.qty as u64)),
                 Ok(Record::Event(ev)) => {
                     let delta = ev.units_delta();

@@ -371,3 +371,83 @@ async fn at_light_load_a_purchase_never_waits_behind_another_ones_call() {
     first.await.expect("task").expect("a is confirmed");
     second.await.expect("task").expect("b is confirmed");
 }
+
+/// `purchase.lua` keeps the stock it takes in a local and writes it once
+/// per batch. A purchase that raises an error midway (a quota key that holds
+/// no number, or a hash, as only tampering could leave them) ends the script
+/// after the purchases before it made their orders; Redis keeps what a
+/// script wrote before an error, so those orders must have taken their stock
+/// too, or the next buyers would be sold units already sold. The error keeps
+/// its Redis code (WRONGTYPE, not a wrapped ERR), as it had before the loop
+/// ran under pcall, so what the engine and its operators see of it does not
+/// depend on where in the batch it happened.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_that_fails_midway_keeps_the_stock_its_earlier_purchases_took() {
+    let cluster = RedisCluster::start(3, 0);
+    let engine = engine_on(&cluster).await;
+    let sku = "midway";
+    let status = engine
+        .create_sale(SaleSpec {
+            per_user_limit: 5,
+            ..SaleSpec::new(sku, 20)
+        })
+        .await
+        .expect("create");
+    let b = &status.buckets[0];
+    let keys = flashsale::keys::BucketKeys::new(&b.tag);
+    let node = cluster.node(cluster.master_of_slot(b.slot));
+    let _: () = node.cmd(&["SET", &keys.quota("poisoned"), "garbage"]);
+    let _: i64 = node.cmd(&["HSET", &keys.quota("hashed"), "f", "1"]);
+
+    // Two batches: "a" and "b" then the poisoned one; "c" and "d" then the
+    // hashed one. Each buyer asks for 2 units.
+    let batches = [["a", "b", "poisoned"], ["c", "d", "hashed"]];
+    let mut order_ids = Vec::new();
+    let mut codes = Vec::new();
+    for (n, users) in batches.iter().enumerate() {
+        let ids: Vec<String> = (0..users.len())
+            .map(|i| format!("{sku}~0~{:032x}", n * 10 + i))
+            .collect();
+        let mut script = redis::cmd("EVAL");
+        script
+            .arg(include_str!("../../lua/purchase.lua"))
+            .arg(5 + 2 * users.len())
+            .arg(&keys.sale)
+            .arg(&keys.stock)
+            .arg(&keys.orders)
+            .arg(&keys.pending)
+            .arg(&keys.holds);
+        for u in users {
+            script.arg(keys.quota(u)).arg(keys.request(u, "r1"));
+        }
+        script.arg(3600).arg("0");
+        for (u, id) in users.iter().zip(&ids) {
+            script.arg(2).arg(id).arg(*u);
+        }
+        let reply: redis::RedisResult<redis::Value> = script.query(&mut node.conn());
+        let err = reply.expect_err("the poisoned purchase fails the call");
+        codes.push(err.code().map(str::to_owned));
+        order_ids.extend(users.iter().zip(ids).take(2).map(|(u, id)| (*u, id)));
+    }
+
+    let stock: i64 = node.cmd(&["GET", &keys.stock]);
+    let queued: i64 = node.cmd(&["XLEN", &keys.orders]);
+    assert_eq!(
+        (stock, queued),
+        (12, 4),
+        "the four purchases before the errors took 2 units each and queued their orders"
+    );
+    assert_eq!(
+        codes,
+        [Some("ERR".to_owned()), Some("WRONGTYPE".to_owned())],
+        "a Lua error is ERR, a command's error keeps its code"
+    );
+    // The engine's retry of those four gets their orders back.
+    for (u, id) in order_ids {
+        let c = buy(&engine, sku, u, "r1", 2)
+            .await
+            .expect("task")
+            .expect("replayed");
+        assert_eq!((c.order_id.as_str(), c.replayed), (id.as_str(), true));
+    }
+}

@@ -968,13 +968,13 @@ async fn replicated_ack_never_confirms_a_write_the_promoted_replica_lacks() {
 /// The order ids in `stream` on the node at `port`.
 fn stream_order_ids(cluster: &RedisCluster, port: u16, stream: &str) -> Vec<String> {
     let reply: redis::Value = cluster.node(port).cmd(&["XRANGE", stream, "-", "+"]);
+    let tag = flashsale::keys::stream_tag(stream).expect("an order stream's key");
     flashsale::orders::entry::parse_entries(&reply)
         .into_iter()
-        .filter_map(|e| {
-            e.fields
-                .iter()
-                .find(|(f, _)| f == "order_id")
-                .map(|(_, v)| v.clone())
+        .filter_map(|e| match e.to_record(tag) {
+            Ok(flashsale::orders::entry::Record::Order(o)) => Some(o.order_id),
+            Ok(flashsale::orders::entry::Record::Event(_)) => None,
+            Err(why) => panic!("entry {e:?} of {stream} does not parse: {why}"),
         })
         .collect()
 }

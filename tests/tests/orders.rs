@@ -632,3 +632,204 @@ async fn a_missing_writer_group_never_lets_another_group_trim_unwritten_orders()
     writer.shutdown().await.expect("stops");
     assert_exactly_once(&confirmed, &db_order_ids(&pool, "orphaned").await);
 }
+
+/// A purchase queues its order as one field: the SKU and the bucket are read
+/// back from the order id, the shard tag from the stream, the time from the
+/// entry id. A row that got any of them wrong (another bucket's tag, the
+/// home bucket for an order a fall-through took elsewhere, a time off by
+/// the id's sequence) would still be "written exactly once"; this checks
+/// every column against what the buyer was told.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_compact_order_record_reaches_postgres_with_every_column_the_buyer_was_told() {
+    let Fixture {
+        cluster: _cluster,
+        pg: _pg,
+        pool,
+        engine,
+        sale,
+    } = Fixture::builder()
+        .sale(SaleSpec {
+            buckets: 3,
+            ..SaleSpec::new("rows-paid", 30)
+        })
+        .build()
+        .await;
+    let paid = sale.expect("sale");
+    let held = engine
+        .create_sale(SaleSpec {
+            buckets: 3,
+            hold_ms: 600_000,
+            ..SaleSpec::new("rows-held", 30)
+        })
+        .await
+        .expect("create");
+    let unix_ms = || {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .expect("clock after 1970")
+            .as_millis() as i64
+    };
+    let started = unix_ms();
+    // Buyers until both sales are sold out: with 3 buckets of 10 units and
+    // homes picked by user id, some buyers' homes run out first and their
+    // purchases fall through to another bucket (take.lua).
+    let mut told = Vec::new();
+    for sku in ["rows-paid", "rows-held"] {
+        for i in 0..200u32 {
+            let user = format!("row:user#{i}");
+            let qty = 1 + i64::from(i % 2);
+            match engine
+                .purchase(PurchaseRequest {
+                    sku,
+                    user: &user,
+                    qty,
+                    request_id: &format!("r{i}"),
+                })
+                .await
+            {
+                Ok(c) => told.push((sku, user, qty, c)),
+                Err(flashsale::PurchaseError::SoldOut) => {}
+                Err(e) => panic!("purchase {sku} {user}: {e}"),
+            }
+        }
+    }
+    let finished = unix_ms();
+    let units = |sku: &str| -> i64 { told.iter().filter(|t| t.0 == sku).map(|t| t.2).sum::<i64>() };
+    assert_eq!(
+        (units("rows-paid"), units("rows-held")),
+        (30, 30),
+        "both sell out"
+    );
+
+    let writer = engine
+        .spawn_order_writer(pool.clone(), fast_writer(Duration::from_secs(5)))
+        .await
+        .expect("writer");
+    for sku in ["rows-paid", "rows-held"] {
+        let n = told.iter().filter(|t| t.0 == sku).count();
+        wait_for_db_orders(&pool, sku, n, Duration::from_secs(30)).await;
+    }
+    let report = writer.shutdown().await.expect("stops");
+    assert_eq!(report.dead_lettered, 0, "{report:?}");
+
+    let c = pool.get().await.expect("db connection");
+    for (sku, user, qty, confirmed) in &told {
+        let row = c
+            .query_one(
+                "SELECT sku, user_id, qty, bucket, shard_tag, status,
+                        (extract(epoch FROM created_at) * 1000)::int8,
+                        (extract(epoch FROM expires_at) * 1000)::int8
+                 FROM orders WHERE order_id = $1",
+                &[&confirmed.order_id],
+            )
+            .await
+            .expect("the confirmed order is in PostgreSQL");
+        let tags = if *sku == "rows-paid" { &paid } else { &held };
+        let bucket: i32 = row.get(3);
+        let created_ms: i64 = row.get(6);
+        let expires_ms: Option<i64> = row.get(7);
+        assert_eq!(
+            (
+                row.get::<_, String>(0),
+                row.get::<_, String>(1),
+                i64::from(row.get::<_, i32>(2)),
+                bucket,
+                row.get::<_, String>(4),
+                row.get::<_, String>(5),
+                expires_ms,
+            ),
+            (
+                sku.to_string(),
+                user.clone(),
+                *qty,
+                confirmed.bucket as i32,
+                tags.buckets[confirmed.bucket as usize].tag.clone(),
+                if *sku == "rows-paid" { "paid" } else { "held" }.to_owned(),
+                confirmed.expires_at_ms.map(|e| e as i64),
+            ),
+            "order {}",
+            confirmed.order_id
+        );
+        // Redis and the test share this machine's clock; to_timestamp keeps
+        // microseconds, so allow a millisecond of rounding either side.
+        assert!(
+            (started - 1..=finished + 1).contains(&created_ms),
+            "order {} created at {created_ms}, purchases ran {started}..{finished}",
+            confirmed.order_id
+        );
+    }
+}
+
+/// An order's time is the script's one clock reading, the one its hold's
+/// deadline is counted from, not the id Redis gives its stream entry: the
+/// ids of one batch step on as it runs, and after the clock steps back (or
+/// a failover to a node whose clock is behind) every new id is the last one
+/// plus a sequence number, however late. A row must then still say when the
+/// order was made and be held exactly `hold_ms`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_held_orders_row_is_held_exactly_hold_ms_even_when_the_stream_id_is_ahead_of_the_clock() {
+    const HOLD_MS: i64 = 600_000;
+    let Fixture {
+        cluster,
+        pg: _pg,
+        pool,
+        engine,
+        sale,
+    } = Fixture::builder()
+        .sale(SaleSpec {
+            hold_ms: HOLD_MS as u64,
+            ..SaleSpec::new("ahead", 200)
+        })
+        .build()
+        .await;
+    let status = sale.expect("sale");
+    let b = &status.buckets[0];
+    let node = cluster.node(cluster.master_of_slot(b.slot));
+    let unix_ms = || {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .expect("clock after 1970")
+            .as_millis() as i64
+    };
+    // The stream's last id a minute ahead of the clock, as a clock that
+    // stepped back would leave it.
+    let ahead = format!("{}-0", unix_ms() + 60_000);
+    let _: String = node.cmd(&["XADD", &b.stream, &ahead, "x", "y"]);
+    let _: i64 = node.cmd(&["XDEL", &b.stream, &ahead]);
+
+    let started = unix_ms();
+    // 200 buyers at once: batches of many held purchases, one clock each.
+    let confirmed = buy(&engine, "ahead", 200, "h").await;
+    let finished = unix_ms();
+    assert_eq!(confirmed.len(), 200);
+    let writer = engine
+        .spawn_order_writer(pool.clone(), fast_writer(Duration::from_secs(5)))
+        .await
+        .expect("writer");
+    wait_for_db_orders(&pool, "ahead", 200, Duration::from_secs(30)).await;
+    writer.shutdown().await.expect("stops");
+
+    let c = pool.get().await.expect("db connection");
+    let rows = c
+        .query(
+            "SELECT order_id, (extract(epoch FROM created_at) * 1000)::int8,
+                    (extract(epoch FROM expires_at) * 1000)::int8
+             FROM orders WHERE sku = 'ahead'",
+            &[],
+        )
+        .await
+        .expect("rows");
+    assert_eq!(rows.len(), 200);
+    for row in rows {
+        let (id, created, expires): (String, i64, i64) = (row.get(0), row.get(1), row.get(2));
+        assert_eq!(
+            expires - created,
+            HOLD_MS,
+            "order {id} is held exactly hold_ms"
+        );
+        assert!(
+            (started - 1..=finished + 1).contains(&created),
+            "order {id} created at {created}, purchases ran {started}..{finished}"
+        );
+    }
+}

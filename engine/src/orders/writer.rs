@@ -324,8 +324,10 @@ impl OrderWriter {
         let mut record_entries = Vec::with_capacity(entries.len());
         let mut event_entries = Vec::new();
         let mut dead: Vec<(&RawEntry, String)> = Vec::new();
+        // An entry of the compact form takes its shard tag from its stream.
+        let tag = crate::keys::stream_tag(key).unwrap_or_default();
         for e in &entries {
-            match e.to_record() {
+            match e.to_record(tag) {
                 Ok(Record::Order(r)) => {
                     rows.push(r);
                     record_entries.push(e);

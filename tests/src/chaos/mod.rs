@@ -25,6 +25,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use flashsale::orders::entry::Record;
 use history::{History, OpRecord, Phase};
 use nemesis::{Fault, Targets};
 use procs::{ChildProc, ChildSpec};
@@ -592,21 +593,15 @@ async fn ledger_end(
                 .await
                 .map_err(|e| anyhow::anyhow!("XRANGE {}: {e}", b.stream))?;
             for e in flashsale::orders::entry::parse_entries(&v) {
-                let field = |k: &str| {
-                    e.fields
-                        .iter()
-                        .find(|(f, _)| f == k)
-                        .map(|(_, v)| v.clone())
-                };
-                let Some(id) = field("order_id") else {
-                    continue;
-                };
-                if field("kind").is_some() {
-                    let version = field("v").and_then(|v| v.parse().ok()).unwrap_or(0);
-                    events_in_streams.push((id, version));
-                } else {
-                    let qty = field("qty").and_then(|q| q.parse().ok()).unwrap_or(0);
-                    in_streams.push((id, qty));
+                match e.to_record(&b.tag) {
+                    Ok(Record::Order(o)) => {
+                        in_streams.push((o.order_id, o.qty.unsigned_abs().into()))
+                    }
+                    Ok(Record::Event(ev)) => events_in_streams.push((ev.order_id, ev.version)),
+                    // The engine writes only entries the writer parses; one
+                    // it would dead-letter is an order that never reaches
+                    // PostgreSQL, so the run stops on it.
+                    Err(why) => anyhow::bail!("entry {e:?} of {} does not parse: {why}", b.stream),
                 }
             }
         }
