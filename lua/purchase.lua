@@ -57,10 +57,14 @@
 --                              request_ttl after)
 -- ARGV[1] seconds to keep request records (1..2^31)
 -- ARGV[2] "1" when the engine will WAIT for a replica (ack = replicated)
+-- ARGV[3] "compact": new orders go on KEYS[3] as one field (p or h, above);
+--         "fields": a field per column (order_id, sku, user, qty, bucket, tag,
+--         ts[, status "held", expires_ms]), the form order writers from
+--         before the compact one read (config order_record, for upgrades)
 -- then, for purchase i = 1..n:
--- ARGV[3i]   qty (integer 1..2^53-1)
--- ARGV[3i+1] order id to use if this request makes a new order
--- ARGV[3i+2] user id
+-- ARGV[3i+1] qty (integer 1..2^53-1)
+-- ARGV[3i+2] order id to use if this request makes a new order
+-- ARGV[3i+3] user id
 --
 -- Returns one {code, order_id, n} per purchase, in the order sent:
 --   { 1, order_id, bucket}   confirmed, new order queued on KEYS[3] (paid)
@@ -84,13 +88,17 @@
 -- its first write, so a refused purchase changes nothing.
 
 local MAX = 9007199254740991
-local n = (#ARGV - 2) / 3
+local n = (#ARGV - 3) / 3
 local s = n >= 1 and (#KEYS - 5) / n or 0
 if n < 1 or n ~= math.floor(n) or (s ~= 2 and s ~= 3) then
   return redis.error_reply('ERR purchase.lua: KEYS and ARGV do not describe whole purchases')
 end
+if ARGV[3] ~= 'compact' and ARGV[3] ~= 'fields' then
+  return redis.error_reply('ERR purchase.lua: ARGV[3] must be compact or fields')
+end
+local compact = ARGV[3] == 'compact'
 local out = {}
-local sale = redis.call('HMGET', KEYS[1], 'state', 'starts_ms', 'ends_ms', 'limit', 'bucket', 'buckets', 'hold_ms')
+local sale = redis.call('HMGET', KEYS[1], 'state', 'starts_ms', 'ends_ms', 'limit', 'bucket', 'buckets', 'hold_ms', 'sku', 'tag')
 local hold_ms = tonumber(sale[7] or '0') or 0
 if sale[1] and (hold_ms > 0) ~= (s == 3) then
   return redis.error_reply('ERR purchase.lua: the order keys do not match the sale\'s hold_ms')
@@ -200,15 +208,26 @@ local function buy(quota_key, record_key, order_key, qty_arg, order_id, user)
     stock_taken = true
     redis.call('SET', record_key, 'C:' .. qty .. ':' .. sale[5] .. ':' .. order_id, 'EX', ttl)
     if hold_ms == 0 then
-      redis.call('XADD', KEYS[3], '*', 'p', qty .. ' ' .. now_text .. ' ' .. order_id .. ' ' .. user)
+      if compact then
+        redis.call('XADD', KEYS[3], '*', 'p', qty .. ' ' .. now_text .. ' ' .. order_id .. ' ' .. user)
+      else
+        redis.call('XADD', KEYS[3], '*', 'order_id', order_id, 'sku', sale[8], 'user', user,
+          'qty', qty, 'bucket', sale[5], 'tag', sale[9], 'ts', now_text)
+      end
       return {1, order_id, bucket}
     end
     local expires_ms = now + hold_ms
     redis.call('HSET', order_key, 'state', 'held', 'user', user, 'qty', qty,
       'home', sale[5], 'expires_ms', expires_ms, 'q', limit > 0 and quota_key or '', 'v', 1)
     redis.call('ZADD', KEYS[5], expires_ms, order_id)
-    redis.call('XADD', KEYS[3], '*', 'h',
-      qty .. ' ' .. now_text .. ' ' .. string.format('%d', expires_ms) .. ' ' .. order_id .. ' ' .. user)
+    if compact then
+      redis.call('XADD', KEYS[3], '*', 'h',
+        qty .. ' ' .. now_text .. ' ' .. string.format('%d', expires_ms) .. ' ' .. order_id .. ' ' .. user)
+    else
+      redis.call('XADD', KEYS[3], '*', 'order_id', order_id, 'sku', sale[8], 'user', user,
+        'qty', qty, 'bucket', sale[5], 'tag', sale[9], 'ts', now_text,
+        'status', 'held', 'expires_ms', string.format('%d', expires_ms))
+    end
     return {1, order_id, bucket, expires_ms}
   end
 
@@ -228,7 +247,7 @@ end
 local ok, err = pcall(function()
   for i = 1, n do
     local k = 5 + s * (i - 1)
-    out[i] = buy(KEYS[k + 1], KEYS[k + 2], KEYS[k + 3], ARGV[3 * i], ARGV[3 * i + 1], ARGV[3 * i + 2])
+    out[i] = buy(KEYS[k + 1], KEYS[k + 2], KEYS[k + 3], ARGV[3 * i + 1], ARGV[3 * i + 2], ARGV[3 * i + 3])
   end
 end)
 if stock_taken then

@@ -33,6 +33,8 @@
 -- ARGV[6] "1" when the engine will WAIT for a replica (ack = replicated)
 -- ARGV[7] the buyer's home bucket (its index), kept on a held order so its
 --         quota can be given back there
+-- ARGV[8] "compact" or "fields": the form of the new order's stream entry
+--         (see purchase.lua's ARGV[3])
 --
 -- Returns {code, order_id, n}:
 --   { 1, order_id, bucket}   taken, new order queued on KEYS[3] (paid)
@@ -50,7 +52,7 @@
 -- one bucket of its sale.
 
 local MAX = 9007199254740991
-local sale = redis.call('HMGET', KEYS[1], 'state', 'bucket', 'starts_ms', 'ends_ms', 'hold_ms')
+local sale = redis.call('HMGET', KEYS[1], 'state', 'bucket', 'starts_ms', 'ends_ms', 'hold_ms', 'sku', 'tag')
 if not sale[1] then
   return {-6, '', 0}
 end
@@ -63,6 +65,7 @@ local ttl = tonumber(ARGV[4])
 if not qty or qty < 1 or qty > MAX or qty ~= math.floor(qty)
    or not ttl or ttl < 1 or ttl > 2147483648 or ttl ~= math.floor(ttl)
    or (ARGV[5] ~= 'take' and ARGV[5] ~= 'refuse' and ARGV[5] ~= 'confirm')
+   or (ARGV[8] ~= 'compact' and ARGV[8] ~= 'fields')
    or (hold_ms > 0 and not tonumber(ARGV[7] or '')) then
   return {-7, '', 0}
 end
@@ -108,13 +111,24 @@ end
 redis.call('DECRBY', KEYS[2], qty)
 redis.call('SET', KEYS[4], 'C:' .. qty .. ':' .. sale[2] .. ':' .. ARGV[2], 'EX', ttl)
 if hold_ms == 0 then
-  redis.call('XADD', KEYS[3], '*', 'p', qty .. ' ' .. string.format('%d', now_ms) .. ' ' .. ARGV[2] .. ' ' .. ARGV[3])
+  if ARGV[8] == 'fields' then
+    redis.call('XADD', KEYS[3], '*', 'order_id', ARGV[2], 'sku', sale[6], 'user', ARGV[3],
+      'qty', qty, 'bucket', sale[2], 'tag', sale[7], 'ts', string.format('%d', now_ms))
+  else
+    redis.call('XADD', KEYS[3], '*', 'p', qty .. ' ' .. string.format('%d', now_ms) .. ' ' .. ARGV[2] .. ' ' .. ARGV[3])
+  end
   return {1, ARGV[2], tonumber(sale[2])}
 end
 local expires_ms = now_ms + hold_ms
 redis.call('HSET', KEYS[6], 'state', 'held', 'user', ARGV[3], 'qty', qty,
   'home', ARGV[7], 'expires_ms', expires_ms, 'q', '', 'v', 1)
 redis.call('ZADD', KEYS[5], expires_ms, ARGV[2])
-redis.call('XADD', KEYS[3], '*', 'h',
-  qty .. ' ' .. string.format('%d', now_ms) .. ' ' .. string.format('%d', expires_ms) .. ' ' .. ARGV[2] .. ' ' .. ARGV[3])
+if ARGV[8] == 'fields' then
+  redis.call('XADD', KEYS[3], '*', 'order_id', ARGV[2], 'sku', sale[6], 'user', ARGV[3],
+    'qty', qty, 'bucket', sale[2], 'tag', sale[7], 'ts', string.format('%d', now_ms),
+    'status', 'held', 'expires_ms', string.format('%d', expires_ms))
+else
+  redis.call('XADD', KEYS[3], '*', 'h',
+    qty .. ' ' .. string.format('%d', now_ms) .. ' ' .. string.format('%d', expires_ms) .. ' ' .. ARGV[2] .. ' ' .. ARGV[3])
+end
 return {1, ARGV[2], tonumber(sale[2]), expires_ms}

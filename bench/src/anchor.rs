@@ -97,6 +97,13 @@ pub fn command_line(t: &Target, script: Script, sha: &str, pipeline: usize) -> R
         .rsplit_once(':')
         .ok_or_else(|| anyhow!("bad master address {}", t.master))?;
     let k = |suffix: &str| format!("{{{}}}:{suffix}", t.tag);
+    // Tags are `<sku>#<bucket>.<k>`; the order id names the sale and bucket
+    // as the engine's do, so a writer could route it.
+    let sale_and_bucket = t
+        .tag
+        .split_once('#')
+        .and_then(|(sku, rest)| Some(format!("{sku}~{}", rest.split_once('.')?.0)))
+        .ok_or_else(|| anyhow!("bad shard tag {}", t.tag))?;
     let mut line: Vec<String> = vec![
         "-h".into(),
         host.into(),
@@ -118,8 +125,9 @@ pub fn command_line(t: &Target, script: Script, sha: &str, pipeline: usize) -> R
     line.extend([
         // purchase.lua's KEYS and ARGV in the engine's shapes, a batch of
         // one purchase: a user id as long as the engine's bench users (30
-        // bytes), a random request id, a 32-character order id, the bench's
-        // 600 s request TTL.
+        // bytes), a random request id, an order id of the engine's shape
+        // (32 hex digits after the sale and bucket), the bench's 600 s
+        // request TTL, the default compact order record.
         "EVALSHA".into(),
         sha.into(),
         "7".into(),
@@ -132,8 +140,9 @@ pub fn command_line(t: &Target, script: Script, sha: &str, pipeline: usize) -> R
         k(&format!("r:{}:{USER}:__rand_int__", USER.len())),
         "600".into(),
         "0".into(),
+        "compact".into(),
         "1".into(),
-        "00000000000000000000__rand_int__".into(),
+        format!("{sale_and_bucket}~00000000000000000000__rand_int__"),
         USER.into(),
     ]);
     Ok(line)

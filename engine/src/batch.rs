@@ -117,9 +117,11 @@ pub(crate) struct PurchaseBatches {
     stats: Arc<Stats>,
     batch_max: usize,
     in_flight_max: u32,
-    /// `purchase.lua`'s ARGV[1] and ARGV[2], fixed by the config.
+    /// `purchase.lua`'s ARGV[1] to ARGV[3], fixed by the config.
     request_ttl_secs: u64,
     replicated_flag: &'static str,
+    /// `purchase.lua`'s ARGV[3], the form of the order record.
+    order_record: &'static str,
     /// `ack = replicated`: a WAIT goes with each batch.
     replicated: bool,
     /// The retry deadline: the most a purchase may wait, queue included.
@@ -144,6 +146,7 @@ impl PurchaseBatches {
             in_flight_max: config.batch_in_flight.max(1),
             request_ttl_secs: config.request_ttl_secs(),
             replicated_flag: config.replicated_flag(),
+            order_record: config.order_record.script_arg(),
             replicated: config.ack == Ack::Replicated,
             deadline: config.retry.deadline,
             light_load: config.batch_light_load,
@@ -276,7 +279,9 @@ impl PurchaseBatches {
         }
         let scripts = self.cluster.scripts();
         let mut call = ScriptCall::new(&scripts.purchase, queue.slot, &keys);
-        call.arg(self.request_ttl_secs).arg(self.replicated_flag);
+        call.arg(self.request_ttl_secs)
+            .arg(self.replicated_flag)
+            .arg(self.order_record);
         for q in &batch {
             call.arg(q.purchase.qty)
                 .arg(&q.purchase.order_id)

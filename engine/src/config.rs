@@ -60,8 +60,35 @@ pub struct Config {
     /// they carry fewer purchases than this in all, so that at light load a
     /// purchase does not wait a round trip behind another's call; 0 = off.
     pub batch_light_load: u32,
+    /// The form of a new order's stream entry: `compact` (one field, the
+    /// default) or `fields` (a field per column), which order writers from
+    /// before the compact form read: run every process with `fields` while
+    /// any older one still runs (its writer would dead-letter the compact
+    /// form), then switch to `compact`.
+    pub order_record: OrderRecord,
     /// Retry policy for Redis errors that may pass (failover, reshard).
     pub retry: Backoff,
+}
+
+/// How the purchase scripts write a new order on its stream.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum OrderRecord {
+    /// One field, `p`/`h`: about 2.5 µs less master time per order.
+    #[default]
+    Compact,
+    /// A field per column, as before the compact form.
+    Fields,
+}
+
+impl OrderRecord {
+    /// The scripts' argument for it.
+    pub(crate) fn script_arg(self) -> &'static str {
+        match self {
+            OrderRecord::Compact => "compact",
+            OrderRecord::Fields => "fields",
+        }
+    }
 }
 
 impl Default for Config {
@@ -83,6 +110,7 @@ impl Default for Config {
             batch_max: 64,
             batch_in_flight: 1,
             batch_light_load: 0,
+            order_record: OrderRecord::Compact,
             retry: Backoff::default(),
         }
     }

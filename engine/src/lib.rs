@@ -80,7 +80,7 @@ pub mod status;
 mod sweeper;
 pub mod validate;
 
-pub use config::{Ack, Backoff, Config};
+pub use config::{Ack, Backoff, Config, OrderRecord};
 pub use engine::Engine;
 pub use error::{
     AdminError, ConfigError, ConnectError, HoldError, InvalidInput, NotReady, PurchaseError,

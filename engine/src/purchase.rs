@@ -535,7 +535,8 @@ impl Engine {
                 TakeMode::Confirm => "confirm",
             })
             .arg(self.config().replicated_flag())
-            .arg(home.index);
+            .arg(home.index)
+            .arg(self.config().order_record.script_arg());
         Ok(self
             .cluster()
             .call(&call, replies::take)

@@ -495,6 +495,19 @@ mod tests {
         let err = parsed.engine.validate().unwrap_err();
         assert_eq!(err.field, "max_qty");
         assert!(Settings::parse("no_such_field = 1").is_err());
+        let fields = Settings::parse("order_record = \"fields\"").expect("parses");
+        assert_eq!(fields.engine.order_record, crate::OrderRecord::Fields);
+        assert_eq!(
+            Settings::default().engine.order_record,
+            crate::OrderRecord::Compact
+        );
+        let text = "order_record = \"csv\"";
+        let err = parse_error(
+            Path::new("f.toml"),
+            text,
+            &Settings::parse(text).unwrap_err(),
+        );
+        assert!(err.to_string().contains("order_record"), "{err}");
         assert!(Settings::parse("[server]\nno_such_field = 1").is_err());
         assert_eq!(
             without_values("invalid type: string \"redis://:S3cret@h:1\", expected a sequence"),

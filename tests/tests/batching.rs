@@ -420,7 +420,7 @@ async fn a_batch_that_fails_midway_keeps_the_stock_its_earlier_purchases_took() 
         for u in users {
             script.arg(keys.quota(u)).arg(keys.request(u, "r1"));
         }
-        script.arg(3600).arg("0");
+        script.arg(3600).arg("0").arg("compact");
         for (u, id) in users.iter().zip(&ids) {
             script.arg(2).arg(id).arg(*u);
         }

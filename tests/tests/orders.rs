@@ -641,11 +641,23 @@ async fn a_missing_writer_group_never_lets_another_group_trim_unwritten_orders()
 /// every column against what the buyer was told.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_compact_order_record_reaches_postgres_with_every_column_the_buyer_was_told() {
+    every_column_as_the_buyer_was_told(flashsale::OrderRecord::Compact).await;
+}
+
+/// `order_record = "fields"`, for upgrades: the entries are in the form an
+/// order writer from before the compact one reads (every field it needed),
+/// and today's writer still writes them right.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_field_per_column_order_record_for_older_writers_reaches_postgres_with_every_column() {
+    every_column_as_the_buyer_was_told(flashsale::OrderRecord::Fields).await;
+}
+
+async fn every_column_as_the_buyer_was_told(form: flashsale::OrderRecord) {
     let Fixture {
-        cluster: _cluster,
+        cluster,
         pg: _pg,
         pool,
-        engine,
+        engine: _default_engine,
         sale,
     } = Fixture::builder()
         .sale(SaleSpec {
@@ -655,6 +667,7 @@ async fn a_compact_order_record_reaches_postgres_with_every_column_the_buyer_was
         .build()
         .await;
     let paid = sale.expect("sale");
+    let engine = flashsale_tests::engine_with(&cluster, |c| c.order_record = form).await;
     let held = engine
         .create_sale(SaleSpec {
             buckets: 3,
@@ -694,6 +707,26 @@ async fn a_compact_order_record_reaches_postgres_with_every_column_the_buyer_was
         }
     }
     let finished = unix_ms();
+    // The form on the streams: an older writer needed every one of these.
+    for status in [&paid, &held] {
+        for b in &status.buckets {
+            let node = cluster.node(cluster.master_of_slot(b.slot));
+            let reply: redis::Value = node.cmd(&["XRANGE", &b.stream, "-", "+"]);
+            for e in flashsale::orders::entry::parse_entries(&reply) {
+                let names: Vec<&str> = e.fields.iter().map(|(f, _)| f.as_str()).collect();
+                let old = ["order_id", "sku", "user", "qty", "bucket", "tag", "ts"];
+                match form {
+                    flashsale::OrderRecord::Fields => assert!(
+                        old.iter().all(|f| names.contains(f)),
+                        "a field per column: {names:?}"
+                    ),
+                    flashsale::OrderRecord::Compact => {
+                        assert!(names == ["p"] || names == ["h"], "one field: {names:?}")
+                    }
+                }
+            }
+        }
+    }
     let units = |sku: &str| -> i64 { told.iter().filter(|t| t.0 == sku).map(|t| t.2).sum::<i64>() };
     assert_eq!(
         (units("rows-paid"), units("rows-held")),
