@@ -35,19 +35,7 @@ pub struct Topology {
 impl Topology {
     /// Starts it all and waits until the cluster is healthy.
     pub async fn start() -> anyhow::Result<Topology> {
-        let mut ports = Vec::new();
-        let mut proxies = HashMap::new();
-        for _ in 0..MASTERS * 2 {
-            let real = free_port();
-            let proxy = TcpProxy::start(&format!("127.0.0.1:{real}")).await;
-            ports.push((real, Some(proxy.port)));
-            proxies.insert(proxy.port, proxy);
-        }
-        let cluster = tokio::task::spawn_blocking(move || {
-            std::panic::catch_unwind(|| RedisCluster::start_on(MASTERS, 1, ports))
-        })
-        .await?
-        .map_err(|_| anyhow::anyhow!("the Redis Cluster did not start"))?;
+        let (cluster, proxies) = Self::start_cluster().await?;
         let (lock_nodes, resource, pg) = tokio::task::spawn_blocking(|| {
             std::panic::catch_unwind(|| {
                 let locks: Vec<RedisServer> = (0..3).map(|_| RedisServer::start()).collect();
@@ -66,6 +54,39 @@ impl Topology {
             pg_proxy,
             dir: tempfile::TempDir::new()?,
         })
+    }
+
+    /// The cluster behind a proxy per node. Each node's port is chosen free
+    /// before the proxies start (they must know it), so something else can
+    /// take it before the node binds it (a proxy's own port, a client's
+    /// ephemeral port: CI lost two runs of one test to "Address already in
+    /// use"); the whole cluster is then started again on other ports.
+    async fn start_cluster() -> anyhow::Result<(RedisCluster, HashMap<u16, TcpProxy>)> {
+        const ATTEMPTS: usize = 3;
+        for attempt in 1..=ATTEMPTS {
+            let mut ports = Vec::new();
+            let mut proxies = HashMap::new();
+            for _ in 0..MASTERS * 2 {
+                let real = free_port();
+                let proxy = TcpProxy::start(&format!("127.0.0.1:{real}")).await;
+                ports.push((real, Some(proxy.port)));
+                proxies.insert(proxy.port, proxy);
+            }
+            let started = tokio::task::spawn_blocking(move || {
+                std::panic::catch_unwind(|| RedisCluster::start_on(MASTERS, 1, ports))
+            })
+            .await?;
+            match started {
+                Ok(cluster) => return Ok((cluster, proxies)),
+                Err(_) if attempt < ATTEMPTS => {
+                    eprintln!(
+                        "the Redis Cluster did not start (attempt {attempt}); again on other ports"
+                    );
+                }
+                Err(_) => break,
+            }
+        }
+        anyhow::bail!("the Redis Cluster did not start in {ATTEMPTS} attempts")
     }
 
     /// The engines' configuration: the cluster through its proxies, the
