@@ -173,8 +173,10 @@ impl Config {
         if self.postgres_url.trim().is_empty() {
             return Err(ConfigError::new("postgres_url", "must not be empty"));
         }
-        if self.max_qty == 0 {
-            return Err(ConfigError::new("max_qty", "must be at least 1"));
+        // The orders table's qty is a 32-bit integer: a larger purchase would
+        // be confirmed, then dead-lettered by the order writer.
+        if !(1..=i32::MAX as u32).contains(&self.max_qty) {
+            return Err(ConfigError::new("max_qty", "must be 1..=2147483647"));
         }
         if !(1..=MAX_BATCH).contains(&self.batch_max) {
             return Err(ConfigError::new(

@@ -484,6 +484,9 @@ mod tests {
             ("batch_in_flight = 0", "batch_in_flight"),
             ("batch_in_flight = 1025", "batch_in_flight"),
             ("batch_light_load = 65", "batch_light_load"),
+            // The orders table's qty is a 32-bit integer: a larger purchase
+            // would be confirmed, then dead-lettered by the order writer.
+            ("max_qty = 2147483648", "max_qty"),
         ] {
             let parsed = Settings::parse(text).expect("parses");
             assert_eq!(
