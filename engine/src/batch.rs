@@ -117,7 +117,7 @@ pub(crate) struct PurchaseBatches {
     stats: Arc<Stats>,
     batch_max: usize,
     in_flight_max: u32,
-    /// `purchase.lua`'s ARGV[1] to ARGV[3], fixed by the config.
+    /// `purchase.lua`'s ARGV[1] and ARGV[2], fixed by the config.
     request_ttl_secs: u64,
     replicated_flag: &'static str,
     /// `purchase.lua`'s ARGV[3], the form of the order record.

@@ -62,6 +62,14 @@ fn assert_exactly_once(confirmed: &[String], in_db: &[String]) {
     assert_eq!(in_db.len(), confirmed.len(), "one row per confirmed order");
 }
 
+/// This machine's clock, ms since the Unix epoch (Redis reads the same).
+fn unix_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("clock after 1970")
+        .as_millis() as i64
+}
+
 /// A pool reaching `pg` through a proxy the test can cut and restore.
 async fn pool_through_proxy(pg: &PgDb, size: usize) -> (TcpProxy, deadpool_postgres::Pool) {
     let proxy = TcpProxy::start("127.0.0.1:5432").await;
@@ -676,12 +684,6 @@ async fn every_column_as_the_buyer_was_told(form: flashsale::OrderRecord) {
         })
         .await
         .expect("create");
-    let unix_ms = || {
-        std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .expect("clock after 1970")
-            .as_millis() as i64
-    };
     let started = unix_ms();
     // Buyers until both sales are sold out: with 3 buckets of 10 units and
     // homes picked by user id, some buyers' homes run out first and their
@@ -818,12 +820,6 @@ async fn a_held_orders_row_is_held_exactly_hold_ms_even_when_the_stream_id_is_ah
     let status = sale.expect("sale");
     let b = &status.buckets[0];
     let node = cluster.node(cluster.master_of_slot(b.slot));
-    let unix_ms = || {
-        std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .expect("clock after 1970")
-            .as_millis() as i64
-    };
     // The stream's last id a minute ahead of the clock, as a clock that
     // stepped back would leave it.
     let ahead = format!("{}-0", unix_ms() + 60_000);
