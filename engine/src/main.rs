@@ -4,6 +4,12 @@
 
 mod cli;
 
+/// glibc malloc took about a fifth of a selling process's CPU (arena locks
+/// between the runtime's threads, consolidating freed buffers); mimalloc
+/// gave the bench's engine rows about a third more purchases per second.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 use std::path::PathBuf;
 use std::process::ExitCode;
 
