@@ -4,9 +4,10 @@
 
 mod cli;
 
-/// glibc malloc took about a fifth of a selling process's CPU (arena locks
-/// between the runtime's threads, consolidating freed buffers); mimalloc
-/// gave the bench's engine rows about a third more purchases per second.
+/// glibc malloc took about a fifth of a selling process's CPU in a profile
+/// of the bench (arena locks between the runtime's threads, consolidating
+/// freed buffers); see the README's benchmarks for what mimalloc changed.
+#[cfg(feature = "mimalloc")]
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
