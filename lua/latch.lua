@@ -4,7 +4,9 @@
 -- KEYS[2] flashsale:latch:<name>:downs   set of the ids of the count-downs seen
 -- ARGV[1] "init", "down", "read" or "members"
 -- ARGV[2] init: the count (1..10000); down: the count-down's id (1-200 bytes)
--- ARGV[3] down: the pub/sub channel to announce the opening on
+-- ARGV[3] init: ms the latch lives from now ("0" or absent: no expiry), set
+--         only with the count (a count already here keeps its own);
+--         down: the pub/sub channel to announce the opening on
 -- ARGV[4] down: the name published on it
 --
 -- Returns {count, x}: the count ("" when the latch was never set), and
@@ -16,7 +18,9 @@
 -- first); a count-down is counted once however often its id is resent
 -- (SADD), so a retry never opens the latch early; once this node has seen
 -- `count` ids it records no more, so the set stays within the count; the
--- opening is announced when this node's count-downs reach the count.
+-- opening is announced when this node's count-downs reach the count; the
+-- set of count-downs, made by the first one, expires with the count (so a
+-- latch given a lifetime leaves no key behind).
 
 local op = ARGV[1]
 if op == 'init' then
@@ -24,7 +28,15 @@ if op == 'init' then
   if not n or n < 1 or n > 10000 or n ~= math.floor(n) then
     return redis.error_reply('ERR latch.lua: bad count')
   end
-  redis.call('SET', KEYS[1], ARGV[2], 'NX')
+  local ttl = tonumber(ARGV[3] or '0')
+  if not ttl or ttl < 0 or ttl > 9007199254740991 or ttl ~= math.floor(ttl) then
+    return redis.error_reply('ERR latch.lua: bad lifetime')
+  end
+  if ttl > 0 then
+    redis.call('SET', KEYS[1], ARGV[2], 'NX', 'PX', ARGV[3])
+  else
+    redis.call('SET', KEYS[1], ARGV[2], 'NX')
+  end
   return {redis.call('GET', KEYS[1]), redis.call('SCARD', KEYS[2])}
 end
 local count = redis.call('GET', KEYS[1]) or ''
@@ -37,6 +49,13 @@ if op == 'down' then
     return {count, seen}
   end
   local added = redis.call('SADD', KEYS[2], ARGV[2])
+  if seen == 0 and added == 1 then
+    -- This count-down made the set: it lives as long as the count.
+    local left = redis.call('PTTL', KEYS[1])
+    if left > 0 then
+      redis.call('PEXPIRE', KEYS[2], left)
+    end
+  end
   seen = seen + added
   if added == 1 and seen >= tonumber(count) then
     redis.call('PUBLISH', ARGV[3], ARGV[4])

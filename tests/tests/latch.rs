@@ -206,3 +206,83 @@ async fn readers_never_take_different_counts_and_an_open_latch_stops_growing() {
         assert_eq!(n.node.cmd::<i64>(&["SCARD", "flashsale:latch:l:downs"]), 2);
     }
 }
+
+/// The PTTL of `key` on each node (-2: no such key, -1: no expiry).
+fn pttls(nodes: &[RedisServer], key: &str) -> Vec<i64> {
+    nodes.iter().map(|n| n.node.cmd(&["PTTL", key])).collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_latch_given_a_lifetime_leaves_no_key_without_an_expiry_on_any_node() {
+    let nodes = servers(3);
+    let locks = client(&nodes);
+    let count_key = "flashsale:latch:nightly-7:count";
+    let downs_key = "flashsale:latch:nightly-7:downs";
+    let latch = locks.latch("nightly-7").expect("latch");
+    // A lifetime out of bounds is refused before anything is written.
+    for bad in [Duration::ZERO, Duration::from_secs(366 * 24 * 3600)] {
+        assert!(
+            matches!(
+                latch.set_count_for(2, bad).await,
+                Err(LockError::Invalid(_))
+            ),
+            "lifetime {bad:?}"
+        );
+        assert_eq!(pttls(&nodes, count_key), vec![-2; 3], "nothing written");
+    }
+    let hour = 3_600_000;
+    assert_eq!(
+        latch
+            .set_count_for(2, Duration::from_millis(hour as u64))
+            .await
+            .expect("set"),
+        2
+    );
+    for t in pttls(&nodes, count_key) {
+        assert!(t > 0 && t <= hour, "the count expires on every node: {t}");
+    }
+    latch.count_down_as("a").await.expect("down");
+    latch.count_down_as("b").await.expect("down");
+    for t in pttls(&nodes, downs_key) {
+        assert!(
+            t > 0 && t <= hour,
+            "the count-downs expire with the count on every node: {t}"
+        );
+    }
+    latch.wait(Duration::ZERO).await.expect("open");
+
+    // A latch set without a lifetime keeps its keys, as before.
+    let forever = locks.latch("forever").expect("latch");
+    forever.set_count(1).await.expect("set");
+    forever.count_down_as("a").await.expect("down");
+    assert_eq!(pttls(&nodes, "flashsale:latch:forever:count"), vec![-1; 3]);
+    assert_eq!(pttls(&nodes, "flashsale:latch:forever:downs"), vec![-1; 3]);
+
+    // A short lifetime ends: both keys go from every node.
+    let brief = locks.latch("brief").expect("latch");
+    brief
+        .set_count_for(2, Duration::from_millis(300))
+        .await
+        .expect("set");
+    brief.count_down_as("a").await.expect("down");
+    let gone = tokio::time::timeout(Duration::from_secs(30), async {
+        loop {
+            let left: i64 = nodes
+                .iter()
+                .map(|n| {
+                    n.node.cmd::<i64>(&[
+                        "EXISTS",
+                        "flashsale:latch:brief:count",
+                        "flashsale:latch:brief:downs",
+                    ])
+                })
+                .sum();
+            if left == 0 {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    })
+    .await;
+    assert!(gone.is_ok(), "the keys outlived the latch's lifetime");
+}

@@ -22,6 +22,9 @@ use super::{LockClient, LockError};
 /// Longest pause between two looks when no opening was heard.
 const POLL: Duration = Duration::from_millis(200);
 
+/// Longest lifetime [`Latch::set_count_for`] takes.
+const MAX_LIFETIME: Duration = Duration::from_secs(365 * 24 * 3600);
+
 /// A count-down latch; cheap to clone.
 #[derive(Clone)]
 pub struct Latch {
@@ -126,13 +129,36 @@ impl Latch {
     /// Sets the count (1 to 10,000) if the latch has none yet, on a
     /// majority; returns the count in force. A count already set on any
     /// node that answers is kept and copied to the nodes that lack it.
+    /// Its keys never expire: use [`Latch::set_count_for`] for a latch
+    /// that should leave nothing behind.
     pub async fn set_count(&self, count: u64) -> Result<u64, LockError> {
+        self.init(count, 0).await
+    }
+
+    /// As [`Latch::set_count`], and the latch lives `lives` (1 ms to 365
+    /// days) from now: its count and its count-downs then expire on every
+    /// node, so a latch per job does not leave keys behind for good. The
+    /// lifetime comes with the count: a node that already holds a count
+    /// keeps its own (a node that lacked it gets it, with this lifetime).
+    /// Once the lifetime is over the latch is gone: `wait` waits for a new
+    /// count and `count_down` finds none.
+    pub async fn set_count_for(&self, count: u64, lives: Duration) -> Result<u64, LockError> {
+        if lives.is_zero() || lives > MAX_LIFETIME {
+            return Err(LockError::Invalid("latch lifetime (1 ms to 365 days)"));
+        }
+        self.init(count, lives.as_millis().max(1) as u64).await
+    }
+
+    /// Sets the count with a lifetime of `lives_ms` (0: none).
+    async fn init(&self, count: u64, lives_ms: u64) -> Result<u64, LockError> {
         if !(1..=10_000).contains(&count) {
             return Err(LockError::Invalid("latch count (1-10000)"));
         }
         let existing = Latch::agreed(&self.call(&["read"]).await?)?;
         let count = existing.unwrap_or(count);
-        let views = self.call(&["init", &count.to_string()]).await?;
+        let views = self
+            .call(&["init", &count.to_string(), &lives_ms.to_string()])
+            .await?;
         Latch::agreed(&views)?.ok_or_else(Latch::not_set)
     }
 
