@@ -4,23 +4,29 @@
 -- KEYS[2] flashsale:latch:<name>:downs   set of the ids of the count-downs seen
 -- ARGV[1] "init", "down", "read" or "members"
 -- ARGV[2] init: the count (1..10000); down: the count-down's id (1-200 bytes)
--- ARGV[3] init: ms the latch lives from now ("0" or absent: no expiry), set
---         only with the count (a count already here keeps its own);
+-- ARGV[3] init: when the latch ends, ms since the Unix epoch ("0" or
+--         absent: never), set only with the count (a count already here
+--         keeps its own). A deadline, not a duration, so that every node
+--         ends the latch at the same moment, a node the init reaches late
+--         included (past the deadline, it creates nothing);
 --         down: the pub/sub channel to announce the opening on
 -- ARGV[4] down: the name published on it
 --
 -- Returns {count, x}: the count ("" when the latch was never set), and
 --   init, down, read: the number of distinct count-downs seen (down: -1
 --     when the latch has no count here, nothing recorded);
---   members: the ids of the count-downs seen (an array).
+--   members: the ids of the count-downs seen (an array);
+-- read also returns a third value: when the count ends (PEXPIRETIME: ms
+--   since the epoch, -1 never, -2 no count), which the engine copies to a
+--   node that lacks the count.
 --
 -- Invariants: a count, once set, never changes (a second init keeps the
 -- first); a count-down is counted once however often its id is resent
 -- (SADD), so a retry never opens the latch early; once this node has seen
 -- `count` ids it records no more, so the set stays within the count; the
 -- opening is announced when this node's count-downs reach the count; the
--- set of count-downs, made by the first one, expires with the count (so a
--- latch given a lifetime leaves no key behind).
+-- set of count-downs expires when the count does (each count-down that adds
+-- an id sets it), so a latch given a lifetime leaves no key behind.
 
 local op = ARGV[1]
 if op == 'init' then
@@ -28,12 +34,13 @@ if op == 'init' then
   if not n or n < 1 or n > 10000 or n ~= math.floor(n) then
     return redis.error_reply('ERR latch.lua: bad count')
   end
-  local ttl = tonumber(ARGV[3] or '0')
-  if not ttl or ttl < 0 or ttl > 9007199254740991 or ttl ~= math.floor(ttl) then
-    return redis.error_reply('ERR latch.lua: bad lifetime')
+  local ends = tonumber(ARGV[3] or '0')
+  if not ends or ends < 0 or ends > 9007199254740991 or ends ~= math.floor(ends) then
+    return redis.error_reply('ERR latch.lua: bad deadline')
   end
-  if ttl > 0 then
-    redis.call('SET', KEYS[1], ARGV[2], 'NX', 'PX', ARGV[3])
+  if ends > 0 then
+    -- A deadline already past sets nothing (Redis drops the key at once).
+    redis.call('SET', KEYS[1], ARGV[2], 'NX', 'PXAT', string.format('%d', ends))
   else
     redis.call('SET', KEYS[1], ARGV[2], 'NX')
   end
@@ -49,11 +56,12 @@ if op == 'down' then
     return {count, seen}
   end
   local added = redis.call('SADD', KEYS[2], ARGV[2])
-  if seen == 0 and added == 1 then
-    -- This count-down made the set: it lives as long as the count.
-    local left = redis.call('PTTL', KEYS[1])
-    if left > 0 then
-      redis.call('PEXPIRE', KEYS[2], left)
+  if added == 1 then
+    -- The set ends with the count: set on every id added, not only the
+    -- first, so a set made without an expiry (by an older engine) gets one.
+    local ends = redis.call('PEXPIRETIME', KEYS[1])
+    if ends > 0 then
+      redis.call('PEXPIREAT', KEYS[2], ends)
     end
   end
   seen = seen + added
@@ -64,5 +72,8 @@ if op == 'down' then
 end
 if op == 'members' then
   return {count, redis.call('SMEMBERS', KEYS[2])}
+end
+if op == 'read' then
+  return {count, redis.call('SCARD', KEYS[2]), redis.call('PEXPIRETIME', KEYS[1])}
 end
 return {count, redis.call('SCARD', KEYS[2])}

@@ -286,3 +286,68 @@ async fn a_latch_given_a_lifetime_leaves_no_key_without_an_expiry_on_any_node() 
     .await;
     assert!(gone.is_ok(), "the keys outlived the latch's lifetime");
 }
+
+/// The PEXPIRETIME of `key` on each node (-2: no such key, -1: no expiry).
+fn deadlines(nodes: &[RedisServer], key: &str) -> Vec<i64> {
+    nodes
+        .iter()
+        .map(|n| n.node.cmd(&["PEXPIRETIME", key]))
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_that_lacked_the_count_gets_the_latchs_own_deadline_not_a_fresh_one() {
+    let nodes = servers(3);
+    let locks = client(&nodes);
+    let count_key = "flashsale:latch:job-9:count";
+    let downs_key = "flashsale:latch:job-9:downs";
+    let latch = locks.latch("job-9").expect("latch");
+    latch
+        .set_count_for(2, Duration::from_secs(600))
+        .await
+        .expect("set");
+    let deadline = deadlines(&nodes, count_key)[0];
+    assert!(deadline > 0);
+    assert_eq!(
+        deadlines(&nodes, count_key),
+        vec![deadline; 3],
+        "one deadline on every node"
+    );
+
+    // Node 3 lost the latch (it was down when the count was set, say).
+    let _: i64 = nodes[2].node.cmd(&["DEL", count_key]);
+    // A later call, with another lifetime, copies the count there: with the
+    // latch's own deadline, so node 3 cannot keep it after the others.
+    latch
+        .set_count_for(2, Duration::from_secs(3600))
+        .await
+        .expect("set again");
+    assert_eq!(deadlines(&nodes, count_key), vec![deadline; 3]);
+    // So does a call without a lifetime: the copy never lives for good.
+    let _: i64 = nodes[2].node.cmd(&["DEL", count_key]);
+    latch.set_count(2).await.expect("set without a lifetime");
+    assert_eq!(deadlines(&nodes, count_key), vec![deadline; 3]);
+
+    // A set of count-downs left without an expiry (by a count-down from an
+    // engine before lifetimes, say) takes the count's at the next one.
+    let _: i64 = nodes[0].node.cmd(&["SADD", downs_key, "old"]);
+    latch.count_down_as("a").await.expect("down");
+    assert_eq!(deadlines(&nodes, downs_key), vec![deadline; 3]);
+
+    // An init that reaches a node after the latch's deadline (a node that
+    // answered late) creates nothing there.
+    let script = include_str!("../../lua/latch.lua");
+    let past = (deadline - 600_000 - 1).to_string();
+    let reply: redis::Value = nodes[0].node.cmd(&[
+        "EVAL",
+        script,
+        "2",
+        "flashsale:latch:late:count",
+        "flashsale:latch:late:downs",
+        "init",
+        "2",
+        &past,
+    ]);
+    let exists: i64 = nodes[0].node.cmd(&["EXISTS", "flashsale:latch:late:count"]);
+    assert_eq!(exists, 0, "a past deadline made a count: {reply:?}");
+}

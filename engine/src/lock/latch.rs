@@ -49,6 +49,8 @@ impl LockClient {
 struct NodeView {
     count: Option<u64>,
     rest: Value,
+    /// `read` only: when the count ends (ms since the epoch; -1 never).
+    ends: Option<i64>,
 }
 
 impl Latch {
@@ -83,13 +85,20 @@ impl Latch {
         let mut detail = String::new();
         for r in replies {
             match r {
-                Ok(Value::Array(mut parts)) if parts.len() == 2 => {
+                Ok(Value::Array(mut parts)) if parts.len() == 2 || parts.len() == 3 => {
+                    let ends = if parts.len() == 3 {
+                        parts
+                            .pop()
+                            .and_then(|e| redis::from_redis_value::<i64>(e).ok())
+                    } else {
+                        None
+                    };
                     let rest = parts.pop().unwrap_or(Value::Nil);
                     let count = parts
                         .pop()
                         .and_then(|c| redis::from_redis_value::<String>(c).ok())
                         .and_then(|c| c.parse().ok());
-                    views.push(NodeView { count, rest });
+                    views.push(NodeView { count, rest, ends });
                 }
                 Ok(other) => detail = format!("unexpected reply {other:?}"),
                 Err(e) => detail = e.to_string(),
@@ -129,37 +138,68 @@ impl Latch {
     /// Sets the count (1 to 10,000) if the latch has none yet, on a
     /// majority; returns the count in force. A count already set on any
     /// node that answers is kept and copied to the nodes that lack it.
-    /// Its keys never expire: use [`Latch::set_count_for`] for a latch
-    /// that should leave nothing behind.
+    /// A new latch set this way never expires: use
+    /// [`Latch::set_count_for`] for one that should leave nothing behind.
     pub async fn set_count(&self, count: u64) -> Result<u64, LockError> {
-        self.init(count, 0).await
+        self.init(count, None).await
     }
 
-    /// As [`Latch::set_count`], and the latch lives `lives` (1 ms to 365
-    /// days) from now: its count and its count-downs then expire on every
-    /// node, so a latch per job does not leave keys behind for good. The
-    /// lifetime comes with the count: a node that already holds a count
-    /// keeps its own (a node that lacked it gets it, with this lifetime).
-    /// Once the lifetime is over the latch is gone: `wait` waits for a new
-    /// count and `count_down` finds none.
+    /// As [`Latch::set_count`], and the latch ends `lives` (1 ms to 365
+    /// days, whole ms) from now: its count and its count-downs then expire
+    /// on every node at one deadline (ms since the epoch, from this
+    /// process's clock; the nodes' clocks must agree with it as the locks'
+    /// validity already assumes), so a latch per job leaves no keys behind.
+    /// The deadline comes with the count: a latch that has a count already
+    /// keeps its own deadline (or none), and a node that lacked the count
+    /// gets the latch's deadline, not a new one. Once the deadline passes
+    /// the latch is gone: `wait` waits for a new count and `count_down`
+    /// finds none.
     pub async fn set_count_for(&self, count: u64, lives: Duration) -> Result<u64, LockError> {
-        if lives.is_zero() || lives > MAX_LIFETIME {
+        if lives < Duration::from_millis(1) || lives > MAX_LIFETIME {
             return Err(LockError::Invalid("latch lifetime (1 ms to 365 days)"));
         }
-        self.init(count, lives.as_millis().max(1) as u64).await
+        self.init(count, Some(lives)).await
     }
 
-    /// Sets the count with a lifetime of `lives_ms` (0: none).
-    async fn init(&self, count: u64, lives_ms: u64) -> Result<u64, LockError> {
+    /// Sets the count, ending `lives` from now when given and the latch
+    /// has no count yet.
+    async fn init(&self, count: u64, lives: Option<Duration>) -> Result<u64, LockError> {
         if !(1..=10_000).contains(&count) {
             return Err(LockError::Invalid("latch count (1-10000)"));
         }
-        let existing = Latch::agreed(&self.call(&["read"]).await?)?;
+        let views = self.call(&["read"]).await?;
+        let existing = Latch::agreed(&views)?;
+        let ends_ms = match existing {
+            Some(_) => Latch::inherited_deadline(&views),
+            None => lives.map_or(0, |l| {
+                let now = std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .unwrap_or_default();
+                (now + l).as_millis() as u64
+            }),
+        };
         let count = existing.unwrap_or(count);
         let views = self
-            .call(&["init", &count.to_string(), &lives_ms.to_string()])
+            .call(&["init", &count.to_string(), &ends_ms.to_string()])
             .await?;
         Latch::agreed(&views)?.ok_or_else(Latch::not_set)
+    }
+
+    /// The deadline a node that lacks the count gets: the earliest of those
+    /// the nodes holding it have, so no copy outlives the latch; 0 (never)
+    /// when one of them holds it for good (a latch set by `set_count`).
+    fn inherited_deadline(views: &[NodeView]) -> u64 {
+        let mut earliest: Option<u64> = None;
+        for v in views.iter().filter(|v| v.count.is_some()) {
+            match v.ends {
+                Some(e) if e > 0 => {
+                    let e = e as u64;
+                    earliest = Some(earliest.map_or(e, |x| x.min(e)));
+                }
+                _ => return 0,
+            }
+        }
+        earliest.unwrap_or(0)
     }
 
     /// Counts down once (a fresh id).
