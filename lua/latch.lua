@@ -53,6 +53,14 @@ if op == 'down' then
   end
   local seen = redis.call('SCARD', KEYS[2])
   if seen >= tonumber(count) then
+    -- Full already: still give the set the count's end if it has none
+    -- (one filled by an older engine's count-downs, which set none).
+    if redis.call('PTTL', KEYS[2]) == -1 then
+      local ends = redis.call('PEXPIRETIME', KEYS[1])
+      if ends > 0 then
+        redis.call('PEXPIREAT', KEYS[2], ends)
+      end
+    end
     return {count, seen}
   end
   local added = redis.call('SADD', KEYS[2], ARGV[2])

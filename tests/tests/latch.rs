@@ -351,3 +351,53 @@ async fn a_node_that_lacked_the_count_gets_the_latchs_own_deadline_not_a_fresh_o
     let exists: i64 = nodes[0].node.cmd(&["EXISTS", "flashsale:latch:late:count"]);
     assert_eq!(exists, 0, "a past deadline made a count: {reply:?}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nodes_that_would_end_a_latch_at_different_times_are_a_typed_error_not_an_opening() {
+    let nodes = servers(3);
+    let locks = client(&nodes);
+    let count_key = "flashsale:latch:split:count";
+    let far = (std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("clock")
+        .as_millis()
+        + 600_000)
+        .to_string();
+    // Two setters raced: the one with a lifetime reached nodes 1 and 2
+    // first, the one without (set_count) node 3.
+    let _: String = nodes[0].node.cmd(&["SET", count_key, "1", "PXAT", &far]);
+    let _: String = nodes[1].node.cmd(&["SET", count_key, "1", "PXAT", &far]);
+    let _: String = nodes[2].node.cmd(&["SET", count_key, "1"]);
+    let latch = locks.latch("split").expect("latch");
+    latch.count_down_as("a").await.expect("down");
+    // Node 3 would hold the count, open, after the others dropped it: the
+    // readers say the nodes disagree instead of taking either.
+    for r in [
+        latch.remaining().await.map(|_| ()),
+        latch.wait(Duration::ZERO).await,
+        latch
+            .set_count_for(1, Duration::from_secs(3600))
+            .await
+            .map(|_| ()),
+    ] {
+        assert!(
+            matches!(&r, Err(LockError::Invalid(m)) if m.contains("different times")),
+            "{r:?}"
+        );
+    }
+
+    // A set of count-downs filled without an expiry (by an older engine's
+    // count-downs) takes the count's at the next count-down, which adds
+    // nothing to it.
+    let full = locks.latch("full").expect("latch");
+    full.set_count_for(1, Duration::from_secs(600))
+        .await
+        .expect("set");
+    for n in &nodes {
+        let _: i64 = n.node.cmd(&["SADD", "flashsale:latch:full:downs", "old"]);
+    }
+    full.count_down_as("x").await.expect("down");
+    let ends = deadlines(&nodes, "flashsale:latch:full:count");
+    assert!(ends[0] > 0);
+    assert_eq!(deadlines(&nodes, "flashsale:latch:full:downs"), ends);
+}

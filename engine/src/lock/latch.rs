@@ -132,6 +132,19 @@ impl Latch {
                 "latch: its nodes hold different counts (set_count was called with two counts); use a new name",
             ));
         }
+        // The same for when it ends (`read` answers say): setters that
+        // raced with different lifetimes (or none) would otherwise leave
+        // some nodes holding the count after the others dropped it.
+        let mut ends = views
+            .iter()
+            .filter(|v| v.count.is_some())
+            .filter_map(|v| v.ends);
+        let first_end = ends.next();
+        if ends.any(|e| Some(e) != first_end) {
+            return Err(LockError::Invalid(
+                "latch: its nodes end it at different times (setters raced with different lifetimes); use a new name",
+            ));
+        }
         Ok(first)
     }
 
@@ -182,12 +195,20 @@ impl Latch {
         let views = self
             .call(&["init", &count.to_string(), &ends_ms.to_string()])
             .await?;
-        Latch::agreed(&views)?.ok_or_else(Latch::not_set)
+        match Latch::agreed(&views)? {
+            Some(count) => Ok(count),
+            // Every node dropped the count at once: its deadline had passed.
+            None if ends_ms > 0 => Err(LockError::Invalid(
+                "latch: its deadline passed before the count was set (are this process's and the nodes' clocks apart?)",
+            )),
+            None => Err(Latch::not_set()),
+        }
     }
 
-    /// The deadline a node that lacks the count gets: the earliest of those
-    /// the nodes holding it have, so no copy outlives the latch; 0 (never)
-    /// when one of them holds it for good (a latch set by `set_count`).
+    /// The deadline a node that lacks the count gets: the one the nodes
+    /// holding it have ([`Latch::agreed`] refused them if they differ; the
+    /// earliest, should an older engine's answer carry none), 0 (never)
+    /// when they hold it for good (a latch set by `set_count`).
     fn inherited_deadline(views: &[NodeView]) -> u64 {
         let mut earliest: Option<u64> = None;
         for v in views.iter().filter(|v| v.count.is_some()) {
