@@ -160,8 +160,9 @@ impl Latch {
     /// As [`Latch::set_count`], and the latch ends `lives` (1 ms to 365
     /// days, whole ms) from now: its count and its count-downs then expire
     /// on every node at one deadline (ms since the epoch, from this
-    /// process's clock; the nodes' clocks must agree with it as the locks'
-    /// validity already assumes), so a latch per job leaves no keys behind.
+    /// process's wall clock: unlike the locks' relative leases, this needs
+    /// this process's and the nodes' clocks to agree within a margin small
+    /// beside `lives`), so a latch per job leaves no keys behind.
     /// The deadline comes with the count: a latch that has a count already
     /// keeps its own deadline (or none), and a node that lacked the count
     /// gets the latch's deadline, not a new one. Once the deadline passes
@@ -206,9 +207,9 @@ impl Latch {
     }
 
     /// The deadline a node that lacks the count gets: the one the nodes
-    /// holding it have ([`Latch::agreed`] refused them if they differ; the
-    /// earliest, should an older engine's answer carry none), 0 (never)
-    /// when they hold it for good (a latch set by `set_count`).
+    /// holding it have ([`Latch::agreed`] refused them if they differ), or
+    /// 0 (never) when they hold it for good (a latch set by `set_count`) or
+    /// an answer carries no end (a script from before lifetimes).
     fn inherited_deadline(views: &[NodeView]) -> u64 {
         let mut earliest: Option<u64> = None;
         for v in views.iter().filter(|v| v.count.is_some()) {
