@@ -47,30 +47,31 @@ if op == 'init' then
   return {redis.call('GET', KEYS[1]), redis.call('SCARD', KEYS[2])}
 end
 local count = redis.call('GET', KEYS[1]) or ''
+
+-- The set of count-downs ends when the count does (a set made or filled
+-- by an older engine's count-downs has no expiry of its own).
+local function end_with_count()
+  local ends = redis.call('PEXPIRETIME', KEYS[1])
+  if ends > 0 then
+    redis.call('PEXPIREAT', KEYS[2], ends)
+  end
+end
+
 if op == 'down' then
   if count == '' or #ARGV[2] < 1 or #ARGV[2] > 200 then
     return {count, -1}
   end
   local seen = redis.call('SCARD', KEYS[2])
   if seen >= tonumber(count) then
-    -- Full already: still give the set the count's end if it has none
-    -- (one filled by an older engine's count-downs, which set none).
+    -- Full already: still give the set the count's end if it has none.
     if redis.call('PTTL', KEYS[2]) == -1 then
-      local ends = redis.call('PEXPIRETIME', KEYS[1])
-      if ends > 0 then
-        redis.call('PEXPIREAT', KEYS[2], ends)
-      end
+      end_with_count()
     end
     return {count, seen}
   end
   local added = redis.call('SADD', KEYS[2], ARGV[2])
   if added == 1 then
-    -- The set ends with the count: set on every id added, not only the
-    -- first, so a set made without an expiry (by an older engine) gets one.
-    local ends = redis.call('PEXPIRETIME', KEYS[1])
-    if ends > 0 then
-      redis.call('PEXPIREAT', KEYS[2], ends)
-    end
+    end_with_count()
   end
   seen = seen + added
   if added == 1 and seen >= tonumber(count) then

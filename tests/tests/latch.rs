@@ -207,9 +207,14 @@ async fn readers_never_take_different_counts_and_an_open_latch_stops_growing() {
     }
 }
 
-/// The PTTL of `key` on each node (-2: no such key, -1: no expiry).
+/// `cmd key` (PTTL, PEXPIRETIME: -2 no such key, -1 no expiry) on each node.
+fn on_each(nodes: &[RedisServer], cmd: &str, key: &str) -> Vec<i64> {
+    nodes.iter().map(|n| n.node.cmd(&[cmd, key])).collect()
+}
+
+/// The PTTL of `key` on each node.
 fn pttls(nodes: &[RedisServer], key: &str) -> Vec<i64> {
-    nodes.iter().map(|n| n.node.cmd(&["PTTL", key])).collect()
+    on_each(nodes, "PTTL", key)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -287,12 +292,9 @@ async fn a_latch_given_a_lifetime_leaves_no_key_without_an_expiry_on_any_node() 
     assert!(gone.is_ok(), "the keys outlived the latch's lifetime");
 }
 
-/// The PEXPIRETIME of `key` on each node (-2: no such key, -1: no expiry).
+/// The PEXPIRETIME of `key` on each node.
 fn deadlines(nodes: &[RedisServer], key: &str) -> Vec<i64> {
-    nodes
-        .iter()
-        .map(|n| n.node.cmd(&["PEXPIRETIME", key]))
-        .collect()
+    on_each(nodes, "PEXPIRETIME", key)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
