@@ -19,31 +19,40 @@
 -- ARGV[6] "0", or the ms a waiter count lives: when refused, count the
 --         caller in KEYS[3] in the same step, so no release can fall
 --         between the refusal and the count (and go unheard)
+-- ARGV[7] ARGV[4] + ARGV[5] in decimal: what the counter is set to when
+--         ARGV[4] is above it. The client adds, so this script formats no
+--         number: string.format was half of its cost on the master, and
+--         Lua's own tostring turns 16-digit tokens into "1.7e+15"
 --
 -- Returns {granted, pttl, fence}:
---   {1, ttl, "<fence>"}    taken on this node; with ARGV[3] = "1", fence is
---                          the grant's token (KEYS[2] now holds it plus
---                          ARGV[5]); with
---                          "0", the counter before this call (the proposal
---                          holds on this node only if that is below it)
---   {0, pttl, "<fence>"}   held by another token; pttl = its remaining ms
--- fence is a decimal string ("0" when unknown).
+--   {1, ttl, fence}    taken on this node; with ARGV[3] = "1", fence is
+--                      the grant's token (KEYS[2] now holds it plus
+--                      ARGV[5]); with "0", the counter before this call
+--                      (the proposal holds on this node only if that is
+--                      below it)
+--   {0, pttl, fence}   held by another token; pttl = its remaining ms
+-- fence is a decimal string or an integer ("0" when unknown).
 --
 -- Invariant: a held lock is never overwritten (NX), so at most one token
 -- holds the key on this node at a time; the fencing counter only grows.
 
-local fence = redis.call('GET', KEYS[2]) or '0'
+local seen = redis.call('GET', KEYS[2]) or '0'
 if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
-  -- Tokens stay below 2^53, so Lua's numbers hold them exactly.
-  local reserve = tonumber(ARGV[5])
-  if ARGV[3] == '1' then
-    local next = math.max(tonumber(fence) + 1, tonumber(ARGV[4]))
-    fence = string.format('%.0f', next)
-    redis.call('SET', KEYS[2], string.format('%.0f', next + reserve))
-  elseif tonumber(fence) < tonumber(ARGV[4]) then
-    redis.call('SET', KEYS[2], string.format('%.0f', tonumber(ARGV[4]) + reserve))
+  -- Tokens stay below 2^53, so Lua's numbers compare them exactly.
+  if tonumber(seen) < tonumber(ARGV[4]) then
+    -- The clock (one node) or the proposal (several) is above the counter:
+    -- it is the token on one node, and the counter goes up to it either way.
+    redis.call('SET', KEYS[2], ARGV[7])
+    if ARGV[3] == '1' then
+      return {1, tonumber(ARGV[2]), ARGV[4]}
+    end
+  elseif ARGV[3] == '1' then
+    -- More than one grant this millisecond: the counter + 1, and the
+    -- reserve above it. INCRBY replies an integer, so nothing is formatted.
+    local reserve = tonumber(ARGV[5])
+    return {1, tonumber(ARGV[2]), redis.call('INCRBY', KEYS[2], reserve + 1) - reserve}
   end
-  return {1, tonumber(ARGV[2]), fence}
+  return {1, tonumber(ARGV[2]), seen}
 end
 if ARGV[6] ~= '0' then
   redis.call('INCR', KEYS[3])
@@ -52,4 +61,4 @@ if ARGV[6] ~= '0' then
     redis.call('PEXPIRE', KEYS[3], ARGV[6])
   end
 end
-return {0, redis.call('PTTL', KEYS[1]), fence}
+return {0, redis.call('PTTL', KEYS[1]), seen}

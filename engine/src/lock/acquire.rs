@@ -671,10 +671,9 @@ impl LockClient {
             fence::next_token(0, since_epoch)
         } else {
             proposal
-        }
-        .to_string();
+        };
         let replies = self
-            .ask_nodes(name, req, token, &ttl_s, single, &clock, count)
+            .ask_nodes(name, req, token, &ttl_s, single, clock, count)
             .await;
         let reserve = req.reserve;
         // Nodes that refused and so counted us in (when asked to).
@@ -780,10 +779,12 @@ impl LockClient {
         token: &str,
         ttl_s: &str,
         single: bool,
-        clock: &str,
+        clock_n: u64,
         count: Option<&str>,
     ) -> Vec<Result<redis::Value, super::node::NodeError>> {
         let mode = req.mode;
+        let clock_s = clock_n.to_string();
+        let clock = clock_s.as_str();
         let (hkey, fkey) = (mode.hold_key(name), mode.fence_key(name));
         let single = if single { "1" } else { "0" };
         let lease = (self.inner.config.queue_lease.as_millis().max(1) as u64).to_string();
@@ -791,11 +792,22 @@ impl LockClient {
         match (mode, &req.queue) {
             (Mode::Exclusive, None) => {
                 let reserve = req.reserve.to_string();
+                // What the counter becomes when the clock is above it: added
+                // here, as the script formats no number.
+                let raised = clock_n.saturating_add(req.reserve).to_string();
                 let wkey = mode.waiters_key(name);
                 self.on_all_nodes(
                     &scripts.acquire,
                     &[&hkey, &fkey, &wkey],
-                    &[token, ttl_s, single, clock, &reserve, count.unwrap_or("0")],
+                    &[
+                        token,
+                        ttl_s,
+                        single,
+                        clock,
+                        &reserve,
+                        count.unwrap_or("0"),
+                        &raised,
+                    ],
                 )
                 .await
             }
