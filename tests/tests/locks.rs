@@ -1118,3 +1118,51 @@ async fn a_token_kept_in_one_round_is_not_lost_to_a_node_restarting_empty() {
     );
     assert!(second.unlock().await);
 }
+
+/// The take script compares the node's fencing counter with the clock term
+/// as decimal strings (no `tonumber`): a counter shorter than the clock term
+/// is below it whatever its digits, a longer one above it. With the clock
+/// frozen at 1 ms (term 1000), counters of every length around it get the
+/// token the rule `max(counter + 1, 1000)` gives, and leave it as the
+/// counter. A compare of the digits alone would take "99" for above "1000"
+/// and hand out 100.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_counter_shorter_or_longer_than_the_clock_term_is_compared_as_a_number() {
+    let nodes = servers(1);
+    let locks = LockClient::new(
+        &urls(&nodes),
+        LockConfig {
+            token_clock: flashsale::lock::TokenClock::Fixed(Duration::from_millis(1)),
+            ..LockConfig::default()
+        },
+    )
+    .expect("lock client");
+    for (counter, token) in [
+        (None, 1000),
+        (Some("9"), 1000),
+        (Some("99"), 1000),
+        (Some("999"), 1000),
+        (Some("1000"), 1001),
+        (Some("9998"), 9999),
+        (Some("10000"), 10001),
+        (Some("123456789012345"), 123456789012346),
+    ] {
+        let key = "flashsale:fence:cmp";
+        match counter {
+            Some(c) => {
+                let _: String = nodes[0].node.cmd(&["SET", key, c]);
+            }
+            None => {
+                let _: i64 = nodes[0].node.cmd(&["DEL", key]);
+            }
+        }
+        let g = locks
+            .lock("cmp", &LockOptions::new("o"))
+            .await
+            .expect("lock");
+        assert_eq!(g.fencing_token(), token, "counter {counter:?}");
+        let left: String = nodes[0].node.cmd(&["GET", key]);
+        assert_eq!(left, token.to_string(), "counter {counter:?} left behind");
+        g.unlock().await;
+    }
+}
