@@ -21,8 +21,9 @@
 --         between the refusal and the count (and go unheard)
 -- ARGV[7] ARGV[4] + ARGV[5] in decimal: what the counter is set to when
 --         ARGV[4] is above it. The client adds, so this script formats no
---         number: string.format was half of its cost on the master, and
---         Lua's own tostring turns 16-digit tokens into "1.7e+15"
+--         number: string.format cost about a quarter of the script on the
+--         master, and Lua's own tostring turns 16-digit tokens into
+--         "1.7e+15"
 --
 -- Returns {granted, pttl, fence}:
 --   {1, ttl, fence}    taken on this node; with ARGV[3] = "1", fence is

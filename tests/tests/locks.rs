@@ -20,6 +20,19 @@ fn urls(s: &[RedisServer]) -> Vec<String> {
     s.iter().map(|s| s.url()).collect()
 }
 
+/// A client over `urls` whose fencing tokens' clock term is frozen at `ms`
+/// milliseconds since the epoch, so tokens come from the nodes' counters.
+fn frozen_clock_client(urls: &[String], ms: u64) -> LockClient {
+    LockClient::new(
+        urls,
+        LockConfig {
+            token_clock: flashsale::lock::TokenClock::Fixed(Duration::from_millis(ms)),
+            ..LockConfig::default()
+        },
+    )
+    .expect("lock client")
+}
+
 fn client(s: &[RedisServer], watchdog_ttl: Duration) -> LockClient {
     LockClient::new(
         &urls(s),
@@ -453,14 +466,7 @@ async fn fencing_tokens_strictly_increase_even_after_a_node_restarts_empty() {
     // The clock term is frozen far in the past, so every token comes from the
     // nodes' counters and the majority: a broken counter or majority path
     // cannot hide behind a clock that grows by itself.
-    let locks = LockClient::new(
-        &urls(&nodes),
-        LockConfig {
-            token_clock: flashsale::lock::TokenClock::Fixed(Duration::from_millis(1)),
-            ..LockConfig::default()
-        },
-    )
-    .expect("lock client");
+    let locks = frozen_clock_client(&urls(&nodes), 1);
     let mut tokens = Vec::with_capacity(900);
     for i in 0..900 {
         if i == 300 {
@@ -507,14 +513,7 @@ async fn fencing_in_the_acquire_round_still_grows_past_a_node_restarted_empty() 
         if k == 10 || k == 20 {
             nodes[(k / 10) as usize].node.restart();
         }
-        let locks = LockClient::new(
-            &urls(&nodes),
-            LockConfig {
-                token_clock: flashsale::lock::TokenClock::Fixed(Duration::from_millis(10 * k)),
-                ..LockConfig::default()
-            },
-        )
-        .expect("lock client");
+        let locks = frozen_clock_client(&urls(&nodes), 10 * k);
         for i in 0..10 {
             let g = locks
                 .lock("round", &LockOptions::new(format!("o{k}-{i}")))
@@ -1081,17 +1080,10 @@ async fn a_short_waiter_does_not_shorten_the_waiter_count_a_long_waiter_relies_o
 async fn a_token_kept_in_one_round_is_not_lost_to_a_node_restarting_empty() {
     let mut nodes = servers(3);
     let addresses = urls(&nodes);
-    let clocked = |ms: u64| {
-        LockClient::new(
-            &addresses,
-            LockConfig {
-                token_clock: flashsale::lock::TokenClock::Fixed(Duration::from_millis(ms)),
-                ..LockConfig::default()
-            },
-        )
-        .expect("lock client")
-    };
-    let (ahead, behind) = (clocked(2_000_000), clocked(1_000_000));
+    let (ahead, behind) = (
+        frozen_clock_client(&addresses, 2_000_000),
+        frozen_clock_client(&addresses, 1_000_000),
+    );
     let key = "flashsale:lock:skewed";
     // Another holder has node 2 while the first grant is taken on 0 and 1.
     let _: () = nodes[2].node.cmd(&["SET", key, "someone", "PX", "60000"]);
@@ -1106,7 +1098,7 @@ async fn a_token_kept_in_one_round_is_not_lost_to_a_node_restarting_empty() {
     nodes[0].node.restart();
     // Node 1, the only other node that granted, is busy now.
     let _: () = nodes[1].node.cmd(&["SET", key, "someone", "PX", "60000"]);
-    let behind = clocked(1_000_000);
+    let behind = frozen_clock_client(&addresses, 1_000_000);
     let second = behind
         .lock("skewed", &LockOptions::new("second"))
         .await
@@ -1129,14 +1121,7 @@ async fn a_token_kept_in_one_round_is_not_lost_to_a_node_restarting_empty() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_counter_shorter_or_longer_than_the_clock_term_is_compared_as_a_number() {
     let nodes = servers(1);
-    let locks = LockClient::new(
-        &urls(&nodes),
-        LockConfig {
-            token_clock: flashsale::lock::TokenClock::Fixed(Duration::from_millis(1)),
-            ..LockConfig::default()
-        },
-    )
-    .expect("lock client");
+    let locks = frozen_clock_client(&urls(&nodes), 1);
     for (counter, token) in [
         (None, 1000),
         (Some("9"), 1000),

@@ -779,22 +779,22 @@ impl LockClient {
         token: &str,
         ttl_s: &str,
         single: bool,
-        clock_n: u64,
+        clock: u64,
         count: Option<&str>,
     ) -> Vec<Result<redis::Value, super::node::NodeError>> {
         let mode = req.mode;
-        let clock_s = clock_n.to_string();
-        let clock = clock_s.as_str();
+        let clock_s = clock.to_string();
         let (hkey, fkey) = (mode.hold_key(name), mode.fence_key(name));
         let single = if single { "1" } else { "0" };
-        let lease = (self.inner.config.queue_lease.as_millis().max(1) as u64).to_string();
+        // Only the queued calls send the queue lease.
+        let lease = || (self.inner.config.queue_lease.as_millis().max(1) as u64).to_string();
         let scripts = &self.inner.scripts;
         match (mode, &req.queue) {
             (Mode::Exclusive, None) => {
                 let reserve = req.reserve.to_string();
                 // What the counter becomes when the clock is above it: added
                 // here, as the script formats no number.
-                let raised = clock_n.saturating_add(req.reserve).to_string();
+                let raised = clock.saturating_add(req.reserve).to_string();
                 let wkey = mode.waiters_key(name);
                 self.on_all_nodes(
                     &scripts.acquire,
@@ -803,7 +803,7 @@ impl LockClient {
                         token,
                         ttl_s,
                         single,
-                        clock,
+                        &clock_s,
                         &reserve,
                         count.unwrap_or("0"),
                         &raised,
@@ -813,10 +813,11 @@ impl LockClient {
             }
             (Mode::Exclusive, Some(q)) => {
                 let (qkey, xkey) = mode.queue_keys(name);
+                let lease = lease();
                 self.on_all_nodes(
                     &scripts.fair_acquire,
                     &[&hkey, &fkey, &qkey, &xkey],
-                    &[token, ttl_s, single, clock, &q.id, &q.arrival_us, &lease],
+                    &[token, ttl_s, single, &clock_s, &q.id, &q.arrival_us, &lease],
                 )
                 .await
             }
@@ -825,10 +826,11 @@ impl LockClient {
                 let side = if mode == Mode::Read { "r" } else { "w" };
                 let id = q.as_ref().map_or("-", |q| q.id.as_str());
                 let own = req.own_writer.as_deref().unwrap_or("");
+                let lease = lease();
                 self.on_all_nodes(
                     &scripts.rw_acquire,
                     &[&hkey, &qkey, &fkey],
-                    &[token, ttl_s, single, clock, side, id, &lease, own],
+                    &[token, ttl_s, single, &clock_s, side, id, &lease, own],
                 )
                 .await
             }
