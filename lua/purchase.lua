@@ -85,7 +85,9 @@
 --
 -- Invariants: stock never goes below zero; an order is queued in the same
 -- atomic step that takes its stock; every check of a purchase comes before
--- its first write, so a refused purchase changes nothing.
+-- its first write, so a refused purchase changes nothing; its first write is
+-- the order's XADD, the one that can still fail, so a purchase whose order
+-- the stream refuses changes nothing either.
 
 local MAX = 9007199254740991
 local n = (#ARGV - 3) / 3
@@ -138,6 +140,18 @@ local function clock_ms()
     now_text = string.format('%d', now_ms)
   end
   return now_ms
+end
+
+-- Counts qty against the buyer's limit. The quota lives as long as the
+-- sale (plus the retry window after its end), never "per request_ttl of
+-- inactivity".
+local function take_quota(quota_key, qty)
+  if limit > 0 then
+    redis.call('INCRBY', quota_key, qty)
+    if ends_ms > 0 then
+      redis.call('PEXPIREAT', quota_key, ends_ms + ttl * 1000)
+    end
+  end
 end
 
 local function buy(quota_key, record_key, order_key, qty_arg, order_id, user)
@@ -194,19 +208,13 @@ local function buy(quota_key, record_key, order_key, qty_arg, order_id, user)
     return {-1, '', have}
   end
 
-  -- Every check of this purchase is done; its writes follow.
-  if limit > 0 then
-    -- The quota lives as long as the sale (plus the retry window after its
-    -- end), never "per request_ttl of inactivity".
-    redis.call('INCRBY', quota_key, qty)
-    if ends_ms > 0 then
-      redis.call('PEXPIREAT', quota_key, ends_ms + ttl * 1000)
-    end
-  end
+  -- Every check of this purchase is done; its writes follow. The order
+  -- goes on the stream first: XADD is the write that can still fail (a
+  -- stream whose ids are exhausted, a key of another type), and a failed
+  -- one must leave nothing behind, not a confirmed record, a quota or a
+  -- unit taken for an order that is not queued.
   if have >= qty then
-    stock = have - qty
-    stock_taken = true
-    redis.call('SET', record_key, 'C:' .. qty .. ':' .. sale[5] .. ':' .. order_id, 'EX', ttl)
+    local expires_ms = now + hold_ms
     if hold_ms == 0 then
       if compact then
         redis.call('XADD', KEYS[3], '*', 'p', qty .. ' ' .. now_text .. ' ' .. order_id .. ' ' .. user)
@@ -214,13 +222,7 @@ local function buy(quota_key, record_key, order_key, qty_arg, order_id, user)
         redis.call('XADD', KEYS[3], '*', 'order_id', order_id, 'sku', sale[8], 'user', user,
           'qty', qty, 'bucket', sale[5], 'tag', sale[9], 'ts', now_text)
       end
-      return {1, order_id, bucket}
-    end
-    local expires_ms = now + hold_ms
-    redis.call('HSET', order_key, 'state', 'held', 'user', user, 'qty', qty,
-      'home', sale[5], 'expires_ms', expires_ms, 'q', limit > 0 and quota_key or '', 'v', 1)
-    redis.call('ZADD', KEYS[5], expires_ms, order_id)
-    if compact then
+    elseif compact then
       redis.call('XADD', KEYS[3], '*', 'h',
         qty .. ' ' .. now_text .. ' ' .. string.format('%d', expires_ms) .. ' ' .. order_id .. ' ' .. user)
     else
@@ -228,14 +230,28 @@ local function buy(quota_key, record_key, order_key, qty_arg, order_id, user)
         'qty', qty, 'bucket', sale[5], 'tag', sale[9], 'ts', now_text,
         'status', 'held', 'expires_ms', string.format('%d', expires_ms))
     end
+    stock = have - qty
+    stock_taken = true
+    take_quota(quota_key, qty)
+    if hold_ms > 0 then
+      redis.call('HSET', order_key, 'state', 'held', 'user', user, 'qty', qty,
+        'home', sale[5], 'expires_ms', expires_ms, 'q', limit > 0 and quota_key or '', 'v', 1)
+      redis.call('ZADD', KEYS[5], expires_ms, order_id)
+    end
+    -- The answer is written last.
+    redis.call('SET', record_key, 'C:' .. qty .. ':' .. sale[5] .. ':' .. order_id, 'EX', ttl)
+    if hold_ms == 0 then
+      return {1, order_id, bucket}
+    end
     return {1, order_id, bucket, expires_ms}
   end
 
   -- Short here, but other buckets may have stock: the quota stays reserved in
   -- this slot while the engine looks elsewhere, so the limit holds across
   -- buckets. This bucket never takes for this request from now on.
-  redis.call('SET', record_key, 'P:' .. qty, 'EX', ttl)
   redis.call('ZADD', KEYS[4], now, string.sub(record_key, member_from))
+  take_quota(quota_key, qty)
+  redis.call('SET', record_key, 'P:' .. qty, 'EX', ttl)
   return {3, '', have}
 end
 

@@ -108,27 +108,33 @@ if refusal then
   return {refusal, '', stock}
 end
 
-redis.call('DECRBY', KEYS[2], qty)
-redis.call('SET', KEYS[4], 'C:' .. qty .. ':' .. sale[2] .. ':' .. ARGV[2], 'EX', ttl)
-if hold_ms == 0 then
-  if ARGV[8] == 'fields' then
+-- The order goes on the stream first: XADD is the write that can still fail
+-- (a stream whose ids are exhausted, a key of another type), and a failed
+-- one must leave nothing behind. The record, the answer, is written last.
+local expires_ms = now_ms + hold_ms
+if ARGV[8] == 'fields' then
+  if hold_ms == 0 then
     redis.call('XADD', KEYS[3], '*', 'order_id', ARGV[2], 'sku', sale[6], 'user', ARGV[3],
       'qty', qty, 'bucket', sale[2], 'tag', sale[7], 'ts', string.format('%d', now_ms))
   else
-    redis.call('XADD', KEYS[3], '*', 'p', qty .. ' ' .. string.format('%d', now_ms) .. ' ' .. ARGV[2] .. ' ' .. ARGV[3])
+    redis.call('XADD', KEYS[3], '*', 'order_id', ARGV[2], 'sku', sale[6], 'user', ARGV[3],
+      'qty', qty, 'bucket', sale[2], 'tag', sale[7], 'ts', string.format('%d', now_ms),
+      'status', 'held', 'expires_ms', string.format('%d', expires_ms))
   end
-  return {1, ARGV[2], tonumber(sale[2])}
-end
-local expires_ms = now_ms + hold_ms
-redis.call('HSET', KEYS[6], 'state', 'held', 'user', ARGV[3], 'qty', qty,
-  'home', ARGV[7], 'expires_ms', expires_ms, 'q', '', 'v', 1)
-redis.call('ZADD', KEYS[5], expires_ms, ARGV[2])
-if ARGV[8] == 'fields' then
-  redis.call('XADD', KEYS[3], '*', 'order_id', ARGV[2], 'sku', sale[6], 'user', ARGV[3],
-    'qty', qty, 'bucket', sale[2], 'tag', sale[7], 'ts', string.format('%d', now_ms),
-    'status', 'held', 'expires_ms', string.format('%d', expires_ms))
+elseif hold_ms == 0 then
+  redis.call('XADD', KEYS[3], '*', 'p', qty .. ' ' .. string.format('%d', now_ms) .. ' ' .. ARGV[2] .. ' ' .. ARGV[3])
 else
   redis.call('XADD', KEYS[3], '*', 'h',
     qty .. ' ' .. string.format('%d', now_ms) .. ' ' .. string.format('%d', expires_ms) .. ' ' .. ARGV[2] .. ' ' .. ARGV[3])
+end
+redis.call('DECRBY', KEYS[2], qty)
+if hold_ms > 0 then
+  redis.call('HSET', KEYS[6], 'state', 'held', 'user', ARGV[3], 'qty', qty,
+    'home', ARGV[7], 'expires_ms', expires_ms, 'q', '', 'v', 1)
+  redis.call('ZADD', KEYS[5], expires_ms, ARGV[2])
+end
+redis.call('SET', KEYS[4], 'C:' .. qty .. ':' .. sale[2] .. ':' .. ARGV[2], 'EX', ttl)
+if hold_ms == 0 then
+  return {1, ARGV[2], tonumber(sale[2])}
 end
 return {1, ARGV[2], tonumber(sale[2]), expires_ms}

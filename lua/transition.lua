@@ -98,16 +98,20 @@ local selling = sale[5] == 'open' and (ends_ms == 0 or now_ms < ends_ms)
 -- Writes the order's new state and version, and its event on the stream:
 -- its qty and whether it took units (a retake) let reconcile count the
 -- units of every order exactly (units out = orders - returned + retaken).
+-- The event goes on the stream first: XADD is the write that can still fail
+-- (a stream whose ids are exhausted, a key of another type), and a failed
+-- one must leave nothing behind. So every step calls this before it gives
+-- units back or takes them.
 local function record(key, order_id, state, v, ref, qty, retake)
+  redis.call('XADD', KEYS[3], '*', 'kind', state, 'order_id', order_id,
+    'v', v, 'ts', now_ms, 'pay_ref', ref or '', 'qty', qty,
+    'retake', retake and '1' or '0', 'tag', sale[4])
   redis.call('HSET', key, 'state', state, 'v', v, state .. '_ms', now_ms)
   if ref then
     redis.call('HSET', key, 'pay_ref', ref)
   end
   redis.call('PEXPIRE', key, ttl * 1000)
   redis.call('ZREM', KEYS[4], order_id)
-  redis.call('XADD', KEYS[3], '*', 'kind', state, 'order_id', order_id,
-    'v', v, 'ts', now_ms, 'pay_ref', ref or '', 'qty', qty,
-    'retake', retake and '1' or '0', 'tag', sale[4])
 end
 
 -- The units of a hold go back on sale, and to the buyer's quota.
@@ -173,8 +177,8 @@ local function step(key, order_id, ref)
       return {3, 'paid', expires_ms, 0}
     end
     if state == 'held' then
-      give_back(order_id, qty, o[4], o[5])
       record(key, order_id, 'expired', v + 1, nil, qty, false)
+      give_back(order_id, qty, o[4], o[5])
       return {-2, 'expired', expires_ms, qty}
     end
     local q = o[4]
@@ -191,6 +195,7 @@ local function step(key, order_id, ref)
     if stock < qty or (limit > 0 and used + qty > limit) then
       return {-2, state, expires_ms, 0}
     end
+    record(key, order_id, 'paid', v + 1, ref, qty, true)
     redis.call('DECRBY', KEYS[2], qty)
     if limit > 0 then
       redis.call('INCRBY', q, qty)
@@ -198,7 +203,6 @@ local function step(key, order_id, ref)
         redis.call('PEXPIREAT', q, ends_ms + ttl * 1000)
       end
     end
-    record(key, order_id, 'paid', v + 1, ref, qty, true)
     return {3, 'paid', expires_ms, -qty}
   end
 
@@ -211,8 +215,8 @@ local function step(key, order_id, ref)
     end
     -- Past the deadline the hold is over whoever comes first: it expires.
     local to = due and 'expired' or 'cancelled'
-    give_back(order_id, qty, o[4], o[5])
     record(key, order_id, to, v + 1, nil, qty, false)
+    give_back(order_id, qty, o[4], o[5])
     if due then
       return {-3, to, expires_ms, qty}
     end
@@ -227,8 +231,8 @@ local function step(key, order_id, ref)
   if not due then
     return {-5, state, expires_ms, 0}
   end
-  give_back(order_id, qty, o[4], o[5])
   record(key, order_id, 'expired', v + 1, nil, qty, false)
+  give_back(order_id, qty, o[4], o[5])
   return {1, 'expired', expires_ms, qty}
 end
 

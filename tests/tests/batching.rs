@@ -451,3 +451,139 @@ async fn a_batch_that_fails_midway_keeps_the_stock_its_earlier_purchases_took() 
         assert_eq!((c.order_id.as_str(), c.replayed), (id.as_str(), true));
     }
 }
+
+/// Appends an entry with the last possible stream id, as only tampering could
+/// leave: every later `XADD *` on that stream then fails ("The stream has
+/// exhausted the last possible ID").
+fn exhaust_stream(node: &flashsale_tests::RedisNode, stream: &str) {
+    let _: String = node.cmd(&[
+        "XADD",
+        stream,
+        "18446744073709551615-18446744073709551615",
+        "junk",
+        "1",
+    ]);
+}
+
+/// An order that cannot be queued must not be confirmed. `purchase.lua` once
+/// wrote the quota and the confirmed request record (and kept the stock it
+/// took) before its `XADD`, so a stream that refused the order left a request
+/// that answered "confirmed" on every retry, units gone, and no order that
+/// would ever reach PostgreSQL. `take.lua` (a fall-through) and
+/// `transition.lua` (a hold cancelled: units back, state moved, then the
+/// event) had the same shape. Each script now queues first: a refused
+/// `XADD` changes nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_order_the_stream_refuses_is_not_confirmed_and_takes_nothing() {
+    let cluster = RedisCluster::start(3, 0);
+    let engine = engine_on(&cluster).await;
+
+    // purchase.lua, paid at once, under a per-user limit.
+    let status = engine
+        .create_sale(SaleSpec {
+            per_user_limit: 5,
+            ..SaleSpec::new("refused", 10)
+        })
+        .await
+        .expect("create");
+    let b = &status.buckets[0];
+    let keys = flashsale::keys::BucketKeys::new(&b.tag);
+    let node = cluster.node(cluster.master_of_slot(b.slot));
+    exhaust_stream(node, &keys.orders);
+    let order_id = format!("refused~0~{:032x}", 1);
+    let reply: redis::RedisResult<redis::Value> = redis::cmd("EVAL")
+        .arg(include_str!("../../lua/purchase.lua"))
+        .arg(7)
+        .arg(&keys.sale)
+        .arg(&keys.stock)
+        .arg(&keys.orders)
+        .arg(&keys.pending)
+        .arg(&keys.holds)
+        .arg(keys.quota("u"))
+        .arg(keys.request("u", "r1"))
+        .arg(3600)
+        .arg("0")
+        .arg("compact")
+        .arg(2)
+        .arg(&order_id)
+        .arg("u")
+        .query(&mut node.conn());
+    reply.expect_err("the refused XADD fails the purchase");
+    let stock: i64 = node.cmd(&["GET", &keys.stock]);
+    let record: Option<String> = node.cmd(&["GET", &keys.request("u", "r1")]);
+    let quota: Option<String> = node.cmd(&["GET", &keys.quota("u")]);
+    assert_eq!(
+        (stock, record, quota),
+        (10, None, None),
+        "purchase.lua: no stock taken, no record, no quota used"
+    );
+
+    // take.lua: a fall-through taking in a bucket whose stream refuses.
+    let reply: redis::RedisResult<redis::Value> = redis::cmd("EVAL")
+        .arg(include_str!("../../lua/take.lua"))
+        .arg(5)
+        .arg(&keys.sale)
+        .arg(&keys.stock)
+        .arg(&keys.orders)
+        .arg(keys.request("w", "r1"))
+        .arg(&keys.holds)
+        .arg(2)
+        .arg(format!("refused~0~{:032x}", 2))
+        .arg("w")
+        .arg(3600)
+        .arg("take")
+        .arg("0")
+        .arg("0")
+        .arg("compact")
+        .query(&mut node.conn());
+    reply.expect_err("the refused XADD fails the take");
+    let stock: i64 = node.cmd(&["GET", &keys.stock]);
+    let record: Option<String> = node.cmd(&["GET", &keys.request("w", "r1")]);
+    assert_eq!(
+        (stock, record),
+        (10, None),
+        "take.lua: no stock taken, no record"
+    );
+
+    // transition.lua: a held order cancelled while its stream refuses.
+    let status = engine
+        .create_sale(SaleSpec {
+            hold_ms: 60_000,
+            ..SaleSpec::new("refused-held", 10)
+        })
+        .await
+        .expect("create");
+    let b = &status.buckets[0];
+    let keys = flashsale::keys::BucketKeys::new(&b.tag);
+    let node = cluster.node(cluster.master_of_slot(b.slot));
+    let held = buy(&engine, "refused-held", "h", "r1", 2)
+        .await
+        .expect("task")
+        .expect("held");
+    exhaust_stream(node, &keys.orders);
+    let order_key = keys.order(&held.order_id);
+    let reply: redis::RedisResult<redis::Value> = redis::cmd("EVAL")
+        .arg(include_str!("../../lua/transition.lua"))
+        .arg(6)
+        .arg(&keys.sale)
+        .arg(&keys.stock)
+        .arg(&keys.orders)
+        .arg(&keys.holds)
+        .arg(&keys.owed)
+        .arg(&order_key)
+        .arg("cancel")
+        .arg(3600)
+        .arg("0")
+        .arg(&held.order_id)
+        .arg("")
+        .query(&mut node.conn());
+    reply.expect_err("the refused XADD fails the cancel");
+    let stock: i64 = node.cmd(&["GET", &keys.stock]);
+    let state: Option<String> = node.cmd(&["HGET", &order_key, "state"]);
+    let indexed: Option<f64> = node.cmd(&["ZSCORE", &keys.holds, &held.order_id]);
+    assert_eq!(
+        (stock, state.as_deref(), indexed.is_some()),
+        (8, Some("held"), true),
+        "transition.lua: no units back, the order still held and indexed"
+    );
+}
