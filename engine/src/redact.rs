@@ -19,6 +19,11 @@ pub fn host_port(url: &str) -> String {
 /// replaced, for printing. Works on URLs that are not valid too (a mistyped
 /// scheme must not put the password in the error that says so).
 pub fn redis_url(url: &str) -> String {
+    // A Unix socket's password comes in the query (`?pass=`).
+    let url = &match url.split_once('?') {
+        Some((base, query)) => format!("{base}?{}", redact_query(query)),
+        None => url.to_owned(),
+    };
     match url.rsplit_once('@') {
         None => url.to_owned(),
         Some((before, after)) => {
@@ -52,7 +57,7 @@ pub fn postgres_url(url: &str) -> String {
         Some(pairs) => pairs
             .into_iter()
             .map(|(k, v)| {
-                if k.eq_ignore_ascii_case("password") {
+                if secret_name(&k) {
                     format!("{k}=<redacted>")
                 } else {
                     format!("{k}={v}")
@@ -85,19 +90,51 @@ fn postgres_uri(url: &str) -> String {
     let mut out = format!("{scheme}://{auth}{host}");
     if let Some(q) = query {
         out.push('?');
-        out.push_str(
-            &q.split('&')
-                .map(|kv| match kv.split_once('=') {
-                    Some((k, _)) if k.eq_ignore_ascii_case("password") => {
-                        format!("{k}=<redacted>")
-                    }
-                    _ => kv.to_owned(),
-                })
-                .collect::<Vec<_>>()
-                .join("&"),
-        );
+        out.push_str(&redact_query(q));
     }
     out
+}
+
+/// A URL's query with the value of every parameter that may be a password
+/// replaced. The name is compared as the drivers read it, percent-decoded
+/// (tokio-postgres takes `pass%77ord` for `password`), and anything holding
+/// "pass" counts (redis-rs reads a Unix socket's password from `pass`).
+fn redact_query(query: &str) -> String {
+    query
+        .split('&')
+        .map(|kv| match kv.split_once('=') {
+            Some((k, _)) if secret_name(k) => format!("{k}=<redacted>"),
+            _ => kv.to_owned(),
+        })
+        .collect::<Vec<_>>()
+        .join("&")
+}
+
+/// Whether a parameter name, percent-decoded, may name a password.
+fn secret_name(name: &str) -> bool {
+    let bytes = name.as_bytes();
+    let mut decoded = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        let hex = |b: u8| (b as char).to_digit(16);
+        match (bytes[i], bytes.get(i + 1), bytes.get(i + 2)) {
+            (b'%', Some(&h), Some(&l)) if hex(h).is_some() && hex(l).is_some() => {
+                decoded.push(((hex(h).unwrap_or(0) << 4) | hex(l).unwrap_or(0)) as u8);
+                i += 3;
+            }
+            (b'+', _, _) => {
+                decoded.push(b' ');
+                i += 1;
+            }
+            (b, _, _) => {
+                decoded.push(b);
+                i += 1;
+            }
+        }
+    }
+    String::from_utf8_lossy(&decoded)
+        .to_ascii_lowercase()
+        .contains("pass")
 }
 
 /// libpq's `key = value` list: spaces around '=' allowed, values bare or in
@@ -141,12 +178,18 @@ fn key_values(s: &str) -> Option<Vec<(String, String)>> {
             }
             value = format!("'{}'", value.replace('\\', "\\\\").replace('\'', "\\'"));
         } else {
+            // A backslash escapes the next character here too (tokio-postgres
+            // reads `password=a\ b` as "a b"): kept as written, so the value
+            // shown is the one the driver reads.
             while let Some(&c) = chars.peek() {
                 if c.is_whitespace() {
                     break;
                 }
                 value.push(c);
                 chars.next();
+                if c == '\\' {
+                    value.push(chars.next()?);
+                }
             }
         }
         out.push((key, value));
@@ -187,7 +230,26 @@ mod tests {
             );
             assert_eq!(host_port(url), "127.0.0.1:7001", "{url}");
         }
+        // What the drivers read as a password though it is not spelled
+        // `password` plainly: redis-rs takes a Unix socket's from `?pass=`,
+        // tokio-postgres percent-decodes a URL's parameter names and reads a
+        // backslash in a bare key=value value as an escape.
+        for url in [
+            "redis+unix:///tmp/x.sock?pass=S3cret",
+            "unix:///tmp/x.sock?db=1&Pass=S3cret",
+            "redis+unix:///tmp/x.sock?pa%73s=S3cret",
+        ] {
+            assert!(
+                !redis_url(url).contains("S3cret"),
+                "{url}: {}",
+                redis_url(url)
+            );
+        }
         for pg in [
+            "postgres://u@h/db?pass%77ord=PgPw-S3cret",
+            "postgres://u@h/db?%70assword=PgPw-S3cret&sslmode=disable",
+            "host=h password=ab\\ user=PgPw-S3cret",
+            "host=h password=a\\b\\ c\\ PgPw-S3cret dbname=x",
             "host=127.0.0.1 user=postgres password=PgPw-S3cret dbname=x",
             "host=127.0.0.1 password = PgPw-S3cret dbname=x",
             "host=127.0.0.1 password='my PgPw-S3cret' dbname=x",
