@@ -210,6 +210,9 @@ pub mod lock {
     pub const RELEASED_TO_WAITERS: i64 = 2;
 }
 
+/// `lua/trim.lua`: the order writer's trim of a stream.
+const TRIM_LUA: &str = include_str!("../../lua/trim.lua");
+
 /// Every script the engine runs on the inventory cluster.
 #[derive(Debug, Clone)]
 pub struct Scripts {
@@ -233,6 +236,9 @@ pub struct Scripts {
     pub transition: LuaScript,
     /// `lua/quota_return.lua`: give a quota back once in the home bucket.
     pub quota_return: LuaScript,
+    /// `lua/trim.lua`: delete the entries of an order stream every group is
+    /// done with.
+    pub trim: LuaScript,
 }
 
 impl Scripts {
@@ -249,12 +255,14 @@ impl Scripts {
             ack: LuaScript::new("ack", ACK_LUA),
             transition: LuaScript::new("transition", transition_code()),
             quota_return: LuaScript::new("quota_return", QUOTA_RETURN_LUA),
+            trim: LuaScript::new("trim", TRIM_LUA),
         }
     }
 
     /// All scripts, for loading them on a node.
-    pub fn all(&self) -> [&LuaScript; 10] {
+    pub fn all(&self) -> [&LuaScript; 11] {
         [
+            &self.trim,
             &self.transition,
             &self.quota_return,
             &self.ack,

@@ -862,3 +862,133 @@ async fn a_held_orders_row_is_held_exactly_hold_ms_even_when_the_stream_id_is_ah
         );
     }
 }
+
+/// Found by the attack on the order path: the writer read the stream's
+/// groups, then their pending entries, then trimmed, in three round trips,
+/// so a group created at id 0 between the read and the trim (an audit
+/// reader starting while the writers drain) lost entries that were in the
+/// stream when it was made. The bound and the trim are now one script.
+/// Groups are made again and again while a writer trims after every batch
+/// of 50; each must first read the entry that was first when it was made.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_group_created_while_the_writer_trims_loses_no_entry() {
+    let Fixture {
+        cluster,
+        pg: _pg,
+        pool,
+        engine,
+        sale,
+    } = Fixture::builder()
+        .sale(SaleSpec::new("racetrim", 1))
+        .build()
+        .await;
+    let status = sale.expect("sale");
+    let b = &status.buckets[0];
+    let node = cluster.node(cluster.master_of_slot(b.slot));
+    let mut conn = node.conn();
+    const ENTRIES: usize = 40_000;
+    let ts = unix_ms();
+    for chunk in (0..ENTRIES).collect::<Vec<_>>().chunks(1000) {
+        let mut pipe = redis::pipe();
+        for i in chunk {
+            pipe.cmd("XADD")
+                .arg(&b.stream)
+                .arg("*")
+                .arg("p")
+                .arg(format!("1 {ts} racetrim~0~{i:032x} u{i}"))
+                .ignore();
+        }
+        let _: () = pipe.query(&mut conn).expect("queue the orders");
+    }
+    let writer = engine
+        .spawn_order_writer(
+            pool.clone(),
+            flashsale::WriterConfig {
+                batch: 50,
+                ..fast_writer(Duration::from_secs(5))
+            },
+        )
+        .await
+        .expect("writer");
+
+    // The id at `path` (indices into nested arrays): XRANGE replies
+    // [[id, fields]], XREADGROUP [[stream, [[id, fields]]]].
+    let id_at = |v: &redis::Value, path: &[usize]| -> Option<String> {
+        let mut v = v;
+        for &i in path {
+            match v {
+                redis::Value::Array(items) => v = items.get(i)?,
+                _ => return None,
+            }
+        }
+        match v {
+            redis::Value::BulkString(b) => Some(String::from_utf8_lossy(b).into()),
+            _ => None,
+        }
+    };
+    let started = std::time::Instant::now();
+    let (mut made, mut lost) = (0u32, Vec::new());
+    while started.elapsed() < Duration::from_secs(20) {
+        let len: i64 = redis::cmd("XLEN")
+            .arg(&b.stream)
+            .query(&mut conn)
+            .expect("xlen");
+        if len < 100 {
+            break;
+        }
+        let group = format!("audit{made}");
+        let (first, _): (redis::Value, redis::Value) = redis::pipe()
+            .atomic()
+            .cmd("XRANGE")
+            .arg(&b.stream)
+            .arg("-")
+            .arg("+")
+            .arg("COUNT")
+            .arg(1)
+            .cmd("XGROUP")
+            .arg("CREATE")
+            .arg(&b.stream)
+            .arg(&group)
+            .arg("0")
+            .query(&mut conn)
+            .expect("make a group at 0");
+        let read: redis::Value = redis::cmd("XREADGROUP")
+            .arg("GROUP")
+            .arg(&group)
+            .arg("a")
+            .arg("COUNT")
+            .arg(1)
+            .arg("STREAMS")
+            .arg(&b.stream)
+            .arg(">")
+            .query(&mut conn)
+            .expect("read");
+        let _: i64 = redis::cmd("XGROUP")
+            .arg("DESTROY")
+            .arg(&b.stream)
+            .arg(&group)
+            .query(&mut conn)
+            .expect("destroy");
+        made += 1;
+        if let Some(first) = id_at(&first, &[0, 0]) {
+            let read = id_at(&read, &[0, 1, 0, 0]);
+            if read.as_deref() != Some(first.as_str()) {
+                lost.push((first, read));
+            }
+        }
+        // While a group made at 0 is on the stream, nothing is trimmed:
+        // leave the writer time to trim between groups.
+        tokio::time::sleep(Duration::from_millis(3)).await;
+    }
+    writer.shutdown().await.expect("stops");
+    assert!(
+        made > 100,
+        "only {made} groups made while the writer drained"
+    );
+    assert!(
+        lost.is_empty(),
+        "{} of {made} groups lost entries (first when made, first read): {:?}",
+        lost.len(),
+        &lost[..lost.len().min(5)]
+    );
+}

@@ -8,7 +8,8 @@ use std::time::Duration;
 use redis::cluster_async::ClusterConnection;
 use redis::{RedisError, Value};
 
-use super::entry::{next_id, parse_entries, parse_xreadgroup, RawEntry};
+use super::entry::{parse_entries, parse_xreadgroup, RawEntry};
+use crate::scripts::LuaScript;
 
 /// The consumer group every order writer joins.
 pub const GROUP: &str = "flashsale-writer";
@@ -163,73 +164,35 @@ pub fn cmp_ids(a: &str, b: &str) -> Ordering {
     parse(a).cmp(&parse(b))
 }
 
-/// Deletes entries that every consumer group of the stream is done with:
-/// below the oldest entry any group still has pending, and never past what
-/// any group has been delivered. Another group on the stream (an audit
-/// reader, say) therefore never loses an entry it has not read. Not bounded
-/// by what this consumer acknowledged: with several writers in the group,
-/// whichever acknowledges last trims what the others acknowledged before
-/// it (an entry is acknowledged only after its COMMIT). Nothing is trimmed
-/// unless the writers' `group` is on the stream: its bound is what says
-/// the entries below were written, and a group that is missing (destroyed,
-/// or a promoted replica that never had it; XACK then answers 0, not an
-/// error) would leave the trim to other groups alone.
+/// Deletes entries that every consumer group of the stream is done with, in
+/// one atomic step (`lua/trim.lua`, which says how the bound is found): below
+/// the oldest entry any group still has pending, and never past what any
+/// group has been delivered, so another group on the stream (an audit
+/// reader, say, even one created while this runs) never loses an entry it
+/// has not read. Nothing is trimmed unless the writers' `group` is on the
+/// stream. Loads the script on every master if a node lacks it (a master
+/// restarted empty).
 pub async fn trim_acknowledged(
     conn: &mut ClusterConnection,
+    script: &LuaScript,
     key: &str,
     group: &str,
 ) -> Result<(), RedisError> {
-    let mut ours = false;
-    let mut min_id: Option<String> = None;
-    let mut lower = |id: String| {
-        if min_id
-            .as_ref()
-            .is_none_or(|m| cmp_ids(&id, m) == Ordering::Less)
-        {
-            min_id = Some(id);
-        }
-    };
-    for info in groups(conn, key).await? {
-        let get = |name: &str| info.get(name);
-        let Some(name) = get("name").and_then(|v| text(&v)) else {
-            return Ok(());
-        };
-        ours |= name == group;
-        // Everything after the group's last delivered id is unread by it.
-        let Some(delivered) = get("last-delivered-id")
-            .and_then(|v| text(&v))
-            .and_then(|id| next_id(&id))
-        else {
-            return Ok(());
-        };
-        lower(delivered);
-        let pending = matches!(get("pending"), Some(Value::Int(n)) if n > 0);
-        if pending {
-            let summary: Value = redis::cmd("XPENDING")
-                .arg(key)
-                .arg(&name)
+    let mut cmd = redis::cmd("EVALSHA");
+    cmd.arg(&script.sha).arg(1).arg(key).arg(group);
+    match cmd.query_async::<i64>(conn).await {
+        Ok(_) => Ok(()),
+        Err(e) if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) => {
+            let _: String = redis::cmd("SCRIPT")
+                .arg("LOAD")
+                .arg(script.code)
                 .query_async(conn)
                 .await?;
-            let oldest = match &summary {
-                Value::Array(p) => p.get(1).and_then(text),
-                _ => None,
-            };
-            let Some(oldest) = oldest else {
-                return Ok(());
-            };
-            lower(oldest);
+            let _: i64 = cmd.query_async(conn).await?;
+            Ok(())
         }
+        Err(e) => Err(e),
     }
-    let Some(min_id) = min_id.filter(|_| ours) else {
-        return Ok(());
-    };
-    let _: i64 = redis::cmd("XTRIM")
-        .arg(key)
-        .arg("MINID")
-        .arg(min_id)
-        .query_async(conn)
-        .await?;
-    Ok(())
 }
 
 fn text(v: &Value) -> Option<String> {

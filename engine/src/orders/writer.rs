@@ -395,7 +395,13 @@ impl OrderWriter {
         let ids: Vec<&str> = entries.iter().map(|e| e.id.as_str()).collect();
         stream::ack(&mut self.conn, key, &self.config.group, &ids).await?;
         self.report.acked += ids.len() as u64;
-        stream::trim_acknowledged(&mut self.conn, key, &self.config.group).await?;
+        stream::trim_acknowledged(
+            &mut self.conn,
+            &self.engine.scripts().trim,
+            key,
+            &self.config.group,
+        )
+        .await?;
         Ok(())
     }
 
