@@ -39,6 +39,11 @@ pub enum DbError {
     },
 }
 
+/// How long the server lets a flashsale session sit idle inside a
+/// transaction before it ends it (ms). Every transaction flashsale opens
+/// runs its statements back to back.
+const IDLE_IN_TRANSACTION_MS: u64 = 30_000;
+
 /// A pool of connections to `url` (a tokio-postgres connection string). No
 /// connection is opened until one is needed; a broken one is replaced.
 pub fn pool(url: &str, max_size: usize) -> Result<Pool, DbError> {
@@ -47,6 +52,18 @@ pub fn pool(url: &str, max_size: usize) -> Result<Pool, DbError> {
         .map_err(|e: tokio_postgres::Error| DbError::Url(e.to_string()))?;
     if pg.get_connect_timeout().is_none() {
         pg.connect_timeout(std::time::Duration::from_secs(2));
+    }
+    // A process stopped between a statement and its COMMIT (SIGSTOP, a
+    // long pause) would hold its rows' locks for good, and an order writer
+    // that took its entries over would wait on them with every other
+    // stream behind it: the server ends such a session, unless the
+    // connection string sets its own limit.
+    let options = pg.get_options().unwrap_or("").to_owned();
+    if !options.contains("idle_in_transaction_session_timeout") {
+        pg.options(
+            format!("{options} -c idle_in_transaction_session_timeout={IDLE_IN_TRANSACTION_MS}")
+                .trim(),
+        );
     }
     let manager = Manager::from_config(
         pg,

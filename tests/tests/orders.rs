@@ -992,3 +992,71 @@ async fn a_group_created_while_the_writer_trims_loses_no_entry() {
         &lost[..lost.len().min(5)]
     );
 }
+
+/// Found by the attack on the order path: a writer stopped (SIGSTOP, a long
+/// pause) between its INSERT and its COMMIT held its rows' locks with no end,
+/// and the writer that took its entries over waited on them for good while
+/// every other stream waited behind it. The server now ends a flashsale
+/// session left idle inside a transaction (30 s unless the connection
+/// string's `options` set `idle_in_transaction_session_timeout` itself):
+/// its transaction rolls back, and the entries are written by whoever holds
+/// them then.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_session_left_idle_in_a_transaction_is_ended_by_the_server() {
+    let pg = PgDb::create();
+    let show = |pool: deadpool_postgres::Pool| async move {
+        let c = pool.get().await.expect("connection");
+        let row = c
+            .query_one("SHOW idle_in_transaction_session_timeout", &[])
+            .await
+            .expect("show");
+        row.get::<_, String>(0)
+    };
+    let pool = flashsale::db::pool(&pg.url(), 1).expect("pool");
+    assert_eq!(show(pool).await, "30s", "the default");
+    let own = format!(
+        "{} options='-c idle_in_transaction_session_timeout=2500'",
+        pg.url()
+    );
+    let pool = flashsale::db::pool(&own, 1).expect("pool");
+    assert_eq!(
+        show(pool.clone()).await,
+        "2500ms",
+        "the connection string's own"
+    );
+
+    // What the writer that takes over waits for: a stopped writer's open
+    // transaction, here this test's own, idle, ends on the server's side.
+    let mut c = pool.get().await.expect("connection");
+    let tx = c.transaction().await.expect("begin");
+    let pid: i32 = tx
+        .query_one("SELECT pg_backend_pid()", &[])
+        .await
+        .expect("in the transaction")
+        .get(0);
+    let watcher = flashsale::db::pool(&pg.url(), 1).expect("pool");
+    let w = watcher.get().await.expect("connection");
+    let started = std::time::Instant::now();
+    loop {
+        let alive: i64 = w
+            .query_one(
+                "SELECT count(*) FROM pg_stat_activity WHERE pid = $1",
+                &[&pid],
+            )
+            .await
+            .expect("activity")
+            .get(0);
+        if alive == 0 {
+            break;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(60),
+            "the session idle in its transaction was never ended"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(
+        tx.execute("SELECT 1", &[]).await.is_err(),
+        "its transaction is gone"
+    );
+}
