@@ -104,7 +104,7 @@ pub async fn reconcile(
 struct Snapshot {
     initial: u64,
     stock: i64,
-    last_id: (i64, i64),
+    last_id: (u64, u64),
     entries: Vec<(String, u64)>,
     /// Transitions still in the stream: (order id, version, units delta).
     events: Vec<(String, i32, i64)>,
@@ -116,7 +116,7 @@ struct Snapshot {
 async fn queued_orders(
     conn: &mut redis::cluster_async::ClusterConnection,
     stream: &str,
-    last: (i64, i64),
+    last: (u64, u64),
 ) -> Result<(Vec<(String, u64)>, Vec<(String, i32, i64)>), redis::RedisError> {
     let end = format!("{}-{}", last.0, last.1);
     let mut start = "-".to_owned();
@@ -133,6 +133,9 @@ async fn queued_orders(
             .await?;
         let entries = crate::orders::entry::parse_entries(&v);
         let Some(tail) = entries.last() else { break };
+        // Nothing comes after the last id there is (and "(" before it is
+        // an error): the range is done.
+        let done = tail.id == end;
         start = format!("({}", tail.id);
         let tag = crate::keys::stream_tag(stream).unwrap_or_default();
         for e in &entries {
@@ -144,6 +147,9 @@ async fn queued_orders(
                 }
                 Err(_) => {}
             }
+        }
+        if done {
+            break;
         }
     }
     Ok((out, events))
@@ -208,12 +214,15 @@ async fn reconcile_one(
     let (mut held_in_db, mut paid_in_db) = (0u64, 0u64);
     let mut beyond = Vec::new();
     for (b, snap) in &snaps {
+        // Stream id parts are unsigned 64-bit: compared as numeric, so an id
+        // past 2^63 (written by hand) is compared, not an error.
+        let (last_ms, last_seq) = (snap.last_id.0.to_string(), snap.last_id.1.to_string());
         let row = tx
             .query_one(
                 "SELECT COALESCE(SUM(qty), 0)::int8, COUNT(*)::int8 FROM orders
                  WHERE shard_tag = $1
-                   AND (split_part(stream_id, '-', 1)::int8, split_part(stream_id, '-', 2)::int8) <= ($2::int8, $3::int8)",
-                &[&b.tag, &snap.last_id.0, &snap.last_id.1],
+                   AND (split_part(stream_id, '-', 1)::numeric, split_part(stream_id, '-', 2)::numeric) <= ($2::text::numeric, $3::text::numeric)",
+                &[&b.tag, &last_ms, &last_seq],
             )
             .await
             .map_err(DbError::from)?;
@@ -225,8 +234,8 @@ async fn reconcile_one(
                                           WHEN retake THEN qty ELSE 0 END), 0)::int8
                  FROM order_events
                  WHERE shard_tag = $1
-                   AND (split_part(stream_id, '-', 1)::int8, split_part(stream_id, '-', 2)::int8) <= ($2::int8, $3::int8)",
-                &[&b.tag, &snap.last_id.0, &snap.last_id.1],
+                   AND (split_part(stream_id, '-', 1)::numeric, split_part(stream_id, '-', 2)::numeric) <= ($2::text::numeric, $3::text::numeric)",
+                &[&b.tag, &last_ms, &last_seq],
             )
             .await
             .map_err(DbError::from)?;
@@ -284,8 +293,8 @@ async fn reconcile_one(
             .query(
                 "SELECT stream_id, qty::int8 FROM orders
                  WHERE shard_tag = $1
-                   AND (split_part(stream_id, '-', 1)::int8, split_part(stream_id, '-', 2)::int8) > ($2::int8, $3::int8)",
-                &[&b.tag, &snap.last_id.0, &snap.last_id.1],
+                   AND (split_part(stream_id, '-', 1)::numeric, split_part(stream_id, '-', 2)::numeric) > ($2::text::numeric, $3::text::numeric)",
+                &[&b.tag, &last_ms, &last_seq],
             )
             .await
             .map_err(DbError::from)?;

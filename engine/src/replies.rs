@@ -283,8 +283,9 @@ pub struct LedgerSnapshot {
     pub initial: u64,
     /// Units left.
     pub stock: i64,
-    /// The stream's last generated id, as (ms, seq).
-    pub last_id: (i64, i64),
+    /// The stream's last generated id, as (ms, seq): unsigned 64-bit, as
+    /// Redis has them.
+    pub last_id: (u64, u64),
 }
 
 fn array(script: &'static str, v: Value, len: usize) -> Result<Vec<Value>, BadReply> {

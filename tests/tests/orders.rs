@@ -1060,3 +1060,52 @@ async fn a_session_left_idle_in_a_transaction_is_ended_by_the_server() {
         "its transaction is gone"
     );
 }
+
+/// Found by the attack on the order path: a stream id is two 64-bit
+/// unsigned numbers, and the ledger read them as signed ones (in Rust and in
+/// its SQL), so one stream whose last id had a part past 2^63 (an entry
+/// added by hand with the last possible id) failed `reconcile` of every
+/// sale, blinding the ledger and its gauges. Such an entry is not an order:
+/// the sale still reconciles, and so do the others.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stream_id_past_two_to_the_63_does_not_blind_the_ledger() {
+    let Fixture {
+        cluster,
+        pg: _pg,
+        pool,
+        engine,
+        sale,
+    } = Fixture::builder()
+        .sale(SaleSpec::new("farid", 10))
+        .build()
+        .await;
+    engine
+        .create_sale(SaleSpec::new("nearid", 10))
+        .await
+        .expect("create");
+    let confirmed = buy(&engine, "farid", 2, "f").await;
+    assert_eq!(confirmed.len(), 2);
+    let writer = engine
+        .spawn_order_writer(pool.clone(), fast_writer(Duration::from_secs(5)))
+        .await
+        .expect("writer");
+    wait_for_db_orders(&pool, "farid", 2, Duration::from_secs(30)).await;
+    writer.shutdown().await.expect("stops");
+    let b = &sale.expect("sale").buckets[0];
+    let node = cluster.node(cluster.master_of_slot(b.slot));
+    let _: String = node.cmd(&[
+        "XADD",
+        &b.stream,
+        "18446744073709551615-18446744073709551615",
+        "junk",
+        "1",
+    ]);
+    let ledger = flashsale::ledger::reconcile(&engine, &pool, &[])
+        .await
+        .expect("reconcile every sale");
+    assert_eq!(ledger.len(), 2, "{ledger:?}");
+    assert!(
+        ledger.iter().all(|r| r.conserved),
+        "both sales balance: {ledger:?}"
+    );
+}
