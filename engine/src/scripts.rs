@@ -210,6 +210,8 @@ pub mod lock {
     pub const RELEASED_TO_WAITERS: i64 = 2;
 }
 
+/// `lua/dead_letter.lua`: the order writer's dead letters.
+const DEAD_LETTER_LUA: &str = include_str!("../../lua/dead_letter.lua");
 /// `lua/trim.lua`: the order writer's trim of a stream.
 const TRIM_LUA: &str = include_str!("../../lua/trim.lua");
 
@@ -239,6 +241,9 @@ pub struct Scripts {
     /// `lua/trim.lua`: delete the entries of an order stream every group is
     /// done with.
     pub trim: LuaScript,
+    /// `lua/dead_letter.lua`: move an entry the writers cannot write to
+    /// the dead-letter stream and acknowledge it, once.
+    pub dead_letter: LuaScript,
 }
 
 impl Scripts {
@@ -256,13 +261,15 @@ impl Scripts {
             transition: LuaScript::new("transition", transition_code()),
             quota_return: LuaScript::new("quota_return", QUOTA_RETURN_LUA),
             trim: LuaScript::new("trim", TRIM_LUA),
+            dead_letter: LuaScript::new("dead_letter", DEAD_LETTER_LUA),
         }
     }
 
     /// All scripts, for loading them on a node.
-    pub fn all(&self) -> [&LuaScript; 11] {
+    pub fn all(&self) -> [&LuaScript; 12] {
         [
             &self.trim,
+            &self.dead_letter,
             &self.transition,
             &self.quota_return,
             &self.ack,

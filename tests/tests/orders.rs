@@ -1109,3 +1109,81 @@ async fn a_stream_id_past_two_to_the_63_does_not_blind_the_ledger() {
         "both sales balance: {ledger:?}"
     );
 }
+
+/// Found by the attack on the order path: the writer copied an entry it
+/// cannot write to the dead-letter stream and acknowledged it later, in
+/// another command, so an acknowledgement that failed (or a writer that
+/// died in between) left the entry pending, and every later attempt copied
+/// it again: one malformed entry became 6 dead letters, and reconcile
+/// reported 6. The copy and the acknowledgement are now one step. Here the
+/// master refuses XACK to the writer's user for a while (ACL), so attempts
+/// fail again and again; once it allows it, the entry is dead-lettered
+/// exactly once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_entry_is_dead_lettered_once_however_often_its_acknowledgement_fails() {
+    let Fixture {
+        cluster,
+        pg: _pg,
+        pool,
+        engine,
+        sale,
+    } = Fixture::builder()
+        .sale(SaleSpec::new("deadonce", 10))
+        .build()
+        .await;
+    let b = &sale.expect("sale").buckets[0];
+    let node = cluster.node(cluster.master_of_slot(b.slot));
+    let dead = flashsale::keys::dead_letter_stream(&b.tag);
+    let _: String = node.cmd(&["XADD", &b.stream, "*", "junk", "1"]);
+    let _: () = node.cmd(&["ACL", "LOG", "RESET"]);
+    let _: () = node.cmd(&["ACL", "SETUSER", "default", "-xack"]);
+    let writer = engine
+        .spawn_order_writer(pool.clone(), fast_writer(Duration::from_millis(200)))
+        .await
+        .expect("writer");
+    // Several attempts, each refused its acknowledgement.
+    let started = std::time::Instant::now();
+    loop {
+        let log: redis::Value = node.cmd(&["ACL", "LOG"]);
+        let refused = match log {
+            redis::Value::Array(entries) => entries
+                .iter()
+                .map(|e| match e {
+                    redis::Value::Array(kv) => kv
+                        .iter()
+                        .position(|v| matches!(v, redis::Value::BulkString(b) if b == b"count"))
+                        .and_then(|i| match kv.get(i + 1) {
+                            Some(redis::Value::Int(n)) => Some(*n),
+                            _ => None,
+                        })
+                        .unwrap_or(0),
+                    _ => 0,
+                })
+                .sum::<i64>(),
+            _ => 0,
+        };
+        if refused >= 3 {
+            break;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(60),
+            "the writer never tried to acknowledge three times"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let _: () = node.cmd(&["ACL", "SETUSER", "default", "+xack"]);
+    let started = std::time::Instant::now();
+    while writers_pending(node, &b.stream) > 0 || {
+        let len: i64 = node.cmd(&["XLEN", &dead]);
+        len == 0
+    } {
+        assert!(
+            started.elapsed() < Duration::from_secs(60),
+            "the entry was never dead-lettered"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    writer.shutdown().await.expect("stops");
+    let copies: i64 = node.cmd(&["XLEN", &dead]);
+    assert_eq!(copies, 1, "one malformed entry, one dead letter");
+}

@@ -130,26 +130,61 @@ pub async fn ack(
     Ok(())
 }
 
-/// Copies a malformed entry, with the reason, to `dead_key`, the stream's
-/// dead-letter stream (same hash tag, so same slot).
+/// The most fields of one entry a dead letter copies.
+const DEAD_LETTER_FIELDS: usize = 1000;
+
+/// Moves an entry the writers cannot write, with the reason, to `dead_key`,
+/// the stream's dead-letter stream (same hash tag, so same slot), and
+/// acknowledges it in `group`, in one atomic step (`lua/dead_letter.lua`):
+/// an entry is dead-lettered once, however often an attempt fails around
+/// it. `false` when it was not pending any more (moved already).
 pub async fn dead_letter(
     conn: &mut ClusterConnection,
+    script: &LuaScript,
+    key: &str,
     dead_key: &str,
+    group: &str,
     e: &RawEntry,
     reason: &str,
-) -> Result<(), RedisError> {
-    let mut cmd = redis::cmd("XADD");
-    cmd.arg(dead_key)
-        .arg("*")
-        .arg("reason")
-        .arg(reason)
-        .arg("source_id")
-        .arg(&e.id);
-    for (f, v) in &e.fields {
+) -> Result<bool, RedisError> {
+    let mut cmd = redis::cmd("EVALSHA");
+    cmd.arg(&script.sha)
+        .arg(2)
+        .arg(key)
+        .arg(dead_key)
+        .arg(group)
+        .arg(&e.id)
+        .arg(reason);
+    // The script passes the fields to XADD as arguments, and Lua unpacks at
+    // most a few thousand: a hand-made entry with more keeps its first ones.
+    for (f, v) in e.fields.iter().take(DEAD_LETTER_FIELDS) {
         cmd.arg(format!("orig_{f}")).arg(v);
     }
-    let _: String = cmd.query_async(conn).await?;
-    Ok(())
+    if e.fields.len() > DEAD_LETTER_FIELDS {
+        cmd.arg("fields_left_out")
+            .arg(e.fields.len() - DEAD_LETTER_FIELDS);
+    }
+    Ok(eval(conn, script, &cmd).await? == 1)
+}
+
+/// Runs `cmd`, an EVALSHA of `script`; on NOSCRIPT (a master restarted
+/// empty) loads the script on every master and runs it again.
+async fn eval(
+    conn: &mut ClusterConnection,
+    script: &LuaScript,
+    cmd: &redis::Cmd,
+) -> Result<i64, RedisError> {
+    match cmd.query_async::<i64>(conn).await {
+        Err(e) if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) => {
+            let _: String = redis::cmd("SCRIPT")
+                .arg("LOAD")
+                .arg(script.code)
+                .query_async(conn)
+                .await?;
+            cmd.query_async::<i64>(conn).await
+        }
+        r => r,
+    }
 }
 
 /// Orders stream ids (`ms-seq`) numerically.
@@ -180,19 +215,7 @@ pub async fn trim_acknowledged(
 ) -> Result<(), RedisError> {
     let mut cmd = redis::cmd("EVALSHA");
     cmd.arg(&script.sha).arg(1).arg(key).arg(group);
-    match cmd.query_async::<i64>(conn).await {
-        Ok(_) => Ok(()),
-        Err(e) if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) => {
-            let _: String = redis::cmd("SCRIPT")
-                .arg("LOAD")
-                .arg(script.code)
-                .query_async(conn)
-                .await?;
-            let _: i64 = cmd.query_async(conn).await?;
-            Ok(())
-        }
-        Err(e) => Err(e),
-    }
+    eval(conn, script, &cmd).await.map(|_| ())
 }
 
 fn text(v: &Value) -> Option<String> {

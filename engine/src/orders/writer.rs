@@ -385,12 +385,21 @@ impl OrderWriter {
             .map(|s| s.dead_letter.clone())
             .unwrap_or_default();
         for (e, reason) in &dead {
-            stream::dead_letter(&mut self.conn, &dead_key, e, reason).await?;
-            tracing::warn!(stream = key, id = %e.id, reason, "order entry dead-lettered");
-        }
-        if !dead.is_empty() {
-            metrics::counter!(m::ORDERS_DEAD_LETTERED).increment(dead.len() as u64);
-            self.report.dead_lettered += dead.len() as u64;
+            let moved = stream::dead_letter(
+                &mut self.conn,
+                &self.engine.scripts().dead_letter,
+                key,
+                &dead_key,
+                &self.config.group,
+                e,
+                reason,
+            )
+            .await?;
+            if moved {
+                tracing::warn!(stream = key, id = %e.id, reason, "order entry dead-lettered");
+                metrics::counter!(m::ORDERS_DEAD_LETTERED).increment(1);
+                self.report.dead_lettered += 1;
+            }
         }
         let ids: Vec<&str> = entries.iter().map(|e| e.id.as_str()).collect();
         stream::ack(&mut self.conn, key, &self.config.group, &ids).await?;
