@@ -33,10 +33,20 @@ pub fn sku(s: &str) -> Result<(), InvalidInput> {
     Ok(())
 }
 
-/// Unicode format characters (general category Cf): invisible, and some
-/// (U+202E) reverse how the text around them is shown, so an id holding one
-/// can pass for another in a log or a support tool.
+/// Unicode format characters (general category Cf) and the other
+/// default-ignorable code points (Hangul fillers, the combining grapheme
+/// joiner, variation selectors): invisible, and some (U+202E) reverse how
+/// the text around them is shown, so an id holding one can pass for another
+/// in a log or a support tool.
 const FORMAT_CHARS: &[(char, char)] = &[
+    ('\u{034F}', '\u{034F}'),
+    ('\u{115F}', '\u{1160}'),
+    ('\u{17B4}', '\u{17B5}'),
+    ('\u{180B}', '\u{180F}'),
+    ('\u{3164}', '\u{3164}'),
+    ('\u{FE00}', '\u{FE0F}'),
+    ('\u{FFA0}', '\u{FFA0}'),
+    ('\u{E0000}', '\u{E0FFF}'),
     ('\u{00AD}', '\u{00AD}'),
     ('\u{0600}', '\u{0605}'),
     ('\u{061C}', '\u{061C}'),
@@ -44,11 +54,9 @@ const FORMAT_CHARS: &[(char, char)] = &[
     ('\u{070F}', '\u{070F}'),
     ('\u{0890}', '\u{0891}'),
     ('\u{08E2}', '\u{08E2}'),
-    ('\u{180E}', '\u{180E}'),
     ('\u{200B}', '\u{200F}'),
     ('\u{202A}', '\u{202E}'),
-    ('\u{2060}', '\u{2064}'),
-    ('\u{2066}', '\u{206F}'),
+    ('\u{2060}', '\u{206F}'),
     ('\u{FEFF}', '\u{FEFF}'),
     ('\u{FFF9}', '\u{FFFB}'),
     ('\u{110BD}', '\u{110BD}'),
@@ -56,8 +64,6 @@ const FORMAT_CHARS: &[(char, char)] = &[
     ('\u{13430}', '\u{1343F}'),
     ('\u{1BCA0}', '\u{1BCA3}'),
     ('\u{1D173}', '\u{1D17A}'),
-    ('\u{E0001}', '\u{E0001}'),
-    ('\u{E0020}', '\u{E007F}'),
 ];
 
 fn is_format(c: char) -> bool {
@@ -151,6 +157,16 @@ mod tests {
             Err(InvalidInput::TooLong { .. })
         ));
         for sneaky in [
+            // Invisible but not Cf (found by the attack on serve): default-
+            // ignorable fillers, the grapheme joiner, variation selectors.
+            "\u{3164}",
+            "a\u{115F}b",
+            "x\u{034F}",
+            "x\u{FE0F}",
+            "x\u{FFA0}",
+            "x\u{180B}",
+            "x\u{E0100}",
+            "x\u{2065}",
             "a\u{200B}b",
             "evil\u{202E}gnp.exe",
             "\u{FEFF}u",
