@@ -39,10 +39,11 @@ pub enum DbError {
     },
 }
 
-/// How long the server lets a flashsale session sit idle inside a
-/// transaction before it ends it (ms). Every transaction flashsale opens
-/// runs its statements back to back.
-const IDLE_IN_TRANSACTION_MS: u64 = 30_000;
+/// How long the server lets a flashsale write transaction sit idle before
+/// it ends the session (`idle_in_transaction_session_timeout`, set with
+/// `SET LOCAL` by [`begin`]). Each of them runs its statements back to
+/// back.
+pub const IDLE_IN_TRANSACTION: &str = "30s";
 
 /// A pool of connections to `url` (a tokio-postgres connection string). No
 /// connection is opened until one is needed; a broken one is replaced.
@@ -52,18 +53,6 @@ pub fn pool(url: &str, max_size: usize) -> Result<Pool, DbError> {
         .map_err(|e: tokio_postgres::Error| DbError::Url(e.to_string()))?;
     if pg.get_connect_timeout().is_none() {
         pg.connect_timeout(std::time::Duration::from_secs(2));
-    }
-    // A process stopped between a statement and its COMMIT (SIGSTOP, a
-    // long pause) would hold its rows' locks for good, and an order writer
-    // that took its entries over would wait on them with every other
-    // stream behind it: the server ends such a session, unless the
-    // connection string sets its own limit.
-    let options = pg.get_options().unwrap_or("").to_owned();
-    if !options.contains("idle_in_transaction_session_timeout") {
-        pg.options(
-            format!("{options} -c idle_in_transaction_session_timeout={IDLE_IN_TRANSACTION_MS}")
-                .trim(),
-        );
     }
     let manager = Manager::from_config(
         pg,
@@ -78,6 +67,25 @@ pub fn pool(url: &str, max_size: usize) -> Result<Pool, DbError> {
         .map_err(|e| DbError::Url(e.to_string()))
 }
 
+/// Starts a write transaction on `c` that the server ends if it sits idle
+/// for [`IDLE_IN_TRANSACTION`]: a process stopped between its INSERT and
+/// its COMMIT (SIGSTOP, a long pause) would otherwise hold its rows' locks
+/// for good, and an order writer that took its entries over would wait on
+/// them with every other stream behind it. `SET LOCAL`, not a startup
+/// option or a session `SET`: nothing outlives the transaction, which a
+/// pooler in transaction mode (PgBouncer) needs, and older PgBouncers
+/// refuse connections with startup options.
+pub async fn begin(
+    c: &mut deadpool_postgres::Object,
+) -> Result<deadpool_postgres::Transaction<'_>, DbError> {
+    let tx = c.transaction().await?;
+    tx.batch_execute(&format!(
+        "SET LOCAL idle_in_transaction_session_timeout = '{IDLE_IN_TRANSACTION}'"
+    ))
+    .await?;
+    Ok(tx)
+}
+
 /// A connection from the pool.
 pub async fn client(pool: &Pool) -> Result<deadpool_postgres::Object, DbError> {
     pool.get()
@@ -88,7 +96,7 @@ pub async fn client(pool: &Pool) -> Result<deadpool_postgres::Object, DbError> {
 /// Applies every migration not yet recorded in `flashsale_migrations`.
 pub async fn migrate(pool: &Pool) -> Result<(), DbError> {
     let mut c = client(pool).await?;
-    let tx = c.transaction().await?;
+    let tx = begin(&mut c).await?;
     tx.execute("SELECT pg_advisory_xact_lock($1)", &[&MIGRATION_LOCK])
         .await?;
     tx.batch_execute(

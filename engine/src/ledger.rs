@@ -342,7 +342,7 @@ pub async fn record(
     fencing_token: u64,
 ) -> Result<(), DbError> {
     let mut c = db::client(pool).await?;
-    let tx = c.transaction().await?;
+    let tx = db::begin(&mut c).await?;
     db::fenced(&tx, "ledger_checks", fencing_token).await?;
     let token = fencing_token as i64;
     for r in reports {

@@ -52,7 +52,7 @@ pub async fn write_batch(
     events: &[OrderEvent],
 ) -> Result<u64, DbError> {
     let mut c = db::client(pool).await?;
-    let tx = c.transaction().await?;
+    let tx = db::begin(&mut c).await?;
     let touched: Vec<String> = rows
         .iter()
         .filter(|r| r.expires_ms.is_some())
