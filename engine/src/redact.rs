@@ -19,14 +19,16 @@ pub fn host_port(url: &str) -> String {
 /// replaced, for printing. Works on URLs that are not valid too (a mistyped
 /// scheme must not put the password in the error that says so).
 pub fn redis_url(url: &str) -> String {
-    // A Unix socket's password comes in the query (`?pass=`).
-    let url = &match url.split_once('?') {
+    // A Unix socket's password comes in the query (`?pass=`); the query is
+    // looked for after the user info, which is hidden whole.
+    let with_query = |rest: &str| match rest.split_once('?') {
         Some((base, query)) => format!("{base}?{}", redact_query(query)),
-        None => url.to_owned(),
+        None => rest.to_owned(),
     };
     match url.rsplit_once('@') {
-        None => url.to_owned(),
+        None => with_query(url),
         Some((before, after)) => {
+            let after = &with_query(after);
             let scheme = before.split_once("://").map_or("", |(s, _)| s);
             let scheme = if scheme
                 .chars()
@@ -77,14 +79,27 @@ fn postgres_uri(url: &str) -> String {
         Some((a, h)) => (Some(a), h),
         None => (None, rest),
     };
+    // tokio-postgres ends the user info at the first '@', this at the last
+    // (a password may hold one): whatever lies between is shown only when
+    // it is a plain user name, so an '@' in the query cannot carry a
+    // password out in it.
+    let plain = |u: &str| {
+        u.chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-' | '~' | '%'))
+    };
+    let raw_auth = auth.unwrap_or("");
     let auth = auth
         .map(|a| match a.split_once(':') {
-            Some((user, _)) => format!("{user}:<redacted>@"),
-            None => format!("{a}@"),
+            _ if plain(a) => format!("{a}@"),
+            Some((user, _)) if plain(user) => format!("{user}:<redacted>@"),
+            _ => "<redacted>@".to_owned(),
         })
         .unwrap_or_default();
     let (host, query) = match host.split_once('?') {
         Some((h, q)) => (h, Some(q)),
+        // The query began before the last '@' (hidden with the user info):
+        // what is left of it is still redacted pair by pair.
+        None if raw_auth.contains('?') || raw_auth.contains('&') => ("", Some(host)),
         None => (host, None),
     };
     let mut out = format!("{scheme}://{auth}{host}");
@@ -235,6 +250,7 @@ mod tests {
         // tokio-postgres percent-decodes a URL's parameter names and reads a
         // backslash in a bare key=value value as an escape.
         for url in [
+            "redis://:Leak3d?pass=S3cret@127.0.0.1:7460",
             "redis+unix:///tmp/x.sock?pass=S3cret",
             "unix:///tmp/x.sock?db=1&Pass=S3cret",
             "redis+unix:///tmp/x.sock?pa%73s=S3cret",
@@ -246,6 +262,10 @@ mod tests {
             );
         }
         for pg in [
+            // An '@' in the query: the driver's user info ends at the first.
+            "postgres://postgres@127.0.0.1/DB?password=Pa@ssS3cret&application_name=fs@prod",
+            "postgres://fs@db.internal/fs?password=S3cretPw&application_name=fs@prod",
+            "postgres://u@h/db?options=-c%20x%3Dy@z&password=S3cret",
             "postgres://u@h/db?pass%77ord=PgPw-S3cret",
             "postgres://u@h/db?%70assword=PgPw-S3cret&sslmode=disable",
             "host=h password=ab\\ user=PgPw-S3cret",
