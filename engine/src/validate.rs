@@ -46,6 +46,11 @@ const FORMAT_CHARS: &[(char, char)] = &[
     ('\u{3164}', '\u{3164}'),
     ('\u{FE00}', '\u{FE0F}'),
     ('\u{FFA0}', '\u{FFA0}'),
+    ('\u{FFF0}', '\u{FFF8}'),
+    // Not default-ignorable, but shown as nothing: the braille blank and
+    // the musical null notehead.
+    ('\u{2800}', '\u{2800}'),
+    ('\u{1D159}', '\u{1D159}'),
     ('\u{E0000}', '\u{E0FFF}'),
     ('\u{00AD}', '\u{00AD}'),
     ('\u{0600}', '\u{0605}'),
@@ -167,6 +172,10 @@ mod tests {
             "x\u{180B}",
             "x\u{E0100}",
             "x\u{2065}",
+            "u1\u{FFF0}",
+            "u1\u{FFF8}",
+            "u1\u{2800}",
+            "u1\u{1D159}",
             "a\u{200B}b",
             "evil\u{202E}gnp.exe",
             "\u{FEFF}u",
