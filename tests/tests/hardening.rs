@@ -909,3 +909,32 @@ fn cli_errors_say_each_cause_once() {
         "a cause repeats: {line}"
     );
 }
+
+/// `flashsale reconcile` takes the `reconcile` lock before it reconciles; a
+/// reconcile that fails (here an unknown SKU) must leave it free, or the
+/// next one waits out the lease and fails. The attack on this round's fixes
+/// read the early return as leaving it held; the guard's drop did release
+/// it (this test passed before), and the unlock is now explicit, awaited on
+/// every path.
+#[test]
+fn a_reconcile_that_fails_leaves_the_reconcile_lock_free() {
+    let cluster = RedisCluster::start(3, 0);
+    let pg = PgDb::create();
+    let node = RedisServer::start();
+    let failed = flashsale_cmd(Some(&cluster), Some(&pg), &[node.url()])
+        .args(["reconcile", "--sku", "no-such-sale"])
+        .output()
+        .expect("run reconcile");
+    assert!(!failed.status.success(), "an unknown SKU is an error");
+    let held: i64 = node.node.cmd(&["EXISTS", "flashsale:lock:reconcile"]);
+    assert_eq!(held, 0, "the failed reconcile left its lock behind");
+    let next = flashsale_cmd(Some(&cluster), Some(&pg), &[node.url()])
+        .args(["reconcile"])
+        .output()
+        .expect("run reconcile");
+    assert!(
+        next.status.success(),
+        "{}",
+        String::from_utf8_lossy(&next.stderr)
+    );
+}

@@ -36,11 +36,20 @@ pub async fn run(settings: Settings, args: ReconcileArgs) -> Result<ExitCode> {
         }
         None => None,
     };
-    let reports = flashsale::ledger::reconcile(&engine, &pool, &sku).await?;
+    let result = async {
+        let reports = flashsale::ledger::reconcile(&engine, &pool, &sku).await?;
+        if let Some(g) = &guard {
+            flashsale::ledger::record(&pool, &reports, g.fencing_token()).await?;
+        }
+        anyhow::Ok(reports)
+    }
+    .await;
+    // Released whatever reconcile answered: an error must not leave the
+    // next reconcile waiting out the lease.
     if let Some(g) = guard {
-        flashsale::ledger::record(&pool, &reports, g.fencing_token()).await?;
         g.unlock().await;
     }
+    let reports = result?;
     if json {
         println!("{}", serde_json::to_string_pretty(&reports)?);
     } else {
