@@ -38,7 +38,7 @@ pub fn sku(s: &str) -> Result<(), InvalidInput> {
 /// joiner, variation selectors): invisible, and some (U+202E) reverse how
 /// the text around them is shown, so an id holding one can pass for another
 /// in a log or a support tool.
-const FORMAT_CHARS: &[(char, char)] = &[
+const INVISIBLE_CHARS: &[(char, char)] = &[
     ('\u{034F}', '\u{034F}'),
     ('\u{115F}', '\u{1160}'),
     ('\u{17B4}', '\u{17B5}'),
@@ -71,12 +71,15 @@ const FORMAT_CHARS: &[(char, char)] = &[
     ('\u{1D173}', '\u{1D17A}'),
 ];
 
-fn is_format(c: char) -> bool {
-    FORMAT_CHARS.iter().any(|&(lo, hi)| (lo..=hi).contains(&c))
+fn is_invisible(c: char) -> bool {
+    INVISIBLE_CHARS
+        .iter()
+        .any(|&(lo, hi)| (lo..=hi).contains(&c))
 }
 
 /// A user id or request id: 1-128 bytes; no spaces, no control characters
-/// (Unicode Cc) and no format characters (Cf: zero-width, bidi overrides).
+/// (Unicode Cc) and no invisible characters (Cf: zero-width, bidi overrides;
+/// and the other default-ignorable code points, see `INVISIBLE_CHARS`).
 pub fn id(field: &'static str, s: &str) -> Result<(), InvalidInput> {
     if s.is_empty() {
         return Err(InvalidInput::Empty(field));
@@ -91,14 +94,14 @@ pub fn id(field: &'static str, s: &str) -> Result<(), InvalidInput> {
     if !id_chars_ok(s) {
         return Err(InvalidInput::BadChar {
             field,
-            reason: "no spaces, control or invisible format characters",
+            reason: "no spaces, control or invisible characters",
         });
     }
     Ok(())
 }
 
-/// No spaces, control or format characters. Ids are ASCII nearly always:
-/// then a byte is fine if it is printable and not a space (format
+/// No spaces, control or invisible characters. Ids are ASCII nearly always:
+/// then a byte is fine if it is printable and not a space (invisible
 /// characters are never ASCII), a check the compiler runs many bytes at a
 /// time, where the per-character one walks a table of ranges for each.
 fn id_chars_ok(s: &str) -> bool {
@@ -106,7 +109,7 @@ fn id_chars_ok(s: &str) -> bool {
         return s.bytes().all(|b| (b'!'..=b'~').contains(&b));
     }
     !s.chars()
-        .any(|c| c.is_control() || c.is_whitespace() || is_format(c))
+        .any(|c| c.is_control() || c.is_whitespace() || is_invisible(c))
 }
 
 /// A quantity: at least 1 and at most `max`.
@@ -139,7 +142,7 @@ mod tests {
     fn the_ascii_shortcut_judges_every_ascii_character_as_the_unicode_rule_does() {
         for b in 0u8..=0x7f {
             let c = char::from(b);
-            let rule = !(c.is_control() || c.is_whitespace() || is_format(c));
+            let rule = !(c.is_control() || c.is_whitespace() || is_invisible(c));
             let text = format!("a{c}b");
             assert_eq!(id_chars_ok(&text), rule, "byte {b:#04x}");
             // The same character beside a non-ASCII one takes the other path.
