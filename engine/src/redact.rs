@@ -28,7 +28,14 @@ pub fn redis_url(url: &str) -> String {
     match url.rsplit_once('@') {
         None => with_query(url),
         Some((before, after)) => {
-            let after = &with_query(after);
+            // The query began before the last '@' (an '@' inside a query
+            // value): where the secret ends cannot be told, so nothing
+            // after the scheme is shown.
+            let after = &if before.contains('?') {
+                String::new()
+            } else {
+                with_query(after)
+            };
             let scheme = before.split_once("://").map_or("", |(s, _)| s);
             let scheme = if scheme
                 .chars()
@@ -38,10 +45,11 @@ pub fn redis_url(url: &str) -> String {
             } else {
                 ""
             };
+            let at = if after.is_empty() { "" } else { "@" };
             if scheme.is_empty() {
-                format!("<redacted>@{after}")
+                format!("<redacted>{at}{after}")
             } else {
-                format!("{scheme}://<redacted>@{after}")
+                format!("{scheme}://<redacted>{at}{after}")
             }
         }
     }
@@ -87,7 +95,12 @@ fn postgres_uri(url: &str) -> String {
         u.chars()
             .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-' | '~' | '%'))
     };
-    let raw_auth = auth.unwrap_or("");
+    // The query began before the last '@' (an '@' inside a query value,
+    // which the driver allows): where the secret ends cannot be told, so
+    // nothing after the scheme is shown.
+    if auth.is_some_and(|a| a.contains('?')) {
+        return format!("{scheme}://<redacted>");
+    }
     let auth = auth
         .map(|a| match a.split_once(':') {
             _ if plain(a) => format!("{a}@"),
@@ -97,9 +110,6 @@ fn postgres_uri(url: &str) -> String {
         .unwrap_or_default();
     let (host, query) = match host.split_once('?') {
         Some((h, q)) => (h, Some(q)),
-        // The query began before the last '@' (hidden with the user info):
-        // what is left of it is still redacted pair by pair.
-        None if raw_auth.contains('?') || raw_auth.contains('&') => ("", Some(host)),
         None => (host, None),
     };
     let mut out = format!("{scheme}://{auth}{host}");
@@ -125,8 +135,14 @@ fn redact_query(query: &str) -> String {
         .join("&")
 }
 
-/// Whether a parameter name, percent-decoded, may name a password.
+/// Whether a parameter name, percent-decoded, may name a password. ASCII
+/// tabs and line breaks are dropped first, as the url crate (redis-rs's
+/// parser) drops them anywhere in a URL: `pa<TAB>ss` is read as `pass`.
 fn secret_name(name: &str) -> bool {
+    let name: String = name
+        .chars()
+        .filter(|c| !matches!(c, '\t' | '\n' | '\r'))
+        .collect();
     let bytes = name.as_bytes();
     let mut decoded = Vec::with_capacity(bytes.len());
     let mut i = 0;
@@ -250,6 +266,12 @@ mod tests {
         // tokio-postgres percent-decodes a URL's parameter names and reads a
         // backslash in a bare key=value value as an escape.
         for url in [
+            // From the second attack: an '@' inside the query's password,
+            // and a name the url crate reads as `pass` once it drops the
+            // tabs and line breaks it ignores.
+            "redis+unix:///tmp/x.sock?pass=Ab@S3cretTail",
+            "redis+unix:///tmp/x.sock?pa\tss=S3cret",
+            "unix:///tmp/x.sock?p\nass=S3cret",
             "redis://:Leak3d?pass=S3cret@127.0.0.1:7460",
             "redis+unix:///tmp/x.sock?pass=S3cret",
             "unix:///tmp/x.sock?db=1&Pass=S3cret",
@@ -262,6 +284,10 @@ mod tests {
             );
         }
         for pg in [
+            // From the second attack: an '@' inside the query's password.
+            "postgres://fs@db.internal/fs?sslmode=disable&password=Tr0ub4dor@S3cretTail",
+            "postgres://fs@db.internal/fs?password=p@ss?S3cretword",
+            "postgres://fs@db.internal/fs?password=ab@x=S3cret",
             // An '@' in the query: the driver's user info ends at the first.
             "postgres://postgres@127.0.0.1/DB?password=Pa@ssS3cret&application_name=fs@prod",
             "postgres://fs@db.internal/fs?password=S3cretPw&application_name=fs@prod",
