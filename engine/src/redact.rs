@@ -21,12 +21,8 @@ pub fn host_port(url: &str) -> String {
 pub fn redis_url(url: &str) -> String {
     // A Unix socket's password comes in the query (`?pass=`); the query is
     // looked for after the user info, which is hidden whole.
-    let with_query = |rest: &str| match rest.split_once('?') {
-        Some((base, query)) => format!("{base}?{}", redact_query(query)),
-        None => rest.to_owned(),
-    };
     match url.rsplit_once('@') {
-        None => with_query(url),
+        None => with_redacted_query(url),
         Some((before, after)) => {
             // The query began before the last '@' (an '@' inside a query
             // value): where the secret ends cannot be told, so nothing
@@ -34,7 +30,7 @@ pub fn redis_url(url: &str) -> String {
             let after = &if before.contains('?') {
                 String::new()
             } else {
-                with_query(after)
+                with_redacted_query(after)
             };
             let scheme = before.split_once("://").map_or("", |(s, _)| s);
             let scheme = if scheme
@@ -108,16 +104,16 @@ fn postgres_uri(url: &str) -> String {
             _ => "<redacted>@".to_owned(),
         })
         .unwrap_or_default();
-    let (host, query) = match host.split_once('?') {
-        Some((h, q)) => (h, Some(q)),
-        None => (host, None),
-    };
-    let mut out = format!("{scheme}://{auth}{host}");
-    if let Some(q) = query {
-        out.push('?');
-        out.push_str(&redact_query(q));
+    format!("{scheme}://{auth}{}", with_redacted_query(host))
+}
+
+/// `rest` (what follows a URL's user info) with its query, if any,
+/// redacted.
+fn with_redacted_query(rest: &str) -> String {
+    match rest.split_once('?') {
+        Some((base, query)) => format!("{base}?{}", redact_query(query)),
+        None => rest.to_owned(),
     }
-    out
 }
 
 /// A URL's query with the value of every parameter that may be a password

@@ -9,7 +9,7 @@ use std::time::Duration;
 use flashsale::{Engine, PurchaseRequest, SaleSpec};
 use flashsale_tests::fixture::Fixture;
 use flashsale_tests::{
-    db_order_ids, fast_writer, wait_for_db_orders, PgDb, RedisCluster, TcpProxy,
+    db_order_ids, fast_writer, wait_for_db_orders, wait_until, PgDb, RedisCluster, TcpProxy,
 };
 
 /// `n` purchases of one unit each at a concurrency of 100; returns the
@@ -1036,25 +1036,22 @@ async fn a_write_transaction_left_idle_is_ended_by_the_server_and_the_session_is
         .await
         .expect("in the transaction")
         .get(0);
-    let started = std::time::Instant::now();
-    loop {
-        let alive: i64 = c
-            .query_one(
-                "SELECT count(*) FROM pg_stat_activity WHERE pid = $1",
-                &[&pid],
-            )
-            .await
-            .expect("activity")
-            .get(0);
-        if alive == 0 {
-            break;
-        }
-        assert!(
-            started.elapsed() < Duration::from_secs(120),
-            "the session idle in its transaction was never ended"
-        );
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+    wait_until(
+        Duration::from_secs(120),
+        "the session idle in its transaction was never ended",
+        || async {
+            let alive: i64 = c
+                .query_one(
+                    "SELECT count(*) FROM pg_stat_activity WHERE pid = $1",
+                    &[&pid],
+                )
+                .await
+                .expect("activity")
+                .get(0);
+            alive == 0
+        },
+    )
+    .await;
     assert!(
         tx.execute("SELECT 1", &[]).await.is_err(),
         "its transaction is gone"
@@ -1142,48 +1139,46 @@ async fn an_entry_is_dead_lettered_once_however_often_its_acknowledgement_fails(
         .await
         .expect("writer");
     // Several attempts, each refused its acknowledgement.
-    let started = std::time::Instant::now();
-    loop {
-        let log: redis::Value = node.cmd(&["ACL", "LOG"]);
-        let refused = match log {
-            redis::Value::Array(entries) => entries
-                .iter()
-                .map(|e| match e {
-                    redis::Value::Array(kv) => kv
-                        .iter()
-                        .position(|v| matches!(v, redis::Value::BulkString(b) if b == b"count"))
-                        .and_then(|i| match kv.get(i + 1) {
-                            Some(redis::Value::Int(n)) => Some(*n),
-                            _ => None,
-                        })
-                        .unwrap_or(0),
-                    _ => 0,
-                })
-                .sum::<i64>(),
-            _ => 0,
-        };
-        if refused >= 3 {
-            break;
-        }
-        assert!(
-            started.elapsed() < Duration::from_secs(60),
-            "the writer never tried to acknowledge three times"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    wait_until(
+        Duration::from_secs(60),
+        "the writer never tried to acknowledge three times",
+        || async { acl_refusals(node) >= 3 },
+    )
+    .await;
     let _: () = node.cmd(&["ACL", "SETUSER", "default", "+xack"]);
-    let started = std::time::Instant::now();
-    while writers_pending(node, &b.stream) > 0 || {
-        let len: i64 = node.cmd(&["XLEN", &dead]);
-        len == 0
-    } {
-        assert!(
-            started.elapsed() < Duration::from_secs(60),
-            "the entry was never dead-lettered"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    wait_until(
+        Duration::from_secs(60),
+        "the entry was never dead-lettered",
+        || async {
+            let len: i64 = node.cmd(&["XLEN", &dead]);
+            writers_pending(node, &b.stream) == 0 && len > 0
+        },
+    )
+    .await;
     writer.shutdown().await.expect("stops");
     let copies: i64 = node.cmd(&["XLEN", &dead]);
     assert_eq!(copies, 1, "one malformed entry, one dead letter");
+}
+
+/// Commands the node refused for lack of permission so far (the counts of
+/// `ACL LOG`).
+fn acl_refusals(node: &flashsale_tests::RedisNode) -> i64 {
+    let log: redis::Value = node.cmd(&["ACL", "LOG"]);
+    let redis::Value::Array(entries) = log else {
+        return 0;
+    };
+    entries
+        .iter()
+        .map(|e| match e {
+            redis::Value::Array(kv) => kv
+                .iter()
+                .position(|v| matches!(v, redis::Value::BulkString(b) if b == b"count"))
+                .and_then(|i| match kv.get(i + 1) {
+                    Some(redis::Value::Int(n)) => Some(*n),
+                    _ => None,
+                })
+                .unwrap_or(0),
+            _ => 0,
+        })
+        .sum()
 }
