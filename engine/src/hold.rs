@@ -575,18 +575,27 @@ impl Engine {
                 .map_err(Unavailable::from)?);
         }
         let started = Instant::now();
+        // The answer is the first call's: a call sent again is a replay of
+        // it (`replayed`, no units), sent only so that its WAIT covers the
+        // first call's writes. Answering the replay's reply would report a
+        // first payment as replayed and a retake as none.
+        let mut first: Option<R> = None;
         loop {
             match self.cluster().call_then_wait(call, decode, 1000).await {
-                Some((reply, true)) => return Ok(reply),
-                Some((_, false)) => {}
+                Some((reply, true)) => return Ok(first.unwrap_or(reply)),
+                Some((reply, false)) => {
+                    first.get_or_insert(reply);
+                }
                 None => {
                     // Not a clean reply (NOSCRIPT, a redirect, a broken
                     // link): the ordinary call reloads and retries; its
                     // writes are covered by the next round's WAIT.
-                    self.cluster()
+                    let reply = self
+                        .cluster()
                         .call(call, decode)
                         .await
                         .map_err(Unavailable::from)?;
+                    first.get_or_insert(reply);
                 }
             }
             if started.elapsed() >= self.config().retry.deadline {

@@ -71,6 +71,15 @@ impl Settings {
         let settings = Settings::read(path)?;
         settings.engine.validate()?;
         settings.server.validate()?;
+        // Names resolved here, where a blocking look-up is fine (the
+        // library's own check compares the text, then each node's run_id).
+        if let Some((a, b)) = crate::lock::same_node(&settings.engine.lock_nodes, true) {
+            return Err(ConfigError::new(
+                "lock_nodes",
+                format!("{a} and {b} are the same lock node: each must be a separate Redis"),
+            )
+            .into());
+        }
         Ok(settings)
     }
 

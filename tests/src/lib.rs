@@ -250,6 +250,16 @@ impl RedisServer {
         RedisServer { node, _dir: dir }
     }
 
+    /// Starts one instance with no persistence and `extra` arguments
+    /// (e.g. another `--bind`).
+    pub fn start_with(extra: &[&str]) -> RedisServer {
+        let dir = TempDir::new().expect("temp dir");
+        let mut args = vec!["--appendonly", "no"];
+        args.extend_from_slice(extra);
+        let node = RedisNode::spawn_on_a_free_port(dir.path(), &args);
+        RedisServer { node, _dir: dir }
+    }
+
     /// `redis://127.0.0.1:port`.
     pub fn url(&self) -> String {
         self.node.url()

@@ -864,3 +864,98 @@ async fn under_replicated_ack_an_owed_quota_waits_for_the_serving_buckets_replic
         .await
         .expect("the quota came back");
 }
+
+/// Found by the attack on the lock CLIs and holds: under `ack =
+/// replicated`, a first, unrepeated `pay` or `cancel` whose replica was slow
+/// to acknowledge answered `replayed: true` (the first reply was dropped
+/// and the call sent again, which then was a replay), and a late payment
+/// that took a unit answered `retaken: false`. The answer must be the first
+/// call's: what the transition did, not what its retry saw.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn under_replicated_ack_a_slow_replica_does_not_turn_a_first_transition_into_a_replay() {
+    let cluster = RedisCluster::start(3, 1);
+    let e = engine_with(&cluster, |c| {
+        c.ack = flashsale::Ack::Replicated;
+        c.retry.deadline = Duration::from_secs(60);
+    })
+    .await;
+    let held = e
+        .create_sale(SaleSpec {
+            hold_ms: 600_000,
+            ..SaleSpec::new("slowrep", 4)
+        })
+        .await
+        .expect("sale");
+    let lapsing = e
+        .create_sale(SaleSpec {
+            hold_ms: 300,
+            late_payment: flashsale::LatePayment::Retake,
+            ..SaleSpec::new("slowlate", 2)
+        })
+        .await
+        .expect("sale");
+    let late = buy(&e, "slowlate", "l", "r").await.expect("l");
+    // `late`'s hold runs out and is swept, so its payment is a retake.
+    let deadline = late.expires_at_ms.expect("held");
+    tokio::time::sleep(Duration::from_millis(
+        deadline.saturating_sub(now_ms()) + 20,
+    ))
+    .await;
+    wait_until(
+        Duration::from_secs(30),
+        "the late hold to expire",
+        || async {
+            let _ = e.expire_due().await;
+            matches!(e.order(&late.order_id).await, Ok(v) if v.state == OrderState::Expired)
+        },
+    )
+    .await;
+    let paid = buy(&e, "slowrep", "p", "r").await.expect("p");
+    let cancelled = buy(&e, "slowrep", "c", "r").await.expect("c");
+
+    for (what, id, status) in [
+        ("pay", paid.order_id.clone(), &held),
+        ("cancel", cancelled.order_id.clone(), &held),
+        ("late pay", late.order_id.clone(), &lapsing),
+    ] {
+        let b = &status.buckets[0];
+        let master = cluster.master_of_slot(b.slot);
+        let record = flashsale::keys::BucketKeys::new(&b.tag).order(&id);
+        let state_on_master = || {
+            cluster
+                .node(master)
+                .cmd::<Option<String>>(&["HGET", &record, "state"])
+                .unwrap_or_default()
+        };
+        let replica = cluster.node(cluster.replica_of(master));
+        replica.signal("STOP");
+        let engine = e.clone();
+        let order = id.clone();
+        let call = tokio::spawn(async move {
+            match what {
+                "cancel" => engine.cancel(&order).await,
+                _ => engine.pay(&order, "ref").await,
+            }
+        });
+        let want = if what == "cancel" {
+            "cancelled"
+        } else {
+            "paid"
+        };
+        wait_until(
+            Duration::from_secs(30),
+            "the master to apply the transition",
+            || async { state_on_master() == want },
+        )
+        .await;
+        // Long enough for the first round's WAIT (1 s) to run out on the
+        // stopped replica, so the call is sent again.
+        tokio::time::sleep(Duration::from_millis(1500)).await;
+        replica.signal("CONT");
+        let t = call.await.expect("task").expect("transition confirmed");
+        assert!(!t.replayed, "{what}: a first call answered as a replay");
+        if what == "late pay" {
+            assert!(t.retaken, "{what}: the unit it took is not reported");
+        }
+    }
+}

@@ -113,14 +113,14 @@ async fn a_holder_killed_with_kill_9_gives_its_permit_back_within_the_lease() {
         || {
             nodes[0]
                 .node
-                .cmd::<i64>(&["EXISTS", "flashsale:lock:sem:one:0"])
+                .cmd::<i64>(&["EXISTS", "flashsale:lock:sem\0one\x000"])
                 == 1
         },
         || "the holder never took the permit".into(),
     );
     flashsale_tests::kill_9_with_children(&mut holder);
     let killed = Instant::now();
-    let pttl: i64 = nodes[0].node.cmd(&["PTTL", "flashsale:lock:sem:one:0"]);
+    let pttl: i64 = nodes[0].node.cmd(&["PTTL", "flashsale:lock:sem\0one\x000"]);
     assert!(
         pttl > 0,
         "the permit outlives its holder until its lease ends"

@@ -1,13 +1,23 @@
 //! `flashsale lock exec`: a distributed flock(1). Runs a command while
 //! holding a lock on the lock nodes, watchdog on, with the grant's fencing
-//! token in `FLASHSALE_FENCING_TOKEN`. If the lock is lost, the command gets
-//! SIGTERM and the exit code says so.
+//! token in `FLASHSALE_FENCING_TOKEN`.
+//!
+//! Every way out keeps exclusion: the command and whatever it started run
+//! in one process group ([`super::command_group`]) that is killed whole
+//! before the lock goes back, by the exec or, when the exec itself is killed
+//! with kill -9, by the group's reaper. A stop (the command's end, SIGTERM,
+//! SIGINT, SIGHUP, the lock lost) sends the group SIGTERM and gives it
+//! `--grace` before SIGKILL; a lost lock exits 79 whatever else happened.
+//! Signals are handled from the start, so an exec stopped while it waits
+//! leaves the fair queue before it exits.
 
 use std::process::ExitCode;
 use std::time::Duration;
 
 use anyhow::{anyhow, Result};
 use flashsale::lock::{LockClient, LockConfig, LockError, LockGuard, LockOptions, MultiGuard};
+
+use super::command_group::CommandGroup;
 
 /// Exit code when the lock could not be taken within `--wait` (EX_TEMPFAIL).
 pub const EXIT_NOT_ACQUIRED: u8 = 75;
@@ -40,6 +50,10 @@ pub struct LockExecArgs {
     /// The write side of a read-write lock named `--name` (alone).
     #[arg(long)]
     pub write: bool,
+    /// After SIGTERM to the command (on a signal to the exec, or the lock
+    /// lost), how long it may drain before its whole group is killed.
+    #[arg(long, default_value = "10s", value_parser = parse_duration)]
+    pub grace: Duration,
     /// The command and its arguments, after `--`.
     #[arg(last = true, required = true)]
     pub command: Vec<String>,
@@ -104,7 +118,22 @@ pub async fn command(lock_nodes: &[String], cmd: LockCommand) -> Result<ExitCode
 
 /// Runs the command under the lock.
 pub async fn run(lock_nodes: &[String], args: LockExecArgs) -> Result<ExitCode> {
+    // Before the wait: a signal while waiting must leave the queue, not
+    // kill the process with its entry still in it.
+    let mut stops = StopSignals::install()?;
     let client = exec_client(lock_nodes, "--ttl", args.ttl)?;
+    let code = run_with(&client, &mut stops, args).await;
+    // Whatever dropped calls left to do on the nodes (leave a fair queue,
+    // count out as a waiter) is done before the process exits.
+    client.settle().await;
+    code
+}
+
+async fn run_with(
+    client: &LockClient,
+    stops: &mut StopSignals,
+    args: LockExecArgs,
+) -> Result<ExitCode> {
     let owner = exec_owner(args.owner.as_deref());
     let mut opts = LockOptions::new(owner).wait(args.wait);
     opts.fair = args.fair;
@@ -114,27 +143,37 @@ pub async fn run(lock_nodes: &[String], args: LockExecArgs) -> Result<ExitCode> 
         ));
     }
     if let [name] = &args.name[..] {
-        let taken = if args.read {
-            client.read_lock(name, &opts).await
-        } else if args.write {
-            client.write_lock(name, &opts).await
-        } else {
-            client.lock(name, &opts).await
+        let taking = async {
+            if args.read {
+                client.read_lock(name, &opts).await
+            } else if args.write {
+                client.write_lock(name, &opts).await
+            } else {
+                client.lock(name, &opts).await
+            }
         };
-        let guard = match taken {
-            Ok(g) => g,
-            Err(e) => return not_acquired(e),
+        let guard = match stops.unless_stopped(taking).await {
+            Waited::Done(Ok(g)) => g,
+            Waited::Done(Err(e)) => return not_acquired(e),
+            Waited::Stopped(sig) => return Ok(stopped_while_waiting(sig)),
         };
         let env = [
             ("FLASHSALE_FENCING_TOKEN", guard.fencing_token().to_string()),
             ("FLASHSALE_LOCK_NAME", name.clone()),
         ];
-        return supervise(guard, &format!("lock {name:?}"), &env, &args.command).await;
+        let run = Supervised {
+            what: &format!("lock {name:?}"),
+            env: &env,
+            command: &args.command,
+            grace: args.grace,
+        };
+        return run.under(guard, stops).await;
     }
     let names: Vec<&str> = args.name.iter().map(String::as_str).collect();
-    let guard = match client.lock_all(&names, &opts).await {
-        Ok(g) => g,
-        Err(e) => return not_acquired(e),
+    let guard = match stops.unless_stopped(client.lock_all(&names, &opts)).await {
+        Waited::Done(Ok(g)) => g,
+        Waited::Done(Err(e)) => return not_acquired(e),
+        Waited::Stopped(sig) => return Ok(stopped_while_waiting(sig)),
     };
     // One token per name, numbered in the order the names were given.
     let mut env = Vec::new();
@@ -144,13 +183,69 @@ pub async fn run(lock_nodes: &[String], args: LockExecArgs) -> Result<ExitCode> 
         env.push((format!("FLASHSALE_LOCK_NAME_{n}"), name.clone()));
     }
     let env: Vec<(&str, String)> = env.iter().map(|(k, v)| (k.as_str(), v.clone())).collect();
-    supervise(
-        guard,
-        &format!("locks {:?}", args.name),
-        &env,
-        &args.command,
-    )
-    .await
+    let run = Supervised {
+        what: &format!("locks {:?}", args.name),
+        env: &env,
+        command: &args.command,
+        grace: args.grace,
+    };
+    run.under(guard, stops).await
+}
+
+/// The exit code of an exec stopped by signal `sig` before it held the
+/// grant: the shell's 128 + the signal, and the command never ran.
+pub fn stopped_while_waiting(sig: libc::c_int) -> ExitCode {
+    eprintln!("flashsale: stopped by signal {sig} while waiting; the command did not run");
+    ExitCode::from(u8::try_from(128 + sig).unwrap_or(1))
+}
+
+/// SIGTERM, SIGINT and SIGHUP, handled from the exec's start: each stops it
+/// the same way (while waiting: give up the wait; while the command runs:
+/// SIGTERM to its group, then SIGKILL after the grace).
+pub struct StopSignals {
+    term: tokio::signal::unix::Signal,
+    int: tokio::signal::unix::Signal,
+    hup: tokio::signal::unix::Signal,
+}
+
+/// What a wait that a signal may cut short gave.
+pub enum Waited<T> {
+    /// It ended on its own.
+    Done(T),
+    /// Signal number: stopped first (the wait was dropped).
+    Stopped(libc::c_int),
+}
+
+impl StopSignals {
+    /// Installs the handlers.
+    pub fn install() -> Result<StopSignals> {
+        use tokio::signal::unix::{signal, SignalKind};
+        Ok(StopSignals {
+            term: signal(SignalKind::terminate())?,
+            int: signal(SignalKind::interrupt())?,
+            hup: signal(SignalKind::hangup())?,
+        })
+    }
+
+    /// The next stop signal's number.
+    pub async fn recv(&mut self) -> libc::c_int {
+        tokio::select! {
+            _ = self.term.recv() => libc::SIGTERM,
+            _ = self.int.recv() => libc::SIGINT,
+            _ = self.hup.recv() => libc::SIGHUP,
+        }
+    }
+
+    /// Runs `wait` unless a stop signal comes first.
+    pub async fn unless_stopped<T>(
+        &mut self,
+        wait: impl std::future::Future<Output = T>,
+    ) -> Waited<T> {
+        tokio::select! {
+            done = wait => Waited::Done(done),
+            sig = self.recv() => Waited::Stopped(sig),
+        }
+    }
 }
 
 /// The lock client of an exec whose grant the watchdog renews every
@@ -212,128 +307,124 @@ impl Grant for MultiGuard {
     }
 }
 
-/// Runs `command` with `env` while `guard` is held, and releases it however
-/// the command ends. SIGTERM, SIGINT and SIGHUP are passed on as SIGTERM;
-/// if the grant is lost, the command gets SIGTERM and the exit code is
-/// [`EXIT_LOCK_LOST`]. `what` names the grant in messages.
-pub async fn supervise(
-    guard: impl Grant,
-    what: &str,
-    env: &[(&str, String)],
-    command: &[String],
-) -> Result<ExitCode> {
-    let Some((program, rest)) = command.split_first() else {
-        guard.unlock().await;
-        return Err(anyhow!("no command given"));
-    };
-    let mut cmd = tokio::process::Command::new(program);
-    cmd.args(rest)
-        .envs(env.iter().map(|(k, v)| (*k, v.as_str())))
-        // Its own process group, so what it starts is signalled with it and
-        // nothing of it outlives the grant.
-        .process_group(0);
-    // SAFETY: the closure runs in the child between fork and exec and only
-    // calls prctl(2), getppid(2) and raise(3), which are async-signal-safe.
-    unsafe {
-        cmd.pre_exec(|| {
-            // If this exec dies (kill -9), the command dies with it instead
-            // of running on without the grant once its lease ends.
-            libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
-            if libc::getppid() == 1 {
-                libc::raise(libc::SIGKILL);
-            }
-            Ok(())
-        });
-    }
-    let spawned = cmd.spawn();
-    let mut child = match spawned {
-        Ok(c) => c,
-        Err(e) => {
-            // The lock is released now, not left to its TTL, and the exit
-            // code is the shell's: 127 not found, 126 not executable.
-            guard.unlock().await;
-            eprintln!("flashsale: cannot run {program:?}: {e}");
-            return Ok(ExitCode::from(match e.kind() {
-                std::io::ErrorKind::NotFound => EXIT_NOT_FOUND,
-                _ => EXIT_NOT_EXECUTABLE,
-            }));
-        }
-    };
-    let pid = child.id();
-
-    // SIGTERM, SIGINT and SIGHUP all end the command the same way: it gets
-    // SIGTERM, we wait for it, and the lock is released. A lock exec that
-    // died on Ctrl-C or a closed terminal would leave the command running
-    // without the lock, and the lock held until its TTL.
-    let mut signals = Vec::new();
-    for kind in [
-        tokio::signal::unix::SignalKind::terminate(),
-        tokio::signal::unix::SignalKind::interrupt(),
-        tokio::signal::unix::SignalKind::hangup(),
-    ] {
-        match tokio::signal::unix::signal(kind) {
-            Ok(s) => signals.push(s),
-            Err(e) => {
-                signal(pid, libc::SIGTERM);
-                let _ = child.wait().await;
-                guard.unlock().await;
-                return Err(e.into());
-            }
-        }
-    }
-    let [term, int, hup] = &mut signals[..] else {
-        guard.unlock().await;
-        return Err(anyhow!("signal handlers"));
-    };
-    let outcome = tokio::select! {
-        status = child.wait() => Some(status),
-        _ = guard.lost() => None,
-        _ = term.recv() => {
-            signal(pid, libc::SIGTERM);
-            Some(child.wait().await)
-        }
-        _ = int.recv() => {
-            signal(pid, libc::SIGTERM);
-            Some(child.wait().await)
-        }
-        _ = hup.recv() => {
-            signal(pid, libc::SIGTERM);
-            Some(child.wait().await)
-        }
-    };
-    match outcome {
-        Some(status) => {
-            // Whatever the command left running in its group goes with it,
-            // before the grant is given back. Released on every path, a
-            // failed wait included.
-            signal(pid, libc::SIGKILL);
-            guard.unlock().await;
-            Ok(ExitCode::from(exit_code(status?)))
-        }
-        None => {
-            eprintln!("flashsale: {what} lost; sending SIGTERM to the command");
-            signal(pid, libc::SIGTERM);
-            if tokio::time::timeout(Duration::from_secs(10), child.wait())
-                .await
-                .is_err()
-            {
-                child.start_kill()?;
-                child.wait().await?;
-            }
-            signal(pid, libc::SIGKILL);
-            Ok(ExitCode::from(EXIT_LOCK_LOST))
-        }
-    }
+/// A command to run under a grant: what the grant is called in messages,
+/// the command's extra environment, and its grace after SIGTERM.
+pub struct Supervised<'a> {
+    /// Names the grant in messages (`lock "L1"`).
+    pub what: &'a str,
+    /// Extra environment of the command (the fencing token, the names).
+    pub env: &'a [(&'a str, String)],
+    /// The command and its arguments.
+    pub command: &'a [String],
+    /// How long the command may drain after SIGTERM before SIGKILL.
+    pub grace: Duration,
 }
 
-/// Sends `sig` to the command's whole process group (its pid is the
-/// group's id: it was spawned as a group leader).
-fn signal(pid: Option<u32>, sig: libc::c_int) {
-    if let Some(pid) = pid.and_then(|p| libc::pid_t::try_from(p).ok()) {
-        // SAFETY: kill(2) with the negated id of a group we created and a
-        // valid signal number has no memory-safety preconditions.
+impl Supervised<'_> {
+    /// Runs the command while `guard` is held and releases the grant
+    /// however it ends; the command's group is gone before the release.
+    /// Exit code: the command's, [`EXIT_LOCK_LOST`] once the grant was lost
+    /// (or found gone at the release), 126/127 when it could not run.
+    pub async fn under(&self, guard: impl Grant, stops: &mut StopSignals) -> Result<ExitCode> {
+        let Some((program, rest)) = self.command.split_first() else {
+            guard.unlock().await;
+            return Err(anyhow!("no command given"));
+        };
+        let group = match CommandGroup::start() {
+            Ok(g) => g,
+            Err(e) => {
+                guard.unlock().await;
+                return Err(anyhow!("cannot start the command's process group: {e}"));
+            }
+        };
+        let mut cmd = tokio::process::Command::new(program);
+        cmd.args(rest)
+            .envs(self.env.iter().map(|(k, v)| (*k, v.as_str())))
+            // The reaper's group: signalled whole, killed whole.
+            .process_group(group.pgid());
+        // SAFETY: the closure runs in the child between fork and exec and
+        // only calls prctl(2), getppid(2) and raise(3), which are
+        // async-signal-safe.
         unsafe {
-            libc::kill(-pid, sig);
+            cmd.pre_exec(|| {
+                // If this exec dies (kill -9), the command dies at once; the
+                // reaper ends what it started.
+                libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
+                if libc::getppid() == 1 {
+                    libc::raise(libc::SIGKILL);
+                }
+                Ok(())
+            });
+        }
+        let mut child = match cmd.spawn() {
+            Ok(c) => c,
+            Err(e) => {
+                // The lock is released now, not left to its TTL, and the
+                // exit code is the shell's: 127 not found, 126 not
+                // executable.
+                group.end();
+                guard.unlock().await;
+                eprintln!("flashsale: cannot run {program:?}: {e}");
+                return Ok(ExitCode::from(match e.kind() {
+                    std::io::ErrorKind::NotFound => EXIT_NOT_FOUND,
+                    _ => EXIT_NOT_EXECUTABLE,
+                }));
+            }
+        };
+        let (status, lost) = self.watch(&mut child, &group, &guard, stops).await;
+        // Whatever the command left running in its group goes with it,
+        // before the grant is given back.
+        group.end();
+        if lost {
+            return Ok(ExitCode::from(EXIT_LOCK_LOST));
+        }
+        if !guard.unlock().await {
+            // It ran out under us without the keeper noticing in time: the
+            // command may not have been alone. Say so.
+            eprintln!("flashsale: {} was no longer held at release", self.what);
+            return Ok(ExitCode::from(EXIT_LOCK_LOST));
+        }
+        Ok(ExitCode::from(exit_code(status?)))
+    }
+
+    /// Waits for the command's end; a stop signal or the grant's loss sends
+    /// the group SIGTERM and starts the grace, after which the group gets
+    /// SIGKILL. Returns the command's status and whether the grant was lost.
+    async fn watch(
+        &self,
+        child: &mut tokio::process::Child,
+        group: &CommandGroup,
+        guard: &impl Grant,
+        stops: &mut StopSignals,
+    ) -> (std::io::Result<std::process::ExitStatus>, bool) {
+        let mut lost = false;
+        let mut kill_at: Option<tokio::time::Instant> = None;
+        loop {
+            let grace_over = async {
+                match kill_at {
+                    Some(at) => tokio::time::sleep_until(at).await,
+                    None => std::future::pending().await,
+                }
+            };
+            tokio::select! {
+                status = child.wait() => return (status, lost),
+                _ = guard.lost(), if !lost => {
+                    lost = true;
+                    eprintln!("flashsale: {} lost; sending SIGTERM to the command", self.what);
+                    group.signal(libc::SIGTERM);
+                    kill_at.get_or_insert(tokio::time::Instant::now() + self.grace);
+                }
+                _ = stops.recv() => {
+                    group.signal(libc::SIGTERM);
+                    kill_at.get_or_insert(tokio::time::Instant::now() + self.grace);
+                }
+                _ = grace_over => {
+                    eprintln!("flashsale: the command outlived its grace; killing its group");
+                    group.signal(libc::SIGKILL);
+                    // Only the command's end (at once) remains to wait for.
+                    kill_at = None;
+                }
+            }
         }
     }
 }

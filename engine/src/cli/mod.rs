@@ -2,6 +2,7 @@
 //! own arguments (clap), calls the library and prints its own output. The
 //! library never depends on anything here.
 
+pub mod command_group;
 pub mod config_check;
 pub mod demo;
 pub mod lock_exec;

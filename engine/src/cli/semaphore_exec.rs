@@ -2,15 +2,20 @@
 //! semaphore on the lock nodes (at most `--permits` such commands run at
 //! once, across processes and hosts), with the permit's slot token in
 //! `FLASHSALE_FENCING_TOKEN`. The permit's lease is renewed while the exec
-//! lives; if it dies (kill -9), the permit comes back within `--lease`.
+//! lives; if it dies (kill -9), the permit comes back within `--lease`, and
+//! the command's group is killed by its reaper at once. Every exit path is
+//! `lock exec`'s (see there): the same signals, grace, and exit codes.
 
 use std::process::ExitCode;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, Result};
-use flashsale::lock::{LockError, PermitOptions};
+use flashsale::lock::{LockClient, LockError, PermitOptions, Semaphore};
 
-use super::lock_exec::{exec_client, exec_owner, parse_duration, supervise, EXIT_NOT_ACQUIRED};
+use super::lock_exec::{
+    exec_client, exec_owner, parse_duration, stopped_while_waiting, StopSignals, Supervised,
+    Waited, EXIT_NOT_ACQUIRED,
+};
 
 /// Arguments of `semaphore exec`.
 #[derive(Debug, Clone, clap::Args)]
@@ -32,6 +37,10 @@ pub struct SemaphoreExecArgs {
     /// Owner name (default: exec and pid).
     #[arg(long)]
     pub owner: Option<String>,
+    /// After SIGTERM to the command (on a signal to the exec, or the permit
+    /// lost), how long it may drain before its whole group is killed.
+    #[arg(long, default_value = "10s", value_parser = parse_duration)]
+    pub grace: Duration,
     /// The command and its arguments, after `--`.
     #[arg(last = true, required = true)]
     pub command: Vec<String>,
@@ -53,19 +62,38 @@ pub async fn command(lock_nodes: &[String], cmd: SemaphoreCommand) -> Result<Exi
 }
 
 async fn run(lock_nodes: &[String], args: SemaphoreExecArgs) -> Result<ExitCode> {
+    let mut stops = StopSignals::install()?;
     let client = exec_client(lock_nodes, "--lease", args.lease)?;
+    let code = run_with(&client, &mut stops, args).await;
+    client.settle().await;
+    code
+}
+
+async fn run_with(
+    client: &LockClient,
+    stops: &mut StopSignals,
+    args: SemaphoreExecArgs,
+) -> Result<ExitCode> {
     let semaphore = client.semaphore(&args.name)?;
-    semaphore.set_permits(args.permits).await?;
     let owner = exec_owner(args.owner.as_deref());
     let opts = PermitOptions::new(owner).wait(args.wait);
-    let permit = match semaphore.acquire(1, &opts).await {
-        Ok(mut p) if p.len() == 1 => p.remove(0),
-        Ok(_) => return Err(anyhow!("asked for one permit, got another number")),
-        Err(e @ (LockError::Timeout { .. } | LockError::NoQuorum { .. })) => {
+    // Every check before the first write: the total is everyone's.
+    semaphore.check(1, &opts)?;
+    let started = Instant::now();
+    let taking = async {
+        set_permits_within(&semaphore, args.permits, started, args.wait).await?;
+        let left = args.wait.saturating_sub(started.elapsed());
+        semaphore.acquire(1, &opts.clone().wait(left)).await
+    };
+    let permit = match stops.unless_stopped(taking).await {
+        Waited::Done(Ok(mut p)) if p.len() == 1 => p.remove(0),
+        Waited::Done(Ok(_)) => return Err(anyhow!("asked for one permit, got another number")),
+        Waited::Done(Err(e @ (LockError::Timeout { .. } | LockError::NoQuorum { .. }))) => {
             eprintln!("flashsale semaphore exec: {e}");
             return Ok(ExitCode::from(EXIT_NOT_ACQUIRED));
         }
-        Err(e) => return Err(e.into()),
+        Waited::Done(Err(e)) => return Err(e.into()),
+        Waited::Stopped(sig) => return Ok(stopped_while_waiting(sig)),
     };
     let env = [
         (
@@ -77,5 +105,30 @@ async fn run(lock_nodes: &[String], args: SemaphoreExecArgs) -> Result<ExitCode>
         ("FLASHSALE_SEMAPHORE_NAME", args.name.clone()),
     ];
     let what = format!("permit {} of semaphore {:?}", permit.slot(), args.name);
-    supervise(permit.into_guard(), &what, &env, &args.command).await
+    let run = Supervised {
+        what: &what,
+        env: &env,
+        command: &args.command,
+        grace: args.grace,
+    };
+    run.under(permit.into_guard(), stops).await
+}
+
+/// Sets the total, asking again while no majority answers and the wait
+/// (from `started`) lasts, as a lock's wait does.
+async fn set_permits_within(
+    semaphore: &Semaphore,
+    permits: u32,
+    started: Instant,
+    wait: Duration,
+) -> Result<(), LockError> {
+    loop {
+        match semaphore.set_permits(permits).await {
+            Err(LockError::NoQuorum { .. }) if started.elapsed() < wait => {
+                let pause = Duration::from_millis(200).min(wait.saturating_sub(started.elapsed()));
+                tokio::time::sleep(pause).await;
+            }
+            done => return done,
+        }
+    }
 }

@@ -130,12 +130,24 @@ impl LockClient {
     /// Takes `name`, waiting up to `opts.wait` while someone else holds it
     /// (in arrival order across processes when `opts.fair`).
     pub async fn lock(&self, name: &str, opts: &LockOptions) -> Result<LockGuard, LockError> {
+        check_public_name(name)?;
         self.acquire(name, opts, opts.wait).await
     }
 
     /// Takes `name` if it is free now (one attempt on every node; a fair
     /// lock only if nobody is queued for it either).
     pub async fn try_lock(
+        &self,
+        name: &str,
+        opts: &LockOptions,
+    ) -> Result<Option<LockGuard>, LockError> {
+        check_public_name(name)?;
+        self.try_lock_any(name, opts).await
+    }
+
+    /// [`LockClient::try_lock`] of any name, those the module makes for
+    /// itself included (a semaphore's permit slots).
+    pub(super) async fn try_lock_any(
         &self,
         name: &str,
         opts: &LockOptions,
@@ -149,6 +161,7 @@ impl LockClient {
     /// write side may take it too (a downgrade: release the write side
     /// after, and it keeps reading).
     pub async fn read_lock(&self, name: &str, opts: &LockOptions) -> Result<LockGuard, LockError> {
+        check_public_name(name)?;
         self.acquire_as(name, opts, opts.wait, Mode::Read).await
     }
 
@@ -156,6 +169,7 @@ impl LockClient {
     /// Reentrant per owner. An owner holding the read side gets
     /// [`LockError::Upgrade`]: it would wait for itself.
     pub async fn write_lock(&self, name: &str, opts: &LockOptions) -> Result<LockGuard, LockError> {
+        check_public_name(name)?;
         self.acquire_as(name, opts, opts.wait, Mode::Write).await
     }
 
@@ -165,6 +179,7 @@ impl LockClient {
         name: &str,
         opts: &LockOptions,
     ) -> Result<Option<LockGuard>, LockError> {
+        check_public_name(name)?;
         none_on_timeout(
             self.acquire_as(name, opts, Duration::ZERO, Mode::Read)
                 .await,
@@ -177,6 +192,7 @@ impl LockClient {
         name: &str,
         opts: &LockOptions,
     ) -> Result<Option<LockGuard>, LockError> {
+        check_public_name(name)?;
         none_on_timeout(
             self.acquire_as(name, opts, Duration::ZERO, Mode::Write)
                 .await,
@@ -203,6 +219,7 @@ impl LockClient {
         if let Some(lease) = opts.lease {
             check_lease(lease)?;
         }
+        self.ensure_distinct().await?;
         let started = Instant::now();
         if let Some(g) = self.reenter(mode, name, &opts.owner) {
             return Ok(g);
@@ -419,7 +436,11 @@ impl LockClient {
         if !matches!(counted, Counted::No) {
             // Off the caller's path: the count only decides who gets woken.
             let (client, name) = (self.clone(), name.to_owned());
-            tokio::spawn(async move { client.uncount(mode, &name, wait, &counted).await });
+            if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+                self.spawn_cleanup(&runtime, async move {
+                    client.uncount(mode, &name, wait, &counted).await
+                });
+            }
         }
         result
     }
@@ -929,7 +950,8 @@ impl Drop for Outstanding<'_> {
         };
         let (client, mode) = (self.client.clone(), self.mode);
         let (name, token) = (self.name.to_owned(), self.token.to_owned());
-        runtime.spawn(async move {
+        let releasing = client.clone();
+        releasing.spawn_cleanup(&runtime, async move {
             client.release_token(mode, &name, &token, None).await;
         });
     }
@@ -973,7 +995,8 @@ impl Drop for Dequeue {
         };
         let (client, mode) = (self.client.clone(), self.mode);
         let (name, id) = (std::mem::take(&mut self.name), std::mem::take(&mut self.id));
-        runtime.spawn(async move {
+        let leaving = client.clone();
+        leaving.spawn_cleanup(&runtime, async move {
             let (qkey, xkey) = mode.queue_keys(&name);
             client
                 .on_all_nodes(&client.inner.scripts.dequeue, &[&qkey, &xkey], &[&id])

@@ -3,7 +3,7 @@
 //! in parallel under the per-node timeout.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU32, AtomicU64};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -70,6 +70,12 @@ pub(super) struct Inner {
     /// The keeper's timer task.
     pub(super) timer: Mutex<Option<JoinHandle<()>>>,
     pub(super) epoch: Instant,
+    /// Clean-ups started where a caller could not wait for them (a dropped
+    /// call leaving a fair queue, a dropped guard releasing): what
+    /// [`LockClient::settle`] waits for before a process exits.
+    pub(super) cleanups: Mutex<Vec<JoinHandle<()>>>,
+    /// Every node has told its `run_id` and no two were the same.
+    pub(super) distinct: AtomicBool,
 }
 
 impl Drop for Inner {
@@ -119,6 +125,27 @@ pub(super) fn check_lease(lease: Duration) -> Result<(), LockError> {
     Ok(())
 }
 
+/// Separates the parts of a name the lock module makes for itself (a
+/// semaphore's permit slots): names given by callers may not contain it, so
+/// no lock anyone can name is a slot of a semaphore.
+pub(super) const RESERVED: char = '\0';
+
+/// A name given by a caller (a lock, a semaphore): no [`RESERVED`] byte.
+pub(super) fn check_public_name(name: &str) -> Result<(), LockError> {
+    if name.contains(RESERVED) {
+        return Err(LockError::Invalid("name: the NUL byte is reserved"));
+    }
+    Ok(())
+}
+
+/// What is wrong when `a` and `b` are one lock node.
+pub(super) fn same_node_problem(a: &str, b: &str) -> String {
+    format!(
+        "lock nodes {a} and {b} are the same lock node: each must be a separate Redis \
+         (a majority of one server counted twice protects nothing)"
+    )
+}
+
 pub(super) fn validate(name: &str, owner: &str) -> Result<(), LockError> {
     if name.is_empty() || name.len() > 200 {
         return Err(LockError::Invalid("lock name (1-200 bytes)"));
@@ -139,6 +166,9 @@ impl LockClient {
     pub fn new(urls: &[String], config: LockConfig) -> Result<LockClient, LockError> {
         if urls.is_empty() {
             return Err(LockError::Config("no lock nodes configured".into()));
+        }
+        if let Some((a, b)) = super::node::same_node(urls, false) {
+            return Err(LockError::Config(same_node_problem(&a, &b)));
         }
         let nodes: Vec<LockNode> = urls
             .iter()
@@ -161,11 +191,76 @@ impl LockClient {
                 keeper: Keeper::default(),
                 timer: Mutex::new(None),
                 epoch: Instant::now(),
+                cleanups: Mutex::new(Vec::new()),
+                distinct: AtomicBool::new(urls.len() == 1),
             }),
         };
         let timer = tokio::spawn(Keeper::run(&client.inner));
         *client.inner.timer.lock().unwrap_or_else(|p| p.into_inner()) = Some(timer);
         Ok(client)
+    }
+
+    /// Starts `work` on `runtime` as a clean-up [`LockClient::settle`] waits
+    /// for (finished ones are forgotten as new ones come).
+    pub(super) fn spawn_cleanup(
+        &self,
+        runtime: &tokio::runtime::Handle,
+        work: impl std::future::Future<Output = ()> + Send + 'static,
+    ) {
+        let handle = runtime.spawn(work);
+        let mut cleanups = self
+            .inner
+            .cleanups
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        cleanups.retain(|h| !h.is_finished());
+        cleanups.push(handle);
+    }
+
+    /// Waits until what dropped calls and guards left to do on the nodes
+    /// (leave a fair queue, count out as a waiter, release) is done. A
+    /// process about to exit calls it, so an interrupted wait leaves no
+    /// queue entry behind for the next waiter to wait out.
+    pub async fn settle(&self) {
+        loop {
+            let pending: Vec<JoinHandle<()>> = std::mem::take(
+                &mut *self
+                    .inner
+                    .cleanups
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner()),
+            );
+            if pending.is_empty() {
+                return;
+            }
+            for h in pending {
+                let _ = h.await;
+            }
+        }
+    }
+
+    /// Refuses to go on when two of the nodes are one server (their
+    /// `run_id`s agree): two URLs that reach one Redis pass any look at the
+    /// URLs, and its one answer would count twice in every majority. Asked
+    /// of every node until each has answered once; after that, free.
+    pub(super) async fn ensure_distinct(&self) -> Result<(), LockError> {
+        if self.inner.distinct.load(Ordering::Acquire) {
+            return Ok(());
+        }
+        let timeout = self.inner.config.node_timeout;
+        let ids = join_all(self.inner.nodes.iter().map(|n| n.identity(timeout))).await;
+        for (i, a) in ids.iter().enumerate() {
+            for (j, b) in ids.iter().enumerate().skip(i + 1) {
+                if a.is_some() && a == b {
+                    let (x, y) = (&self.inner.nodes[i].addr, &self.inner.nodes[j].addr);
+                    return Err(LockError::Config(same_node_problem(x, y)));
+                }
+            }
+        }
+        if ids.iter().all(Option::is_some) {
+            self.inner.distinct.store(true, Ordering::Release);
+        }
+        Ok(())
     }
 
     /// Nodes needed for a grant: a majority.

@@ -67,7 +67,8 @@ impl Drop for LockGuard {
         }
         let (client, held) = (self.client.clone(), self.held.clone());
         if let Ok(rt) = tokio::runtime::Handle::try_current() {
-            rt.spawn(async move {
+            let releasing = client.clone();
+            releasing.spawn_cleanup(&rt, async move {
                 client.release_held(&held).await;
             });
         }

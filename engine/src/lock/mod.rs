@@ -46,5 +46,6 @@ pub use client::{LockClient, MAX_LEASE};
 pub use guard::LockGuard;
 pub use latch::Latch;
 pub use multi::MultiGuard;
+pub use node::same_node;
 pub use options::{LockConfig, LockError, LockOptions, TokenClock};
 pub use semaphore::{Permit, PermitOptions, Semaphore};

@@ -69,6 +69,9 @@ impl LockClient {
         if sorted.is_empty() || sorted.len() > MAX_NAMES {
             return Err(LockError::Invalid("multi-lock names (1-64)"));
         }
+        for name in &sorted {
+            super::client::check_public_name(name)?;
+        }
         let started = Instant::now();
         let mut guards: Vec<LockGuard> = Vec::with_capacity(sorted.len());
         for name in sorted {

@@ -3,7 +3,7 @@
 //! NOSCRIPT (a node restarted empty has no scripts). Never talks to the
 //! inventory cluster.
 
-use std::sync::Mutex;
+use std::sync::{Mutex, OnceLock};
 use std::time::Duration;
 
 use redis::aio::MultiplexedConnection;
@@ -17,6 +17,9 @@ pub struct LockNode {
     pub addr: String,
     client: redis::Client,
     conn: Mutex<Option<MultiplexedConnection>>,
+    /// The server's `run_id`, once read: two URLs that reach one server
+    /// (another address of its host, a proxy) have the same.
+    run_id: OnceLock<String>,
 }
 
 /// Why one node did not answer usefully.
@@ -47,7 +50,30 @@ impl LockNode {
             addr,
             client,
             conn: Mutex::new(None),
+            run_id: OnceLock::new(),
         })
+    }
+
+    /// The server's `run_id` (read once, then remembered), or None when it
+    /// does not answer within `timeout` or will not say (an ACL without
+    /// INFO).
+    pub async fn identity(&self, timeout: Duration) -> Option<String> {
+        if let Some(id) = self.run_id.get() {
+            return Some(id.clone());
+        }
+        let ask = async {
+            let mut conn = self.connection().await.ok()?;
+            let info: String = redis::cmd("INFO")
+                .arg("server")
+                .query_async(&mut conn)
+                .await
+                .ok()?;
+            info.lines()
+                .find_map(|l| l.strip_prefix("run_id:"))
+                .map(|id| id.trim().to_owned())
+        };
+        let id = tokio::time::timeout(timeout, ask).await.ok().flatten()?;
+        Some(self.run_id.get_or_init(|| id).clone())
     }
 
     /// The URL-less client, for the pub/sub connection.
@@ -137,5 +163,65 @@ impl LockNode {
                 Err(NodeError::Redis(e.to_string()))
             }
         }
+    }
+}
+
+/// The address a lock node's URL names, to tell two nodes apart: host and
+/// port, lower-cased, the default port filled in (never the user info).
+fn named_address(url: &str) -> String {
+    let hp = crate::redact::host_port(url).to_ascii_lowercase();
+    let has_port = match hp.rsplit_once(':') {
+        Some((host, port)) => !port.is_empty() && (!host.contains(':') || host.ends_with(']')),
+        None => false,
+    };
+    if has_port || hp.is_empty() {
+        hp
+    } else {
+        format!("{hp}:6379")
+    }
+}
+
+/// Two of `urls` that name one lock node, as `host:port` each: by their
+/// text, or, with `resolve`, by an address both resolve to (`localhost`
+/// and `127.0.0.1`). One server listed twice makes every majority a lie:
+/// its one answer would count two or three times.
+pub fn same_node(urls: &[String], resolve: bool) -> Option<(String, String)> {
+    use std::net::ToSocketAddrs;
+    let named: Vec<String> = urls.iter().map(|u| named_address(u)).collect();
+    let reached: Vec<Vec<std::net::SocketAddr>> = named
+        .iter()
+        .map(|a| {
+            if resolve && !a.is_empty() {
+                a.to_socket_addrs().map(|i| i.collect()).unwrap_or_default()
+            } else {
+                Vec::new()
+            }
+        })
+        .collect();
+    for i in 0..named.len() {
+        for j in i + 1..named.len() {
+            let same_text = !named[i].is_empty() && named[i] == named[j];
+            let same_addr = reached[i].iter().any(|a| reached[j].contains(a));
+            if same_text || same_addr || (named[i].is_empty() && urls[i] == urls[j]) {
+                return Some((named[i].clone(), named[j].clone()));
+            }
+        }
+    }
+    None
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn one_node_named_twice_is_found() {
+        let u = |s: &str| s.to_owned();
+        assert!(same_node(&[u("redis://a:1"), u("redis://b:1")], false).is_none());
+        assert!(same_node(&[u("redis://a:1"), u("redis://A:1")], false).is_some());
+        assert!(same_node(&[u("redis://a"), u("redis://a:6379")], false).is_some());
+        assert!(same_node(&[u("redis://u:pw@a:1/0"), u("redis://a:1")], false).is_some());
+        assert!(same_node(&[u("redis://127.0.0.1:7"), u("redis://localhost:7")], true).is_some());
+        assert!(same_node(&[u("redis://127.0.0.1:7"), u("redis://127.0.0.1:8")], true).is_none());
     }
 }

@@ -6,7 +6,8 @@
 //! not bound the holders. Two majorities of three nodes share only one node,
 //! so with K permits each node counts K holders while up to 3K/2 holders
 //! each hold a majority. Here permit `i` (for `i < K`) is the lock
-//! `sem:<name>:<i>`, taken like any lock (one node, or Redlock on a
+//! `sem\0<name>\0<i>` (a NUL byte no caller's lock name may hold, so no
+//! lock anyone can name is a slot), taken like any lock (one node, or Redlock on a
 //! majority): one holder per slot, so at most K holders at once. Each slot
 //! then has what a lock has: a lease (fixed, or renewed by the watchdog
 //! while the holder lives, so a crashed holder's permit comes back within
@@ -142,6 +143,7 @@ impl LockClient {
         if name.is_empty() || name.len() > 180 {
             return Err(LockError::Invalid("semaphore name (1-180 bytes)"));
         }
+        super::client::check_public_name(name)?;
         Ok(Semaphore {
             client: self.clone(),
             name: name.to_owned(),
@@ -155,7 +157,26 @@ impl Semaphore {
     }
 
     fn slot_name(&self, slot: u32) -> String {
-        format!("sem:{}:{slot}", self.name)
+        let sep = super::client::RESERVED;
+        format!("sem{sep}{}{sep}{slot}", self.name)
+    }
+
+    /// Checks what [`Semaphore::acquire`] would be asked (`n` permits with
+    /// `opts`) without writing anything: a caller that sets the total first
+    /// (`set_permits`) checks here, so bad input changes nothing.
+    pub fn check(&self, n: u32, opts: &PermitOptions) -> Result<(), LockError> {
+        validate(&self.name, &opts.owner)?;
+        // Each permit's owner is `<owner>#<16 hex>`, itself at most 200.
+        if opts.owner.len() > 183 {
+            return Err(LockError::Invalid("semaphore owner (1-183 bytes)"));
+        }
+        if n == 0 {
+            return Err(LockError::Invalid("permits asked (at least 1)"));
+        }
+        if let Some(lease) = opts.lease {
+            super::client::check_lease(lease)?;
+        }
+        Ok(())
     }
 
     /// Sets the total of permits (1 to [`MAX_PERMITS`]) on a majority of the
@@ -164,6 +185,7 @@ impl Semaphore {
         if !(1..=MAX_PERMITS).contains(&permits) {
             return Err(LockError::Invalid("permits (1-1000)"));
         }
+        self.client.ensure_distinct().await?;
         // Above every setting a majority has, so two settings in the same
         // millisecond still order (the later call wins).
         let key = self.permits_key();
@@ -263,19 +285,21 @@ impl Semaphore {
         opts: &PermitOptions,
         wait: Duration,
     ) -> Result<Vec<Permit>, LockError> {
-        validate(&self.name, &opts.owner)?;
-        // Each permit's owner is `<owner>#<16 hex>`, itself at most 200.
-        if opts.owner.len() > 183 {
-            return Err(LockError::Invalid("semaphore owner (1-183 bytes)"));
-        }
-        if n == 0 {
-            return Err(LockError::Invalid("permits asked (at least 1)"));
-        }
+        self.check(n, opts)?;
+        self.client.ensure_distinct().await?;
         let started = Instant::now();
         let mut counted: Vec<String> = Vec::new();
         let result = loop {
             let total = match self.permits().await {
                 Ok(t) => t,
+                Err(e @ LockError::NoQuorum { .. }) => {
+                    // A majority may answer again within the wait (a node
+                    // restarting, paused, or slow on a busy machine).
+                    if self.pause_for_quorum(started, wait).await {
+                        continue;
+                    }
+                    break Err(e);
+                }
                 Err(e) => break Err(e),
             };
             if n > total {
@@ -298,6 +322,12 @@ impl Semaphore {
             match self.try_slots(total, n, opts).await {
                 Ok(Some(permits)) => break Ok(permits),
                 Ok(None) => {}
+                Err(e @ LockError::NoQuorum { .. }) => {
+                    if self.pause_for_quorum(started, wait).await {
+                        continue;
+                    }
+                    break Err(e);
+                }
                 Err(e) => break Err(e),
             }
             let remaining = wait.saturating_sub(started.elapsed());
@@ -329,14 +359,27 @@ impl Semaphore {
         if !counted.is_empty() {
             // Off the caller's path: the count only decides who gets woken.
             let client = self.client.clone();
-            tokio::spawn(async move {
-                futures_util::future::join_all(
-                    counted.iter().map(|s| client.count_waiter(s, -1, wait)),
-                )
-                .await;
-            });
+            if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+                self.client.spawn_cleanup(&runtime, async move {
+                    futures_util::future::join_all(
+                        counted.iter().map(|s| client.count_waiter(s, -1, wait)),
+                    )
+                    .await;
+                });
+            }
         }
         result
+    }
+
+    /// After a call no majority answered: waits a moment and says whether
+    /// the caller's wait (from `started`) leaves time to ask again.
+    async fn pause_for_quorum(&self, started: Instant, wait: Duration) -> bool {
+        let remaining = wait.saturating_sub(started.elapsed());
+        if remaining.is_zero() {
+            return false;
+        }
+        tokio::time::sleep((POLL + self.client.jitter()).min(remaining)).await;
+        true
     }
 
     /// One look at every slot, in random order (so holders spread and two
@@ -363,7 +406,7 @@ impl Semaphore {
             };
             match self
                 .client
-                .try_lock(&self.slot_name(slot), &lock_opts)
+                .try_lock_any(&self.slot_name(slot), &lock_opts)
                 .await
             {
                 Ok(Some(guard)) => {

@@ -1,0 +1,547 @@
+//! `flashsale lock exec` and `flashsale semaphore exec` on every exit path,
+//! against real lock nodes: a kill -9 of the exec, signals to it, a command
+//! that reads the terminal, a lock lost while the command drains, a brief
+//! loss of the nodes' majority, bad input, and names that must not collide.
+//! Each test was seen failing before its fix (the attack on the lock CLIs).
+
+use std::io::{Read, Write};
+use std::path::Path;
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::time::{Duration, Instant};
+
+use flashsale::lock::{LockClient, LockConfig, LockOptions};
+use flashsale_tests::{flashsale_bin, flashsale_cmd, wait_for, RedisServer};
+
+fn servers(n: usize) -> Vec<RedisServer> {
+    (0..n).map(|_| RedisServer::start()).collect()
+}
+
+fn urls(s: &[RedisServer]) -> Vec<String> {
+    s.iter().map(|s| s.url()).collect()
+}
+
+fn client(s: &[RedisServer]) -> LockClient {
+    LockClient::new(
+        &urls(s),
+        LockConfig {
+            watchdog_ttl: Duration::from_secs(2),
+            ..LockConfig::default()
+        },
+    )
+    .expect("lock client")
+}
+
+/// True while `pid` runs (a zombie, killed and waiting for its reaper, has
+/// ended: it runs nothing).
+fn alive(pid: u32) -> bool {
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        // The state follows the command name in parentheses.
+        Ok(stat) => stat
+            .rsplit_once(") ")
+            .is_some_and(|(_, rest)| !rest.starts_with('Z') && !rest.starts_with('X')),
+        Err(_) => false,
+    }
+}
+
+/// The pid a command wrote to `file`, once it has.
+fn pid_in(file: &Path) -> u32 {
+    let mut pid = None;
+    wait_for(
+        Duration::from_secs(30),
+        || {
+            pid = std::fs::read_to_string(file)
+                .ok()
+                .and_then(|s| s.trim().parse().ok());
+            pid.is_some()
+        },
+        || format!("the command never wrote {}", file.display()),
+    );
+    pid.unwrap_or_default()
+}
+
+/// The exit status of `child` within `within`, or None (it is then killed).
+fn exit_within(child: &mut Child, within: Duration) -> Option<ExitStatus> {
+    let started = Instant::now();
+    while started.elapsed() < within {
+        if let Ok(Some(s)) = child.try_wait() {
+            return Some(s);
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+    None
+}
+
+fn signal(pid: u32, sig: &str) {
+    let _ = Command::new("kill")
+        .args([&format!("-{sig}"), &pid.to_string()])
+        .status();
+}
+
+/// A command for the exec that starts a background loop in its own group
+/// (as a service's worker would), writes the loop's pid to `pid_file`, and
+/// waits.
+fn background_loop(pid_file: &Path) -> String {
+    format!(
+        "(while true; do sleep 0.2; done) & echo $! > {}; wait",
+        pid_file.display()
+    )
+}
+
+/// The exec's command left a background loop; kill -9 of the exec must not
+/// leave it running once the lock can be taken again.
+async fn killed_exec_leaves_no_command_behind(args: &[&str], name: &str) {
+    let nodes = servers(3);
+    let dir = tempfile::TempDir::new().expect("dir");
+    let pid_file = dir.path().join("loop.pid");
+    let script = background_loop(&pid_file);
+    let mut exec = flashsale_cmd(None, None, &urls(&nodes))
+        .args(args)
+        .args(["--", "sh", "-c", &script])
+        .spawn()
+        .expect("spawn exec");
+    let looping = pid_in(&pid_file);
+    assert!(alive(looping));
+    let _ = exec.kill();
+    let _ = exec.wait();
+    // The next holder gets it once the lease runs out; by then nothing of
+    // the first command may run.
+    let locks = client(&nodes);
+    let next = locks
+        .lock(
+            name,
+            &LockOptions::new("next").wait(Duration::from_secs(60)),
+        )
+        .await
+        .expect("the lease of the killed exec runs out");
+    let still = alive(looping);
+    next.unlock().await;
+    if still {
+        signal(looping, "KILL");
+    }
+    assert!(
+        !still,
+        "the command's background loop outlived the lock of its killed exec"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lock_exec_killed_with_kill_9_leaves_nothing_of_its_command_running() {
+    killed_exec_leaves_no_command_behind(&["lock", "exec", "--name", "L1", "--ttl", "2s"], "L1")
+        .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_semaphore_exec_killed_with_kill_9_leaves_nothing_of_its_command_running() {
+    // One permit: the semaphore's only slot is what the next holder waits
+    // for. Taken through the semaphore, as another exec would.
+    let nodes = servers(3);
+    let dir = tempfile::TempDir::new().expect("dir");
+    let pid_file = dir.path().join("loop.pid");
+    let script = background_loop(&pid_file);
+    let mut exec = flashsale_cmd(None, None, &urls(&nodes))
+        .args([
+            "semaphore",
+            "exec",
+            "--name",
+            "S1",
+            "--permits",
+            "1",
+            "--lease",
+            "2s",
+            "--",
+            "sh",
+            "-c",
+            &script,
+        ])
+        .spawn()
+        .expect("spawn exec");
+    let looping = pid_in(&pid_file);
+    let _ = exec.kill();
+    let _ = exec.wait();
+    let locks = client(&nodes);
+    let permit = locks
+        .semaphore("S1")
+        .expect("name")
+        .acquire(
+            1,
+            &flashsale::lock::PermitOptions::new("next").wait(Duration::from_secs(60)),
+        )
+        .await
+        .expect("the killed exec's permit comes back");
+    let still = alive(looping);
+    for p in permit {
+        let _ = p.release().await;
+    }
+    if still {
+        signal(looping, "KILL");
+    }
+    assert!(
+        !still,
+        "the command's background loop outlived the permit of its killed exec"
+    );
+}
+
+/// A command that ignores SIGTERM: the exec's SIGTERM (or SIGINT, SIGHUP)
+/// gives it `--grace`, then kills its group and gives the lock back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_signalled_exec_kills_a_command_that_ignores_sigterm_after_its_grace() {
+    let nodes = servers(3);
+    let dir = tempfile::TempDir::new().expect("dir");
+    for sig in ["TERM", "INT", "HUP"] {
+        let pid_file = dir.path().join(format!("{sig}.pid"));
+        let script = format!(
+            "trap '' TERM INT HUP; echo $$ > {}; while true; do sleep 0.1; done",
+            pid_file.display()
+        );
+        let mut exec = flashsale_cmd(None, None, &urls(&nodes))
+            .args([
+                "lock", "exec", "--name", "stubborn", "--ttl", "2s", "--grace", "1s", "--", "sh",
+                "-c", &script,
+            ])
+            .spawn()
+            .expect("spawn exec");
+        let command = pid_in(&pid_file);
+        signal(exec.id(), sig);
+        let status = exit_within(&mut exec, Duration::from_secs(30));
+        let still = alive(command);
+        if still {
+            signal(command, "KILL");
+        }
+        let status =
+            status.unwrap_or_else(|| panic!("SIG{sig}: the exec waited on past its grace"));
+        assert!(!still, "SIG{sig}: the command outlived its exec");
+        assert_eq!(
+            status.code(),
+            Some(128 + 9),
+            "SIG{sig}: the command was killed after its grace"
+        );
+        let locks = client(&nodes);
+        let free = locks
+            .try_lock("stubborn", &LockOptions::new("after"))
+            .await
+            .expect("nodes answer");
+        assert!(free.is_some(), "SIG{sig}: the lock was given back");
+        if let Some(g) = free {
+            g.unlock().await;
+        }
+    }
+}
+
+/// After SIGTERM the command drains (for ever: it ignores the signal); the
+/// lock is lost meanwhile (2 of 3 nodes stop). The exec must bound the
+/// drain by its grace and act on the loss as it does before a signal: kill
+/// the group and exit 79, not wait for the drain and exit 0.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lock_lost_while_the_command_drains_after_sigterm_kills_it_and_exits_79() {
+    let nodes = servers(3);
+    let dir = tempfile::TempDir::new().expect("dir");
+    let pid_file = dir.path().join("drain.pid");
+    let script = format!(
+        "trap 'echo draining' TERM; echo $$ > {}; while true; do sleep 0.1; done",
+        pid_file.display()
+    );
+    let mut exec = flashsale_cmd(None, None, &urls(&nodes))
+        .args([
+            "lock", "exec", "--name", "drain", "--ttl", "1s", "--grace", "5s", "--", "sh", "-c",
+            &script,
+        ])
+        .spawn()
+        .expect("spawn exec");
+    let command = pid_in(&pid_file);
+    signal(exec.id(), "TERM");
+    nodes[1].node.signal("STOP");
+    nodes[2].node.signal("STOP");
+    let status = exit_within(&mut exec, Duration::from_secs(60));
+    nodes[1].node.signal("CONT");
+    nodes[2].node.signal("CONT");
+    let still = alive(command);
+    if still {
+        signal(command, "KILL");
+    }
+    let status = status.expect("the exec acted on the lost lock within a minute");
+    assert!(!still, "the command ran on without the lock");
+    assert_eq!(
+        status.code(),
+        Some(79),
+        "the exit code says the lock was lost"
+    );
+}
+
+/// Under a terminal, the command reads it: it must be the terminal's
+/// foreground (a background group reading /dev/tty is stopped by SIGTTIN,
+/// and the exec would hold the lock for ever).
+#[test]
+fn a_command_that_reads_the_terminal_gets_its_input() {
+    let nodes = servers(1);
+    let line = format!(
+        "{} lock exec --name tty --ttl 2s -- sh -c 'read ans </dev/tty; echo got:$ans'",
+        flashsale_bin().display()
+    );
+    let mut term = Command::new("script")
+        .args(["-qec", &line, "/dev/null"])
+        .env_remove("FLASHSALE_CONFIG")
+        .env("FLASHSALE_LOCK_NODES", urls(&nodes).join(","))
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("spawn script(1)");
+    let mut stdin = term.stdin.take().expect("stdin");
+    stdin.write_all(b"yes\n").expect("type");
+    stdin.flush().expect("flush");
+    let status = exit_within(&mut term, Duration::from_secs(60));
+    drop(stdin);
+    let mut out = String::new();
+    let _ = term.stdout.take().map(|mut o| o.read_to_string(&mut out));
+    let status = status.unwrap_or_else(|| panic!("the command hung on the terminal: {out:?}"));
+    assert!(
+        out.contains("got:yes"),
+        "the command read the line: {out:?}"
+    );
+    assert!(status.success(), "{status:?}: {out:?}");
+}
+
+/// 2 of 3 lock nodes stop for a moment: `semaphore exec --wait` waits it
+/// out as `lock exec` does, instead of failing at once.
+#[test]
+fn semaphore_exec_waits_out_a_brief_loss_of_the_majority() {
+    let nodes = servers(3);
+    nodes[1].node.signal("STOP");
+    nodes[2].node.signal("STOP");
+    let clients_before = nodes[0].node.connected_clients();
+    let mut exec = flashsale_cmd(None, None, &urls(&nodes))
+        .args([
+            "semaphore",
+            "exec",
+            "--name",
+            "brief",
+            "--permits",
+            "2",
+            "--wait",
+            "60s",
+            "--",
+            "true",
+        ])
+        .spawn()
+        .expect("spawn exec");
+    // The exec has reached the one node that answers (and so is asking the
+    // nodes) before the majority comes back.
+    wait_for(
+        Duration::from_secs(30),
+        || nodes[0].node.connected_clients() > clients_before,
+        || "the exec never reached the nodes".into(),
+    );
+    std::thread::sleep(Duration::from_millis(500));
+    let early = exec.try_wait().ok().flatten();
+    nodes[1].node.signal("CONT");
+    nodes[2].node.signal("CONT");
+    assert_eq!(early, None, "the exec gave up while it could still wait");
+    let status = exit_within(&mut exec, Duration::from_secs(60)).expect("exits");
+    assert!(
+        status.success(),
+        "it got a permit once the nodes came back: {status:?}"
+    );
+}
+
+/// No majority for the whole `--wait`: exit 75, as `lock exec` does.
+#[test]
+fn semaphore_exec_without_a_majority_for_its_whole_wait_exits_75() {
+    let nodes = servers(3);
+    nodes[1].node.signal("STOP");
+    nodes[2].node.signal("STOP");
+    let mut exec = flashsale_cmd(None, None, &urls(&nodes))
+        .args([
+            "semaphore",
+            "exec",
+            "--name",
+            "none",
+            "--permits",
+            "1",
+            "--wait",
+            "2s",
+            "--",
+            "true",
+        ])
+        .spawn()
+        .expect("spawn exec");
+    let status = exit_within(&mut exec, Duration::from_secs(60));
+    nodes[1].node.signal("CONT");
+    nodes[2].node.signal("CONT");
+    assert_eq!(status.expect("exits").code(), Some(75));
+}
+
+/// Bad input changes nothing: an owner too long for a permit is refused
+/// before the permit total is written.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_semaphore_exec_with_an_invalid_owner_leaves_the_permit_total_alone() {
+    let nodes = servers(3);
+    let locks = client(&nodes);
+    let sem = locks.semaphore("total").expect("name");
+    sem.set_permits(3).await.expect("set");
+    let owner = "o".repeat(184);
+    let out = flashsale_cmd(None, None, &urls(&nodes))
+        .args([
+            "semaphore",
+            "exec",
+            "--name",
+            "total",
+            "--permits",
+            "7",
+            "--owner",
+            &owner,
+            "--",
+            "true",
+        ])
+        .output()
+        .expect("run");
+    assert!(!out.status.success(), "refused");
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("owner"),
+        "says what is wrong: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(
+        sem.permits().await.expect("read"),
+        3,
+        "the total is untouched"
+    );
+}
+
+/// A fair-lock waiter signalled before it holds the lock leaves the queue,
+/// so the next waiter does not wait out its entry's lease.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fair_waiter_signalled_before_it_holds_the_lock_leaves_the_queue() {
+    let nodes = servers(3);
+    let locks = client(&nodes);
+    let mut opts = LockOptions::new("holder");
+    opts.fair = true;
+    let held = locks.lock("line", &opts).await.expect("holder");
+    let queued = || {
+        nodes
+            .iter()
+            .map(|n| n.node.cmd::<i64>(&["ZCARD", "flashsale:fairq:line"]))
+            .max()
+            .unwrap_or(0)
+    };
+    for sig in ["TERM", "INT", "HUP"] {
+        let mut exec = flashsale_cmd(None, None, &urls(&nodes))
+            .args([
+                "lock", "exec", "--fair", "--name", "line", "--wait", "120s", "--", "true",
+            ])
+            .spawn()
+            .expect("spawn exec");
+        wait_for(
+            Duration::from_secs(30),
+            || queued() >= 1,
+            || "the exec never queued".into(),
+        );
+        signal(exec.id(), sig);
+        let status = exit_within(&mut exec, Duration::from_secs(30)).expect("exits");
+        assert!(!status.success(), "SIG{sig}: it never ran the command");
+        assert_eq!(queued(), 0, "SIG{sig}: its queue entry was left behind");
+    }
+    held.unlock().await;
+}
+
+/// A permit's slot is not a lock anyone can name: `lock exec` of
+/// `sem:SX:0` must not take semaphore SX's only permit.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lock_named_like_a_permit_slot_does_not_take_the_permit() {
+    let nodes = servers(3);
+    let locks = client(&nodes);
+    let squatter = locks
+        .lock("sem:SX:0", &LockOptions::new("squatter"))
+        .await
+        .expect("lock");
+    let status = flashsale_cmd(None, None, &urls(&nodes))
+        .args([
+            "semaphore",
+            "exec",
+            "--name",
+            "SX",
+            "--permits",
+            "1",
+            "--wait",
+            "2s",
+            "--",
+            "true",
+        ])
+        .status()
+        .expect("run");
+    squatter.unlock().await;
+    assert!(status.success(), "the permit was free: {status:?}");
+}
+
+/// The same lock node listed twice (or by two names) would make every
+/// majority impossible or meaningless: refused when the config is read.
+#[test]
+fn duplicate_lock_nodes_are_refused_by_config_check() {
+    let nodes = servers(3);
+    let port = nodes[0]
+        .url()
+        .rsplit(':')
+        .next()
+        .unwrap_or_default()
+        .to_owned();
+    let same = nodes[0].url();
+    for list in [
+        vec![same.clone(), same.clone(), same.clone()],
+        vec![
+            format!("redis://127.0.0.1:{port}"),
+            format!("redis://localhost:{port}"),
+            nodes[1].url(),
+        ],
+    ] {
+        let out = flashsale_cmd(None, None, &list)
+            .args(["config", "check"])
+            .output()
+            .expect("run");
+        assert!(!out.status.success(), "{list:?} accepted");
+        assert!(
+            String::from_utf8_lossy(&out.stderr).contains("the same lock node"),
+            "{list:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    let out = flashsale_cmd(None, None, &urls(&nodes))
+        .args(["config", "check"])
+        .output()
+        .expect("run");
+    assert!(out.status.success(), "three distinct nodes pass");
+}
+
+/// Two URLs that reach one server (a second address of the host, a proxy)
+/// pass a look at the URLs; the client asks each node who it is at connect
+/// and refuses to count one server twice.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_server_behind_two_addresses_is_never_counted_twice() {
+    let nodes = [
+        RedisServer::start_with(&["--bind", "127.0.0.1", "127.0.0.2"]),
+        RedisServer::start(),
+    ];
+    let port = nodes[0]
+        .url()
+        .rsplit(':')
+        .next()
+        .unwrap_or_default()
+        .to_owned();
+    // 127.0.0.2 reaches the same listener on Linux's loopback.
+    let list = vec![
+        format!("redis://127.0.0.1:{port}"),
+        format!("redis://127.0.0.2:{port}"),
+        nodes[1].url(),
+    ];
+    let locks = LockClient::new(&list, LockConfig::default()).expect("client");
+    let taken = locks.try_lock("twice", &LockOptions::new("me")).await;
+    let said = match &taken {
+        Ok(Some(_)) => "granted".to_owned(),
+        Ok(None) => "refused as held".to_owned(),
+        Err(e) => e.to_string(),
+    };
+    assert!(
+        matches!(taken, Err(flashsale::lock::LockError::Config(_)))
+            && said.contains("the same lock node"),
+        "{said}"
+    );
+}
