@@ -72,7 +72,7 @@ impl Settings {
         settings.engine.validate()?;
         settings.server.validate()?;
         // Names resolved here, where a blocking look-up is fine (the
-        // library's own check compares the text, then each node's run_id).
+        // library's own check compares the text, then marker keys).
         if let Some((a, b)) = crate::lock::same_node(&settings.engine.lock_nodes, true) {
             return Err(ConfigError::new(
                 "lock_nodes",

@@ -690,8 +690,13 @@ pub fn stream_orders(
 /// profile, the same target dir as the tests).
 pub fn flashsale_bin() -> PathBuf {
     static BUILT: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+    // FLASHSALE_BIN runs the CLI tests against another build (an older
+    // commit's, to watch a new test fail on the code it guards against).
     BUILT
-        .get_or_init(|| workspace_bin("flashsale", "flashsale"))
+        .get_or_init(|| match std::env::var_os("FLASHSALE_BIN") {
+            Some(bin) => PathBuf::from(bin),
+            None => workspace_bin("flashsale", "flashsale"),
+        })
         .clone()
 }
 

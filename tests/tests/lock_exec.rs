@@ -440,6 +440,21 @@ async fn a_fair_waiter_signalled_before_it_holds_the_lock_leaves_the_queue() {
         let status = exit_within(&mut exec, Duration::from_secs(30)).expect("exits");
         assert!(!status.success(), "SIG{sig}: it never ran the command");
         assert_eq!(queued(), 0, "SIG{sig}: its queue entry was left behind");
+        // Nor its place in the waiter count (found by the attack: 8
+        // signalled waiters left the count at 8 for their whole wait).
+        let counted: i64 = nodes
+            .iter()
+            .map(|n| {
+                n.node
+                    .cmd::<Option<i64>>(&["GET", "flashsale:waiters:line"])
+                    .unwrap_or(0)
+            })
+            .max()
+            .unwrap_or(0);
+        assert!(
+            counted <= 0,
+            "SIG{sig}: counted as a waiter after it left: {counted}"
+        );
     }
     held.unlock().await;
 }
@@ -544,4 +559,316 @@ async fn one_server_behind_two_addresses_is_never_counted_twice() {
             && said.contains("the same lock node"),
         "{said}"
     );
+}
+
+/// The lines a holder's command logged (`A` lines from the first holder,
+/// `B-start`/`B-end` from the next): true when the first holder wrote
+/// while the next one was inside.
+fn interleaved(log: &Path) -> bool {
+    let text = std::fs::read_to_string(log).unwrap_or_default();
+    let mut inside = false;
+    for line in text.lines() {
+        match line {
+            "B-start" => inside = true,
+            "B-end" => inside = false,
+            "A" if inside => return true,
+            _ => {}
+        }
+    }
+    false
+}
+
+/// A command logging `A` every 50 ms, ignoring SIGTERM.
+fn stubborn_logger(log: &Path, pid_file: &Path) -> String {
+    format!(
+        "trap '' TERM; echo $$ > {pid}; while true; do echo A >> {log}; sleep 0.05; done",
+        pid = pid_file.display(),
+        log = log.display()
+    )
+}
+
+/// The next holder: logs its start and end around a second inside.
+fn next_holder(nodes: &[RedisServer], name: &str, log: &Path) -> ExitStatus {
+    let script = format!(
+        "echo B-start >> {log}; sleep 1; echo B-end >> {log}",
+        log = log.display()
+    );
+    flashsale_cmd(None, None, &urls(nodes))
+        .args([
+            "lock", "exec", "--name", name, "--wait", "60s", "--", "sh", "-c", &script,
+        ])
+        .status()
+        .expect("run the next holder")
+}
+
+/// Found by the attack on the fixed CLIs: a lost lock only sent SIGTERM
+/// and waited `--grace`, so a command that drains (or ignores SIGTERM) ran
+/// on beside the next holder. A lost lock now kills the group at once.
+#[test]
+fn a_lost_lock_kills_the_command_before_the_next_holder_is_inside() {
+    let nodes = servers(3);
+    let dir = tempfile::TempDir::new().expect("dir");
+    let (log, pid_file) = (dir.path().join("log"), dir.path().join("a.pid"));
+    let mut first = flashsale_cmd(None, None, &urls(&nodes))
+        .args([
+            "lock", "exec", "--name", "lost", "--ttl", "1s", "--", "sh", "-c",
+        ])
+        .arg(stubborn_logger(&log, &pid_file))
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn");
+    let command = pid_in(&pid_file);
+    let stderr = first.stderr.take().expect("stderr");
+    nodes[1].node.signal("STOP");
+    nodes[2].node.signal("STOP");
+    // Until the exec has seen the loss (it says so).
+    let mut said = String::new();
+    let mut reader = std::io::BufReader::new(stderr);
+    let seen = Instant::now();
+    while !said.contains("lost") && seen.elapsed() < Duration::from_secs(60) {
+        let mut line = String::new();
+        if std::io::BufRead::read_line(&mut reader, &mut line).unwrap_or(0) == 0 {
+            break;
+        }
+        said.push_str(&line);
+    }
+    nodes[1].node.signal("CONT");
+    nodes[2].node.signal("CONT");
+    assert!(said.contains("lost"), "the exec never saw the loss: {said}");
+    let next = next_holder(&nodes, "lost", &log);
+    let still = alive(command);
+    let _ = first.kill();
+    let _ = first.wait();
+    if still {
+        signal(command, "KILL");
+    }
+    assert!(next.success());
+    assert!(
+        !interleaved(&log),
+        "the first holder's command wrote while the next holder was inside"
+    );
+}
+
+/// Found by the attack: a stopped exec (SIGSTOP) renews nothing, yet its
+/// command ran on beside the next holder. The reaper hears no heartbeat
+/// and kills the group within half the lease.
+#[test]
+fn a_stopped_exec_does_not_leave_its_command_running_into_the_next_turn() {
+    let nodes = servers(3);
+    let dir = tempfile::TempDir::new().expect("dir");
+    let (log, pid_file) = (dir.path().join("log"), dir.path().join("a.pid"));
+    let mut first = flashsale_cmd(None, None, &urls(&nodes))
+        .args([
+            "lock", "exec", "--name", "stopped", "--ttl", "1s", "--", "sh", "-c",
+        ])
+        .arg(stubborn_logger(&log, &pid_file))
+        .spawn()
+        .expect("spawn");
+    let command = pid_in(&pid_file);
+    signal(first.id(), "STOP");
+    let next = next_holder(&nodes, "stopped", &log);
+    let still = alive(command);
+    signal(first.id(), "CONT");
+    let status = exit_within(&mut first, Duration::from_secs(60));
+    if still {
+        signal(command, "KILL");
+    }
+    assert!(next.success());
+    assert!(
+        !interleaved(&log),
+        "the stopped exec's command wrote while the next holder was inside"
+    );
+    assert_eq!(status.and_then(|s| s.code()), Some(79), "it lost the lock");
+}
+
+/// Found by the attack: a reaper killed on its own was not replaced, so a
+/// kill -9 of the exec afterwards left the command's background work
+/// running. The next heartbeat replaces it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_reaper_is_replaced_before_the_exec_can_die() {
+    let nodes = servers(3);
+    let dir = tempfile::TempDir::new().expect("dir");
+    let pid_file = dir.path().join("loop.pid");
+    let mut exec = flashsale_cmd(None, None, &urls(&nodes))
+        .args([
+            "lock", "exec", "--name", "reaped", "--ttl", "2s", "--", "sh", "-c",
+        ])
+        .arg(background_loop(&pid_file))
+        .spawn()
+        .expect("spawn");
+    let looping = pid_in(&pid_file);
+    let reapers = || -> Vec<u32> {
+        let out = Command::new("pgrep")
+            .args(["-P", &exec.id().to_string(), "-x", "flashsale"])
+            .output()
+            .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
+            .unwrap_or_default();
+        out.split_whitespace()
+            .filter_map(|p| p.parse().ok())
+            .collect()
+    };
+    let first: Vec<u32> = reapers();
+    assert_eq!(first.len(), 1, "one reaper: {first:?}");
+    signal(first[0], "KILL");
+    wait_for(
+        Duration::from_secs(30),
+        || reapers().iter().any(|p| !first.contains(p) && alive(*p)),
+        || "no new reaper".into(),
+    );
+    let _ = exec.kill();
+    let _ = exec.wait();
+    let locks = client(&nodes);
+    let next = locks
+        .lock(
+            "reaped",
+            &LockOptions::new("next").wait(Duration::from_secs(60)),
+        )
+        .await
+        .expect("the lease runs out");
+    let still = alive(looping);
+    next.unlock().await;
+    if still {
+        signal(looping, "KILL");
+    }
+    assert!(!still, "the background loop outlived both exec and reaper");
+}
+
+/// Found by the attack: Ctrl-Z stopped the command's group (the terminal's
+/// foreground) while the exec ran on renewing the lock, so the shell never
+/// got its prompt back and the lock was held by a stopped job. Now the exec
+/// stops with it (job control), and the stopped job's command is ended by
+/// the reaper within half the lease, so no lock is held by a stopped job.
+/// Run from an interactive bash under a pty, as a user would.
+#[test]
+fn ctrl_z_stops_the_exec_and_a_stopped_job_holds_no_lock() {
+    let nodes = servers(1);
+    let dir = tempfile::TempDir::new().expect("dir");
+    let pid_file = dir.path().join("cmd.pid");
+    let mut term = Command::new("script")
+        .args(["-qec", "bash --norc --noprofile -i", "/dev/null"])
+        .env_remove("FLASHSALE_CONFIG")
+        .env("FLASHSALE_LOCK_NODES", urls(&nodes).join(","))
+        .stdin(Stdio::piped())
+        .stdout(Stdio::null())
+        .spawn()
+        .expect("spawn script(1)");
+    let mut stdin = term.stdin.take().expect("stdin");
+    let line = format!(
+        "{} lock exec --name ctrlz --ttl 1s -- sh -c 'echo $$ > {}; sleep 60'\n",
+        flashsale_bin().display(),
+        pid_file.display()
+    );
+    stdin.write_all(line.as_bytes()).expect("type");
+    stdin.flush().expect("flush");
+    let command = pid_in(&pid_file);
+    let exec_pid: u32 = std::fs::read_to_string(format!("/proc/{command}/stat"))
+        .ok()
+        .and_then(|s| s.rsplit_once(") ").map(|(_, r)| r.to_owned()))
+        .and_then(|r| r.split_whitespace().nth(1).and_then(|p| p.parse().ok()))
+        .expect("the command's parent");
+    stdin.write_all(b"\x1a").expect("Ctrl-Z");
+    stdin.flush().expect("flush");
+    let state = |pid: u32| {
+        std::fs::read_to_string(format!("/proc/{pid}/stat"))
+            .ok()
+            .and_then(|s| s.rsplit_once(") ").map(|(_, r)| r.chars().next()))
+            .flatten()
+    };
+    let within = |what: &dyn Fn() -> bool| {
+        let started = Instant::now();
+        while started.elapsed() < Duration::from_secs(30) {
+            if what() {
+                return true;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        false
+    };
+    let stopped = within(&|| state(exec_pid) == Some('T'));
+    let gone = stopped && within(&|| !alive(command));
+    signal(exec_pid, "CONT");
+    signal(exec_pid, "KILL");
+    signal(command, "KILL");
+    let _ = stdin.write_all(b"exit\n");
+    drop(stdin);
+    let _ = term.kill();
+    let _ = term.wait();
+    assert!(
+        stopped,
+        "Ctrl-Z did not stop the exec (its shell never gets the prompt back)"
+    );
+    assert!(
+        gone,
+        "the stopped job's command ran on with no one renewing its lock"
+    );
+}
+
+/// Found by the attack: a server whose ACL refuses INFO, listed under two
+/// addresses, passed the run_id check and counted as 2 of 3. The check
+/// now asks each node for a marker key of another's.
+#[test]
+fn one_server_behind_two_addresses_is_refused_even_when_info_is_not_allowed() {
+    let twice = RedisServer::start_with(&["--bind", "127.0.0.1", "127.0.0.2"]);
+    let _: () = twice.node.cmd(&[
+        "ACL", "SETUSER", "lk", "on", ">pw", "~*", "&*", "+@all", "-info",
+    ]);
+    let port = twice
+        .url()
+        .rsplit(':')
+        .next()
+        .unwrap_or_default()
+        .to_owned();
+    let list = vec![
+        format!("redis://lk:pw@127.0.0.1:{port}"),
+        format!("redis://lk:pw@127.0.0.2:{port}"),
+        format!("redis://127.0.0.1:{}", flashsale_tests::free_port()),
+    ];
+    let out = flashsale_cmd(None, None, &list)
+        .args([
+            "lock", "exec", "--read", "--name", "d5", "--wait", "2s", "--", "echo", "RAN",
+        ])
+        .output()
+        .expect("run");
+    let said = String::from_utf8_lossy(&out.stdout);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !said.contains("RAN"),
+        "one server counted twice granted it: {err}"
+    );
+    assert!(err.contains("the same lock node"), "{err}");
+    assert!(!err.contains("pw@"), "no password in the error: {err}");
+}
+
+/// Found by the attack: a release no majority confirmed (2 of 3 nodes
+/// paused as the command ended) turned the command's own exit code into
+/// 79, though the lock was never lost. The command's code stands.
+#[test]
+fn an_unconfirmed_release_keeps_the_commands_exit_code() {
+    let nodes = servers(3);
+    let dir = tempfile::TempDir::new().expect("dir");
+    let go = dir.path().join("go");
+    let started = dir.path().join("started");
+    let script = format!(
+        "touch {}; while [ ! -e {} ]; do sleep 0.05; done; exit 5",
+        started.display(),
+        go.display()
+    );
+    let mut exec = flashsale_cmd(None, None, &urls(&nodes))
+        .args([
+            "lock", "exec", "--name", "rel", "--ttl", "10s", "--", "sh", "-c", &script,
+        ])
+        .spawn()
+        .expect("spawn");
+    wait_for(
+        Duration::from_secs(30),
+        || started.exists(),
+        || "the command never started".into(),
+    );
+    nodes[1].node.signal("STOP");
+    nodes[2].node.signal("STOP");
+    std::fs::write(&go, "").expect("go");
+    let status = exit_within(&mut exec, Duration::from_secs(60));
+    nodes[1].node.signal("CONT");
+    nodes[2].node.signal("CONT");
+    assert_eq!(status.and_then(|s| s.code()), Some(5));
 }

@@ -394,6 +394,18 @@ async fn paused_holder_is_fenced_out_of_postgres() {
     }
     guard.unlock().await;
 
+    // Only the command comes back (the exec and its group's reaper stay
+    // frozen, as on a machine that stalls while the command's own thread
+    // runs on): its late write must be refused by the fence. Were the exec
+    // or the reaper running, they would kill it before it wrote.
+    let _ = std::process::Command::new("pkill")
+        .args(["-CONT", "-x", "sh", "-P", &pid])
+        .status();
+    flashsale_tests::wait_for(
+        Duration::from_secs(60),
+        || status_file.exists(),
+        || "the resumed command never tried its write".into(),
+    );
     let _ = std::process::Command::new("kill")
         .args(["-CONT", &pid])
         .status();

@@ -14,6 +14,17 @@
 //! the lock. (A child subreaper would not do: it is the exec itself, and it
 //! dies with the kill -9.)
 //!
+//! The reaper is also a dead man's switch: the exec writes a byte to the
+//! pipe every quarter of the lease, and a reaper that hears nothing for half
+//! the lease kills the group. An exec that is stopped (SIGSTOP, Ctrl-Z) or
+//! hung cannot renew its lease, and its command must not run on into the
+//! next holder's turn: the group dies before the lease can run out. A
+//! reaper that is killed on its own is replaced at the next heartbeat.
+//!
+//! What a process group cannot hold: a command that leaves it on purpose
+//! (`setsid`, `setpgid`) is out of reach, as it is of `timeout(1)`; and a
+//! kill -9 of both the exec and its reaper at once leaves the group alone.
+//!
 //! Why the terminal moves: a command run from an interactive shell may read
 //! the terminal (`read ans </dev/tty`). A group that is not the terminal's
 //! foreground group is stopped by SIGTTIN when it does, and would hold the
@@ -26,13 +37,24 @@
 //! calls.
 
 use std::io;
+use std::time::Duration;
 
 /// A process group led by a reaper; dropped, it is killed whole.
 pub struct CommandGroup {
-    /// The reaper's pid, which is the group's id.
+    /// The first reaper's pid, which is the group's id.
     pgid: libc::pid_t,
+    /// The reaper now (another when one was killed and replaced).
+    reaper: libc::pid_t,
     /// The write end of the reaper's pipe: open as long as the exec lives.
     alive: libc::c_int,
+    /// How long the reaper waits for a heartbeat (ms).
+    patience_ms: libc::c_int,
+    /// When the reaper last heard from the exec.
+    last_beat: std::time::Instant,
+    /// The exec was silent longer than the reaper waits (it was stopped or
+    /// starved): the group may have been killed and the lease may have run
+    /// out under it.
+    lapsed: bool,
     /// The controlling terminal, when the group was made its foreground.
     terminal: Option<libc::c_int>,
     ended: bool,
@@ -43,39 +65,103 @@ const MAX_FD: libc::c_int = 4096;
 
 impl CommandGroup {
     /// Forks the reaper and makes its group; the command joins it with
-    /// [`CommandGroup::pgid`].
-    pub fn start() -> io::Result<CommandGroup> {
-        let mut fds = [0 as libc::c_int; 2];
-        // SAFETY: pipe2 writes two descriptors into the array it is given.
-        if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
-            return Err(io::Error::last_os_error());
-        }
-        let [watch, alive] = fds;
-        // SAFETY: the child runs only `reap`, which makes async-signal-safe
-        // calls and never returns; the parent goes on as before.
-        let pid = unsafe { libc::fork() };
-        if pid < 0 {
-            let e = io::Error::last_os_error();
-            close(watch);
-            close(alive);
-            return Err(e);
-        }
-        if pid == 0 {
-            reap(watch);
-        }
-        close(watch);
-        // Both sides set the group (as a shell does), so it exists before
-        // the command is spawned into it whichever runs first.
-        // SAFETY: setpgid on our own child, with its own pid as the group.
-        unsafe { libc::setpgid(pid, pid) };
+    /// [`CommandGroup::pgid`]. `lease` is the grant's: the group is killed
+    /// when the exec has not been heard from for half of it.
+    pub fn start(lease: Duration) -> io::Result<CommandGroup> {
+        let patience_ms = libc::c_int::try_from((lease / 2).as_millis())
+            .unwrap_or(libc::c_int::MAX)
+            .max(10);
+        let (reaper, alive) = spawn_reaper(None, patience_ms)?;
         let mut group = CommandGroup {
-            pgid: pid,
+            pgid: reaper,
+            reaper,
             alive,
+            patience_ms,
+            last_beat: std::time::Instant::now(),
+            lapsed: false,
             terminal: None,
             ended: false,
         };
         group.take_terminal();
         Ok(group)
+    }
+
+    /// How often the exec must call [`CommandGroup::beat`].
+    pub fn heartbeat_every(&self) -> Duration {
+        Duration::from_millis(u64::try_from(self.patience_ms / 2).unwrap_or(5).max(5))
+    }
+
+    /// Tells the reaper the exec lives; replaces a reaper that is gone.
+    pub fn beat(&mut self) {
+        if self.ended {
+            return;
+        }
+        let silent = self.last_beat.elapsed();
+        self.last_beat = std::time::Instant::now();
+        if silent.as_millis() >= u128::from(self.patience_ms.unsigned_abs()) {
+            self.lapsed = true;
+        }
+        let byte = 1u8;
+        // SAFETY: writes one byte from a live local to a descriptor we own.
+        let n = unsafe { libc::write(self.alive, (&byte as *const u8).cast(), 1) };
+        if n == 1 {
+            return;
+        }
+        // The reaper is gone (killed on its own): reap it, and start another
+        // in the same group while the command still runs in it.
+        let mut status = 0;
+        // SAFETY: waits without blocking for our own child.
+        unsafe { libc::waitpid(self.reaper, &mut status, libc::WNOHANG) };
+        if let Ok((reaper, alive)) = spawn_reaper(Some(self.pgid), self.patience_ms) {
+            close(self.alive);
+            self.reaper = reaper;
+            self.alive = alive;
+        }
+    }
+
+    /// True when the command (`pid`, the group's first process) is stopped
+    /// (Ctrl-Z, or SIGTTIN reading a terminal it does not have). Leaves the
+    /// stop to be seen again, and the child's end to tokio.
+    pub fn stopped(&self, pid: u32) -> bool {
+        // SAFETY: waitid fills the zeroed siginfo it is given; WNOWAIT
+        // leaves the child's state for whoever waits for it.
+        unsafe {
+            let mut info: libc::siginfo_t = std::mem::zeroed();
+            let r = libc::waitid(
+                libc::P_PID,
+                pid as libc::id_t,
+                &mut info,
+                libc::WSTOPPED | libc::WNOHANG | libc::WNOWAIT,
+            );
+            r == 0 && info.si_pid() != 0
+        }
+    }
+
+    /// Whether the exec was ever silent longer than the reaper waits: the
+    /// command cannot be known to have run under a live lease throughout.
+    pub fn lapsed(&self) -> bool {
+        self.lapsed
+            || self.last_beat.elapsed().as_millis() >= u128::from(self.patience_ms.unsigned_abs())
+    }
+
+    /// Whether the group holds the terminal (it was the foreground).
+    pub fn has_terminal(&self) -> bool {
+        self.terminal.is_some()
+    }
+
+    /// Job control for a command stopped at the terminal: gives the
+    /// terminal back and stops the exec itself, so the shell gets its
+    /// prompt as it would without the exec. A stopped exec renews nothing:
+    /// the reaper ends the group within half the lease, and the grant
+    /// lapses. Once continued, the exec takes the terminal again when it is
+    /// the foreground and continues the group.
+    pub fn suspend(&mut self) {
+        self.give_back_terminal();
+        // SAFETY: stops this process with the default action of SIGTSTP
+        // (the exec installs no handler for it); returns on SIGCONT.
+        unsafe { libc::raise(libc::SIGTSTP) };
+        self.take_terminal();
+        self.signal(libc::SIGCONT);
     }
 
     /// The group the command must join.
@@ -104,7 +190,7 @@ impl CommandGroup {
         self.signal(libc::SIGKILL);
         let mut status = 0;
         // SAFETY: waits for our own child, the reaper, which SIGKILL ends.
-        while unsafe { libc::waitpid(self.pgid, &mut status, 0) } < 0
+        while unsafe { libc::waitpid(self.reaper, &mut status, 0) } < 0
             && io::Error::last_os_error().kind() == io::ErrorKind::Interrupted
         {}
         self.give_back_terminal();
@@ -158,18 +244,53 @@ impl Drop for CommandGroup {
     }
 }
 
+/// Forks a reaper that leads a new group (`join` None) or joins the group
+/// `join`, and waits `patience_ms` for each heartbeat; returns its pid and
+/// the write end of its pipe.
+fn spawn_reaper(
+    join: Option<libc::pid_t>,
+    patience_ms: libc::c_int,
+) -> io::Result<(libc::pid_t, libc::c_int)> {
+    let mut fds = [0 as libc::c_int; 2];
+    // SAFETY: pipe2 writes two descriptors into the array it is given.
+    if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    let [watch, alive] = fds;
+    // SAFETY: the child runs only `reap`, which makes async-signal-safe
+    // calls and never returns; the parent goes on as before.
+    let pid = unsafe { libc::fork() };
+    if pid < 0 {
+        let e = io::Error::last_os_error();
+        close(watch);
+        close(alive);
+        return Err(e);
+    }
+    if pid == 0 {
+        reap(watch, join.unwrap_or(0), patience_ms);
+    }
+    close(watch);
+    // Both sides set the group (as a shell does), so it exists before the
+    // command is spawned into it whichever runs first.
+    // SAFETY: setpgid on our own child.
+    unsafe { libc::setpgid(pid, join.unwrap_or(pid)) };
+    Ok((pid, alive))
+}
+
 fn close(fd: libc::c_int) {
     // SAFETY: closes a descriptor this module opened.
     unsafe { libc::close(fd) };
 }
 
-/// The reaper, in the forked child: leads its own group, ignores the
-/// signals meant for the command or the exec, waits for the pipe to close
-/// (the exec is gone) and kills its group. Async-signal-safe calls only.
-fn reap(watch: libc::c_int) -> ! {
+/// The reaper, in the forked child: leads its own group (or joins `join`),
+/// ignores the signals meant for the command or the exec, and kills its
+/// group when the pipe closes (the exec is gone) or stays silent for
+/// `patience_ms` (the exec is stopped or hung). Async-signal-safe calls
+/// only.
+fn reap(watch: libc::c_int, join: libc::pid_t, patience_ms: libc::c_int) -> ! {
     // SAFETY: async-signal-safe calls on this process's own state only.
     unsafe {
-        libc::setpgid(0, 0);
+        libc::setpgid(0, join);
         for sig in [
             libc::SIGINT,
             libc::SIGTERM,
@@ -190,7 +311,22 @@ fn reap(watch: libc::c_int) -> ! {
             }
         }
         let mut byte = 0u8;
+        let mut poll = libc::pollfd {
+            fd: watch,
+            events: libc::POLLIN,
+            revents: 0,
+        };
         loop {
+            let ready = libc::poll(&mut poll, 1, patience_ms);
+            if ready == 0 {
+                break; // silence: the exec is stopped or hung
+            }
+            if ready < 0 {
+                if *libc::__errno_location() == libc::EINTR {
+                    continue;
+                }
+                break;
+            }
             let n = libc::read(watch, (&mut byte as *mut u8).cast(), 1);
             if n > 0 {
                 continue;
@@ -198,7 +334,7 @@ fn reap(watch: libc::c_int) -> ! {
             if n < 0 && *libc::__errno_location() == libc::EINTR {
                 continue;
             }
-            break;
+            break; // end of file: the exec is gone
         }
         libc::kill(0, libc::SIGKILL);
         libc::_exit(0);

@@ -5,9 +5,10 @@
 //! Every way out keeps exclusion: the command and whatever it started run
 //! in one process group ([`super::command_group`]) that is killed whole
 //! before the lock goes back, by the exec or, when the exec itself is killed
-//! with kill -9, by the group's reaper. A stop (the command's end, SIGTERM,
-//! SIGINT, SIGHUP, the lock lost) sends the group SIGTERM and gives it
-//! `--grace` before SIGKILL; a lost lock exits 79 whatever else happened.
+//! with kill -9, stopped or hung, by the group's reaper. SIGTERM, SIGINT
+//! and SIGHUP send the group SIGTERM and give it `--grace` before SIGKILL;
+//! a lost lock kills the group at once (by the time the loss is known the
+//! lease is over, and the next holder may be running) and exits 79.
 //! Signals are handled from the start, so an exec stopped while it waits
 //! leaves the fair queue before it exits.
 
@@ -166,6 +167,7 @@ async fn run_with(
             env: &env,
             command: &args.command,
             grace: args.grace,
+            lease: args.ttl,
         };
         return run.under(guard, stops).await;
     }
@@ -188,6 +190,7 @@ async fn run_with(
         env: &env,
         command: &args.command,
         grace: args.grace,
+        lease: args.ttl,
     };
     run.under(guard, stops).await
 }
@@ -318,6 +321,9 @@ pub struct Supervised<'a> {
     pub command: &'a [String],
     /// How long the command may drain after SIGTERM before SIGKILL.
     pub grace: Duration,
+    /// The grant's lease: the reaper kills the group when the exec has
+    /// been silent for half of it.
+    pub lease: Duration,
 }
 
 impl Supervised<'_> {
@@ -330,7 +336,7 @@ impl Supervised<'_> {
             guard.unlock().await;
             return Err(anyhow!("no command given"));
         };
-        let group = match CommandGroup::start() {
+        let mut group = match CommandGroup::start(self.lease) {
             Ok(g) => g,
             Err(e) => {
                 guard.unlock().await;
@@ -371,34 +377,54 @@ impl Supervised<'_> {
                 }));
             }
         };
-        let (status, lost) = self.watch(&mut child, &group, &guard, stops).await;
+        let (status, lost) = self.watch(&mut child, &mut group, &guard, stops).await;
+        // An exec that was stopped or starved past half its lease renewed
+        // nothing meanwhile, and its reaper may have killed the command:
+        // the command cannot be known to have run under the lock.
+        let lapsed = group.lapsed();
         // Whatever the command left running in its group goes with it,
         // before the grant is given back.
         group.end();
-        if lost {
+        if lost || lapsed {
+            if lapsed && !lost {
+                eprintln!(
+                    "flashsale: this exec was stopped or starved past half its lease; {} may have lapsed",
+                    self.what
+                );
+            }
             return Ok(ExitCode::from(EXIT_LOCK_LOST));
         }
         if !guard.unlock().await {
-            // It ran out under us without the keeper noticing in time: the
-            // command may not have been alone. Say so.
-            eprintln!("flashsale: {} was no longer held at release", self.what);
-            return Ok(ExitCode::from(EXIT_LOCK_LOST));
+            // Not confirmed released: gone already, or a majority did not
+            // answer (then it lapses with its lease). The watchdog saw no
+            // loss while the command ran, so its exit code stands.
+            eprintln!(
+                "flashsale: the release of {} was not confirmed (it lapses with its lease)",
+                self.what
+            );
         }
         Ok(ExitCode::from(exit_code(status?)))
     }
 
-    /// Waits for the command's end; a stop signal or the grant's loss sends
-    /// the group SIGTERM and starts the grace, after which the group gets
-    /// SIGKILL. Returns the command's status and whether the grant was lost.
+    /// Waits for the command's end, telling the reaper the exec lives. A
+    /// stop signal sends the group SIGTERM and starts the grace, after
+    /// which the group gets SIGKILL; the grant's loss kills it at once; a
+    /// command stopped at the terminal stops the exec too (job control).
+    /// Returns the command's status and whether the grant was lost.
     async fn watch(
         &self,
         child: &mut tokio::process::Child,
-        group: &CommandGroup,
+        group: &mut CommandGroup,
         guard: &impl Grant,
         stops: &mut StopSignals,
     ) -> (std::io::Result<std::process::ExitStatus>, bool) {
         let mut lost = false;
         let mut kill_at: Option<tokio::time::Instant> = None;
+        let mut heartbeat = tokio::time::interval(group.heartbeat_every());
+        heartbeat.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        // Ctrl-Z is looked for this often while the group has the terminal.
+        let mut job_control = tokio::time::interval(Duration::from_millis(100));
+        let pid = child.id();
         loop {
             let grace_over = async {
                 match kill_at {
@@ -408,11 +434,16 @@ impl Supervised<'_> {
             };
             tokio::select! {
                 status = child.wait() => return (status, lost),
+                _ = heartbeat.tick() => group.beat(),
+                _ = job_control.tick(), if group.has_terminal() => {
+                    if pid.is_some_and(|p| group.stopped(p)) {
+                        group.suspend();
+                    }
+                }
                 _ = guard.lost(), if !lost => {
                     lost = true;
-                    eprintln!("flashsale: {} lost; sending SIGTERM to the command", self.what);
-                    group.signal(libc::SIGTERM);
-                    kill_at.get_or_insert(tokio::time::Instant::now() + self.grace);
+                    eprintln!("flashsale: {} lost; killing the command's group", self.what);
+                    group.signal(libc::SIGKILL);
                 }
                 _ = stops.recv() => {
                     group.signal(libc::SIGTERM);

@@ -110,6 +110,7 @@ async fn run_with(
         env: &env,
         command: &args.command,
         grace: args.grace,
+        lease: args.lease,
     };
     run.under(permit.into_guard(), stops).await
 }

@@ -80,6 +80,42 @@ enum Counted {
     On(Vec<usize>),
 }
 
+/// A call's place in the waiter counts: dropped (the call ended, or its
+/// future was dropped mid-wait), it counts the call out in a clean-up
+/// [`LockClient::settle`] waits for, so a waiter stopped by a signal does
+/// not leave releases publishing to nobody until the count's lease ends.
+struct CountedIn {
+    client: LockClient,
+    mode: Mode,
+    name: String,
+    wait: Duration,
+    state: Counted,
+}
+
+impl CountedIn {
+    /// Where it counted in, leaving nothing for the drop to count out.
+    fn take(&mut self) -> Counted {
+        std::mem::replace(&mut self.state, Counted::No)
+    }
+}
+
+impl Drop for CountedIn {
+    fn drop(&mut self) {
+        let counted = self.take();
+        if matches!(counted, Counted::No) {
+            return;
+        }
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let (client, mode, wait) = (self.client.clone(), self.mode, self.wait);
+        let name = std::mem::take(&mut self.name);
+        self.client.spawn_cleanup(&runtime, async move {
+            client.uncount(mode, &name, wait, &counted).await
+        });
+    }
+}
+
 impl Request {
     /// Whether this request's attempt can count the caller in itself (the
     /// plain lock's script can; the queued ones count by a round of their
@@ -303,7 +339,14 @@ impl LockClient {
         // Register before the first attempt so a release between the attempt
         // and the wait is not missed.
         let wake = self.inner.waiters.register(&mode.wake_name(name));
-        let mut counted = Counted::No;
+        // Counted out again however this call ends, a dropped wait included.
+        let mut counted = CountedIn {
+            client: self.clone(),
+            mode,
+            name: name.to_owned(),
+            wait,
+            state: Counted::No,
+        };
         let count_ttl = count_ttl_ms(wait).to_string();
         // The pause below ran out with no release heard.
         let mut yield_unheard = false;
@@ -314,7 +357,7 @@ impl LockClient {
             // and wait for that release, or a moment if nobody took it.
             metrics::counter!(m::LOCK_WAITS).increment(1);
             self.count_waiter_of(mode, name, 1, wait).await;
-            counted = Counted::Everywhere;
+            counted.state = Counted::Everywhere;
             // Listen only now: the release before us published a wake-up
             // too, and this process hears it as well; a round trip later it
             // has come in, and what wakes us is the next release.
@@ -342,13 +385,14 @@ impl LockClient {
             // Not a call that will not wait (`try_lock`): it would be
             // counted out again at once, and a release in between would
             // make the holder's process pause for nobody.
-            let count =
-                (matches!(counted, Counted::No) && request.counts_in_attempt() && !wait.is_zero())
-                    .then_some(count_ttl.as_str());
+            let count = (matches!(counted.state, Counted::No)
+                && request.counts_in_attempt()
+                && !wait.is_zero())
+            .then_some(count_ttl.as_str());
             let (last, counted_on) = self.attempt(name, opts, &request, count).await;
             if !counted_on.is_empty() {
                 metrics::counter!(m::LOCK_WAITS).increment(1);
-                counted = Counted::On(counted_on);
+                counted.state = Counted::On(counted_on);
             }
             if std::mem::take(&mut yield_unheard) && matches!(last, Attempt::Granted { .. }) {
                 // We paused for clients elsewhere, nobody took the lock, and
@@ -387,13 +431,13 @@ impl LockClient {
                     });
                 }
                 Attempt::Busy { .. } if remaining.is_zero() => break Err(timeout()),
-                Attempt::Busy { .. } if matches!(counted, Counted::No) => {
+                Attempt::Busy { .. } if matches!(counted.state, Counted::No) => {
                     // Count ourselves among the waiters so releases publish,
                     // then look again at once: a release that came before the
                     // count published nothing.
                     metrics::counter!(m::LOCK_WAITS).increment(1);
                     self.count_waiter_of(mode, name, 1, wait).await;
-                    counted = Counted::Everywhere;
+                    counted.state = Counted::Everywhere;
                 }
                 Attempt::Busy { retry_in } => {
                     let mut pause = retry_in.min(remaining) + self.jitter();
@@ -430,18 +474,12 @@ impl LockClient {
             if let Some(d) = dequeue.take() {
                 d.now().await;
             }
-            self.uncount(mode, name, wait, &counted).await;
+            self.uncount(mode, name, wait, &counted.take()).await;
             return result;
         }
-        if !matches!(counted, Counted::No) {
-            // Off the caller's path: the count only decides who gets woken.
-            let (client, name) = (self.clone(), name.to_owned());
-            if let Ok(runtime) = tokio::runtime::Handle::try_current() {
-                self.spawn_cleanup(&runtime, async move {
-                    client.uncount(mode, &name, wait, &counted).await
-                });
-            }
-        }
+        // Off the caller's path (the count only decides who gets woken):
+        // `counted` counts out in a clean-up as it goes.
+        drop(counted);
         result
     }
 

@@ -74,7 +74,7 @@ pub(super) struct Inner {
     /// call leaving a fair queue, a dropped guard releasing): what
     /// [`LockClient::settle`] waits for before a process exits.
     pub(super) cleanups: Mutex<Vec<JoinHandle<()>>>,
-    /// Every node has told its `run_id` and no two were the same.
+    /// Every node has answered the marker check and none is another.
     pub(super) distinct: AtomicBool,
 }
 
@@ -239,25 +239,51 @@ impl LockClient {
         }
     }
 
-    /// Refuses to go on when two of the nodes are one server (their
-    /// `run_id`s agree): two URLs that reach one Redis pass any look at the
-    /// URLs, and its one answer would count twice in every majority. Asked
-    /// of every node until each has answered once; after that, free.
+    /// Refuses to go on when two of the nodes are one server: two URLs
+    /// that reach one Redis (another address of its host, a proxy) pass any
+    /// look at the URLs, and its one answer would count twice in every
+    /// majority. Each node gets a marker key of this client's and is asked
+    /// which markers it has; a node that has another node's marker is that
+    /// node. Needs only the key commands the locks use (no INFO, which an
+    /// ACL may refuse). Asked until every node has answered once; after
+    /// that, free.
     pub(super) async fn ensure_distinct(&self) -> Result<(), LockError> {
         if self.inner.distinct.load(Ordering::Acquire) {
             return Ok(());
         }
         let timeout = self.inner.config.node_timeout;
-        let ids = join_all(self.inner.nodes.iter().map(|n| n.identity(timeout))).await;
-        for (i, a) in ids.iter().enumerate() {
-            for (j, b) in ids.iter().enumerate().skip(i + 1) {
-                if a.is_some() && a == b {
+        let nonce: u64 = rand::random();
+        let markers: Vec<String> = (0..self.inner.nodes.len())
+            .map(|i| format!("flashsale:node-mark:{nonce:016x}:{i}"))
+            .collect();
+        let set = join_all(self.inner.nodes.iter().zip(&markers).map(|(n, m)| {
+            let mut set = redis::cmd("SET");
+            set.arg(m).arg(1).arg("PX").arg(60_000);
+            n.query::<()>(set, timeout)
+        }))
+        .await;
+        let seen = join_all(self.inner.nodes.iter().map(|n| {
+            let mut mget = redis::cmd("MGET");
+            mget.arg(&markers);
+            n.query::<Vec<Option<u8>>>(mget, timeout)
+        }))
+        .await;
+        let _ = join_all(self.inner.nodes.iter().zip(&markers).map(|(n, m)| {
+            let mut del = redis::cmd("DEL");
+            del.arg(m);
+            n.query::<()>(del, timeout)
+        }))
+        .await;
+        for (j, found) in seen.iter().enumerate() {
+            let Ok(found) = found else { continue };
+            for (i, has) in found.iter().enumerate() {
+                if i != j && has.is_some() {
                     let (x, y) = (&self.inner.nodes[i].addr, &self.inner.nodes[j].addr);
                     return Err(LockError::Config(same_node_problem(x, y)));
                 }
             }
         }
-        if ids.iter().all(Option::is_some) {
+        if set.iter().all(Result::is_ok) && seen.iter().all(Result::is_ok) {
             self.inner.distinct.store(true, Ordering::Release);
         }
         Ok(())

@@ -3,7 +3,7 @@
 //! NOSCRIPT (a node restarted empty has no scripts). Never talks to the
 //! inventory cluster.
 
-use std::sync::{Mutex, OnceLock};
+use std::sync::Mutex;
 use std::time::Duration;
 
 use redis::aio::MultiplexedConnection;
@@ -17,9 +17,6 @@ pub struct LockNode {
     pub addr: String,
     client: redis::Client,
     conn: Mutex<Option<MultiplexedConnection>>,
-    /// The server's `run_id`, once read: two URLs that reach one server
-    /// (another address of its host, a proxy) have the same.
-    run_id: OnceLock<String>,
 }
 
 /// Why one node did not answer usefully.
@@ -50,30 +47,26 @@ impl LockNode {
             addr,
             client,
             conn: Mutex::new(None),
-            run_id: OnceLock::new(),
         })
     }
 
-    /// The server's `run_id` (read once, then remembered), or None when it
-    /// does not answer within `timeout` or will not say (an ACL without
-    /// INFO).
-    pub async fn identity(&self, timeout: Duration) -> Option<String> {
-        if let Some(id) = self.run_id.get() {
-            return Some(id.clone());
-        }
-        let ask = async {
-            let mut conn = self.connection().await.ok()?;
-            let info: String = redis::cmd("INFO")
-                .arg("server")
-                .query_async(&mut conn)
+    /// Runs one plain command within `timeout` (the nodes' own checks,
+    /// not the lock scripts).
+    pub async fn query<T: redis::FromRedisValue>(
+        &self,
+        cmd: Cmd,
+        timeout: Duration,
+    ) -> Result<T, NodeError> {
+        let run = async {
+            let mut conn = self.connection().await?;
+            cmd.query_async::<T>(&mut conn)
                 .await
-                .ok()?;
-            info.lines()
-                .find_map(|l| l.strip_prefix("run_id:"))
-                .map(|id| id.trim().to_owned())
+                .map_err(|e| NodeError::Redis(e.to_string()))
         };
-        let id = tokio::time::timeout(timeout, ask).await.ok().flatten()?;
-        Some(self.run_id.get_or_init(|| id).clone())
+        match tokio::time::timeout(timeout, run).await {
+            Ok(r) => r,
+            Err(_) => Err(NodeError::Timeout),
+        }
     }
 
     /// The URL-less client, for the pub/sub connection.
