@@ -22,16 +22,23 @@ pub enum Plant {
     /// `transition.lua` gives a cancelled order's units back again on every
     /// repeated cancel, not only on the one that left `held`.
     CancelReturnsTwice = 5,
+    /// `purchase.lua` skips the per-user limit (the quota is still kept).
+    SkipQuotaCheck = 6,
+    /// `lock_acquire.lua` takes a lock with SET PX, without NX: a held
+    /// lock is overwritten, so two holders hold it at once.
+    LockWithoutNx = 7,
 }
 
 impl Plant {
     /// Every plant, with the name `--plant` takes.
-    pub const ALL: [(&'static str, Plant); 5] = [
+    pub const ALL: [(&'static str, Plant); 7] = [
         ("skip-request-check", Plant::SkipRequestCheck),
         ("skip-wait", Plant::SkipWait),
         ("writer-ack-before-commit", Plant::WriterAckBeforeCommit),
         ("no-stock-check", Plant::NoStockCheck),
         ("cancel-returns-twice", Plant::CancelReturnsTwice),
+        ("skip-quota-check", Plant::SkipQuotaCheck),
+        ("lock-without-nx", Plant::LockWithoutNx),
     ];
 
     /// The plant called `name`.
@@ -57,6 +64,28 @@ pub fn active(plant: Plant) -> bool {
 pub(crate) fn purchase_without_stock_check(code: &str) -> String {
     code.replace("if have < qty and buckets <= 1 then", "if false then")
         .replace("if have >= qty then", "if true then")
+}
+
+/// `purchase.lua` with its per-user limit check removed (for
+/// [`Plant::SkipQuotaCheck`]).
+pub(crate) fn purchase_without_quota_check(code: &str) -> String {
+    let check = "    if used + qty > limit then";
+    assert!(
+        code.contains(check),
+        "purchase.lua changed: update the plant"
+    );
+    code.replace(check, "    if false then")
+}
+
+/// `lock_acquire.lua` whose SET overwrites a held lock (for
+/// [`Plant::LockWithoutNx`]).
+pub(crate) fn lock_acquire_without_nx(code: &str) -> String {
+    let set = "redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2])";
+    assert!(
+        code.contains(set),
+        "lock_acquire.lua changed: update the plant"
+    );
+    code.replace(set, "redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])")
 }
 
 /// `transition.lua` whose repeated cancel gives the units back again (for

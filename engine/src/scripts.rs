@@ -319,7 +319,7 @@ impl LockScripts {
     /// The lock scripts of this build.
     pub fn new() -> Self {
         LockScripts {
-            acquire: LuaScript::new("lock_acquire", LOCK_ACQUIRE_LUA),
+            acquire: LuaScript::new("lock_acquire", lock_acquire_code()),
             fence: LuaScript::new("lock_fence", LOCK_FENCE_LUA),
             release: LuaScript::new("lock_release", LOCK_RELEASE_LUA),
             extend: LuaScript::new("lock_extend", LOCK_EXTEND_LUA),
@@ -350,6 +350,21 @@ fn purchase_code() -> &'static str {
     if crate::planted::active(crate::planted::Plant::NoStockCheck) {
         // Leaked once per engine: only planted test builds ever get here.
         return Box::leak(crate::planted::purchase_without_stock_check(code).into_boxed_str());
+    }
+    #[cfg(feature = "planted-bugs")]
+    if crate::planted::active(crate::planted::Plant::SkipQuotaCheck) {
+        return Box::leak(crate::planted::purchase_without_quota_check(code).into_boxed_str());
+    }
+    code
+}
+
+/// The text of `lua/lock_acquire.lua` (in a `planted-bugs` build, possibly
+/// broken on purpose; see `crate::planted`).
+fn lock_acquire_code() -> &'static str {
+    let code = LOCK_ACQUIRE_LUA;
+    #[cfg(feature = "planted-bugs")]
+    if crate::planted::active(crate::planted::Plant::LockWithoutNx) {
+        return Box::leak(crate::planted::lock_acquire_without_nx(code).into_boxed_str());
     }
     code
 }

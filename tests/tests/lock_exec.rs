@@ -269,11 +269,13 @@ async fn a_lock_lost_while_the_command_drains_after_sigterm_kills_it_and_exits_7
     );
 }
 
-/// Under a terminal, the command reads it: it must be the terminal's
-/// foreground (a background group reading /dev/tty is stopped by SIGTTIN,
-/// and the exec would hold the lock for ever).
+/// Under a terminal, a command that reads it is stopped by SIGTTIN (its
+/// group is not the terminal's), and the exec held the lock for ever. It is
+/// now ended at once with a clear error, and the lock goes back. (Handing
+/// it the terminal was the first fix; it had three holes in a row, see
+/// `command_group.rs`.)
 #[test]
-fn a_command_that_reads_the_terminal_gets_its_input() {
+fn a_command_that_reads_the_terminal_is_ended_with_a_clear_error_not_left_holding_the_lock() {
     let nodes = servers(1);
     let line = format!(
         "{} lock exec --name tty --ttl 2s -- sh -c 'read ans </dev/tty; echo got:$ans'",
@@ -287,19 +289,19 @@ fn a_command_that_reads_the_terminal_gets_its_input() {
         .stdout(Stdio::piped())
         .spawn()
         .expect("spawn script(1)");
-    let mut stdin = term.stdin.take().expect("stdin");
-    stdin.write_all(b"yes\n").expect("type");
-    stdin.flush().expect("flush");
+    let stdin = term.stdin.take().expect("stdin");
     let status = exit_within(&mut term, Duration::from_secs(60));
     drop(stdin);
     let mut out = String::new();
     let _ = term.stdout.take().map(|mut o| o.read_to_string(&mut out));
     let status = status.unwrap_or_else(|| panic!("the command hung on the terminal: {out:?}"));
-    assert!(
-        out.contains("got:yes"),
-        "the command read the line: {out:?}"
+    assert!(out.contains("terminal"), "says why: {out:?}");
+    assert_eq!(status.code(), Some(128 + libc::SIGTTIN), "{out:?}");
+    assert_eq!(
+        nodes[0].node.cmd::<i64>(&["EXISTS", "flashsale:lock:tty"]),
+        0,
+        "the lock went back"
     );
-    assert!(status.success(), "{status:?}: {out:?}");
 }
 
 /// 2 of 3 lock nodes stop for a moment: `semaphore exec --wait` waits it
@@ -753,8 +755,10 @@ fn ctrl_z_stops_the_exec_and_a_stopped_job_holds_no_lock() {
         .spawn()
         .expect("spawn script(1)");
     let mut stdin = term.stdin.take().expect("stdin");
+    // From a wrapper script, as the second attack did (the job the shell
+    // stops is the wrapper's, not the exec's alone).
     let line = format!(
-        "{} lock exec --name ctrlz --ttl 1s -- sh -c 'echo $$ > {}; sleep 60'\n",
+        "bash -c \"{} lock exec --name ctrlz --ttl 1s -- sh -c 'echo \\$\\$ > {}; sleep 60'; echo after\"\n",
         flashsale_bin().display(),
         pid_file.display()
     );
@@ -784,11 +788,21 @@ fn ctrl_z_stops_the_exec_and_a_stopped_job_holds_no_lock() {
         }
         false
     };
-    let stopped = within(&|| state(exec_pid) == Some('T'));
+    let parent_of = |pid: u32| -> Option<u32> {
+        std::fs::read_to_string(format!("/proc/{pid}/stat"))
+            .ok()
+            .and_then(|s| s.rsplit_once(") ").map(|(_, r)| r.to_owned()))
+            .and_then(|r| r.split_whitespace().nth(1).and_then(|p| p.parse().ok()))
+    };
+    let wrapper = parent_of(exec_pid).expect("the wrapper");
+    // The whole job stops, the wrapper with it: that is what gives the
+    // shell its prompt back.
+    let stopped = within(&|| state(exec_pid) == Some('T') && state(wrapper) == Some('T'));
     let gone = stopped && within(&|| !alive(command));
     signal(exec_pid, "CONT");
     signal(exec_pid, "KILL");
     signal(command, "KILL");
+    signal(wrapper, "KILL");
     let _ = stdin.write_all(b"exit\n");
     drop(stdin);
     let _ = term.kill();
@@ -871,4 +885,150 @@ fn an_unconfirmed_release_keeps_the_commands_exit_code() {
     nodes[1].node.signal("CONT");
     nodes[2].node.signal("CONT");
     assert_eq!(status.and_then(|s| s.code()), Some(5));
+}
+
+/// From the second attack: a lease under the node timeout's reach could run
+/// out before its loss was known, and the next holder get in while the
+/// command ran. Such leases are refused.
+#[test]
+fn a_lease_too_short_to_learn_its_loss_in_time_is_refused() {
+    let nodes = servers(1);
+    for args in [
+        vec!["lock", "exec", "--name", "short", "--ttl", "90ms"],
+        vec![
+            "semaphore",
+            "exec",
+            "--name",
+            "short",
+            "--permits",
+            "1",
+            "--lease",
+            "200ms",
+        ],
+    ] {
+        let out = flashsale_cmd(None, None, &urls(&nodes))
+            .args(&args)
+            .args(["--", "true"])
+            .output()
+            .expect("run");
+        assert!(!out.status.success(), "{args:?} accepted");
+        assert!(
+            String::from_utf8_lossy(&out.stderr).contains("at least 500ms"),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    assert_eq!(nodes[0].node.cmd::<i64>(&["DBSIZE"]), 0, "nothing written");
+}
+
+/// From the second attack: a command that left its group (setsid), then
+/// a reaper killed on its own: the replacement could not join the empty
+/// group, stayed in the exec's own group, and its kill took the exec's
+/// caller with it. A reaper that cannot join kills nothing.
+#[test]
+fn a_replacement_reaper_never_kills_the_execs_caller() {
+    let nodes = servers(1);
+    let dir = tempfile::TempDir::new().expect("dir");
+    let survived = dir.path().join("survived");
+    let started = dir.path().join("started");
+    let script = format!(
+        "{bin} lock exec --name rp --ttl 1s -- sh -c 'echo $$ > {started}; exec setsid sleep 3'; \
+         sleep 1; echo yes > {survived}",
+        bin = flashsale_bin().display(),
+        started = started.display(),
+        survived = survived.display()
+    );
+    let mut caller = Command::new("setsid")
+        .args(["sh", "-c", &script])
+        .env_remove("FLASHSALE_CONFIG")
+        .env("FLASHSALE_LOCK_NODES", urls(&nodes).join(","))
+        .spawn()
+        .expect("spawn");
+    let command = pid_in(&started);
+    // The command's parent is the exec; the reaper is the exec's other
+    // child, named flashsale.
+    let exec = std::fs::read_to_string(format!("/proc/{command}/stat"))
+        .ok()
+        .and_then(|s| s.rsplit_once(") ").map(|(_, r)| r.to_owned()))
+        .and_then(|r| r.split_whitespace().nth(1).map(str::to_owned))
+        .expect("the exec");
+    let killed = Command::new("pkill")
+        .args(["-KILL", "-P", &exec, "-x", "flashsale"])
+        .status()
+        .expect("pkill");
+    assert!(killed.success(), "the reaper was found and killed");
+    let status = exit_within(&mut caller, Duration::from_secs(60));
+    assert!(status.is_some(), "the caller never ended");
+    assert_eq!(
+        std::fs::read_to_string(&survived)
+            .unwrap_or_default()
+            .trim(),
+        "yes",
+        "the exec's caller was killed"
+    );
+}
+
+/// From the second attack: under a least-privilege ACL (the lock scripts'
+/// commands only, no MGET, keys under flashsale:lock:, fence:, waiters:),
+/// the duplicate-node check could not run and let one server count twice.
+#[test]
+fn one_server_behind_two_addresses_is_refused_under_a_least_privilege_acl() {
+    let twice = RedisServer::start_with(&["--bind", "127.0.0.1", "127.0.0.2"]);
+    let _: () = twice.node.cmd(&[
+        "ACL",
+        "SETUSER",
+        "lk",
+        "on",
+        ">pw",
+        "resetkeys",
+        "~flashsale:lock:*",
+        "~flashsale:fence:*",
+        "~flashsale:waiters:*",
+        "resetchannels",
+        "&*",
+        "-@all",
+        "+evalsha",
+        "+script|load",
+        "+get",
+        "+set",
+        "+del",
+        "+exists",
+        "+incr",
+        "+incrby",
+        "+pexpire",
+        "+pttl",
+        "+publish",
+        "+time",
+        "+zadd",
+        "+zrange",
+        "+zrangebyscore",
+        "+zrem",
+        "+subscribe",
+        "+ping",
+        "+hello",
+    ]);
+    let port = twice
+        .url()
+        .rsplit(':')
+        .next()
+        .unwrap_or_default()
+        .to_owned();
+    let other = RedisServer::start();
+    let list = vec![
+        format!("redis://lk:pw@127.0.0.1:{port}"),
+        format!("redis://lk:pw@127.0.0.2:{port}"),
+        other.url(),
+    ];
+    let out = flashsale_cmd(None, None, &list)
+        .args([
+            "lock", "exec", "--name", "acl", "--wait", "2s", "--", "echo", "RAN",
+        ])
+        .output()
+        .expect("run");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !String::from_utf8_lossy(&out.stdout).contains("RAN"),
+        "{err}"
+    );
+    assert!(err.contains("the same lock node"), "{err}");
 }

@@ -25,12 +25,17 @@
 //! (`setsid`, `setpgid`) is out of reach, as it is of `timeout(1)`; and a
 //! kill -9 of both the exec and its reaper at once leaves the group alone.
 //!
-//! Why the terminal moves: a command run from an interactive shell may read
-//! the terminal (`read ans </dev/tty`). A group that is not the terminal's
-//! foreground group is stopped by SIGTTIN when it does, and would hold the
-//! lock for ever; so when the exec is in the foreground, the command's group
-//! becomes the foreground (Ctrl-C then goes to the command, as it would
-//! without the exec) and the exec takes it back when the group is gone.
+//! Why the terminal stays with the exec: the command's group is never the
+//! terminal's foreground, so job control is the shell's, on the exec (Ctrl-Z
+//! stops the exec and the shell gets its prompt; a stopped exec renews
+//! nothing, so the reaper ends the command within half the lease; Ctrl-C
+//! reaches the exec, which stops the command). A command that reads (or,
+//! with `tostop`, writes) the terminal is stopped by SIGTTIN/SIGTTOU; the
+//! exec sees the stop and ends it with a clear error rather than hold the
+//! lock for a command that waits for ever. (Handing the terminal to the
+//! command's group was tried first: three holes in a row, in Ctrl-Z from a
+//! wrapper script, `bg`/`fg`, and stops the exec never saw, so the design
+//! was replaced, not patched again.)
 //!
 //! Never allocates or takes a lock between fork and the reaper's end: the
 //! forked child of a multi-threaded process may only make async-signal-safe
@@ -55,8 +60,6 @@ pub struct CommandGroup {
     /// starved): the group may have been killed and the lease may have run
     /// out under it.
     lapsed: bool,
-    /// The controlling terminal, when the group was made its foreground.
-    terminal: Option<libc::c_int>,
     ended: bool,
 }
 
@@ -72,17 +75,15 @@ impl CommandGroup {
             .unwrap_or(libc::c_int::MAX)
             .max(10);
         let (reaper, alive) = spawn_reaper(None, patience_ms)?;
-        let mut group = CommandGroup {
+        let group = CommandGroup {
             pgid: reaper,
             reaper,
             alive,
             patience_ms,
             last_beat: std::time::Instant::now(),
             lapsed: false,
-            terminal: None,
             ended: false,
         };
-        group.take_terminal();
         Ok(group)
     }
 
@@ -119,49 +120,29 @@ impl CommandGroup {
         }
     }
 
-    /// True when the command (`pid`, the group's first process) is stopped
-    /// (Ctrl-Z, or SIGTTIN reading a terminal it does not have). Leaves the
-    /// stop to be seen again, and the child's end to tokio.
-    pub fn stopped(&self, pid: u32) -> bool {
+    /// The signal that stopped the command (`pid`, the group's first
+    /// process), if it is stopped. Leaves the stop to be seen again, and
+    /// the child's end to tokio.
+    pub fn stopped_by(&self, pid: u32) -> Option<libc::c_int> {
         // SAFETY: waitid fills the zeroed siginfo it is given; WNOWAIT
         // leaves the child's state for whoever waits for it.
         unsafe {
             let mut info: libc::siginfo_t = std::mem::zeroed();
             let r = libc::waitid(
                 libc::P_PID,
-                pid as libc::id_t,
+                pid,
                 &mut info,
                 libc::WSTOPPED | libc::WNOHANG | libc::WNOWAIT,
             );
-            r == 0 && info.si_pid() != 0
+            (r == 0 && info.si_pid() != 0).then(|| info.si_status())
         }
     }
 
     /// Whether the exec was ever silent longer than the reaper waits: the
     /// command cannot be known to have run under a live lease throughout.
     pub fn lapsed(&self) -> bool {
-        self.lapsed
-            || self.last_beat.elapsed().as_millis() >= u128::from(self.patience_ms.unsigned_abs())
-    }
-
-    /// Whether the group holds the terminal (it was the foreground).
-    pub fn has_terminal(&self) -> bool {
-        self.terminal.is_some()
-    }
-
-    /// Job control for a command stopped at the terminal: gives the
-    /// terminal back and stops the exec itself, so the shell gets its
-    /// prompt as it would without the exec. A stopped exec renews nothing:
-    /// the reaper ends the group within half the lease, and the grant
-    /// lapses. Once continued, the exec takes the terminal again when it is
-    /// the foreground and continues the group.
-    pub fn suspend(&mut self) {
-        self.give_back_terminal();
-        // SAFETY: stops this process with the default action of SIGTSTP
-        // (the exec installs no handler for it); returns on SIGCONT.
-        unsafe { libc::raise(libc::SIGTSTP) };
-        self.take_terminal();
-        self.signal(libc::SIGCONT);
+        let patience = u128::from(self.patience_ms.unsigned_abs());
+        self.lapsed || self.last_beat.elapsed().as_millis() >= patience
     }
 
     /// The group the command must join.
@@ -175,9 +156,8 @@ impl CommandGroup {
         unsafe { libc::kill(-self.pgid, sig) };
     }
 
-    /// Kills whatever is left of the group, the reaper with it, waits for
-    /// the reaper, and gives the terminal back. Done before the grant goes
-    /// back, on every path.
+    /// Kills whatever is left of the group, the reaper with it, and waits
+    /// for the reaper. Done before the grant goes back, on every path.
     pub fn end(mut self) {
         self.end_now();
     }
@@ -193,48 +173,7 @@ impl CommandGroup {
         while unsafe { libc::waitpid(self.reaper, &mut status, 0) } < 0
             && io::Error::last_os_error().kind() == io::ErrorKind::Interrupted
         {}
-        self.give_back_terminal();
         close(self.alive);
-    }
-
-    /// When the exec is the terminal's foreground, the group becomes it.
-    fn take_terminal(&mut self) {
-        // SAFETY: open/tcgetpgrp/tcsetpgrp on a descriptor we own; the path
-        // is a NUL-terminated literal.
-        unsafe {
-            let tty = libc::open(
-                c"/dev/tty".as_ptr(),
-                libc::O_RDWR | libc::O_NOCTTY | libc::O_CLOEXEC,
-            );
-            if tty < 0 {
-                return; // no controlling terminal
-            }
-            if libc::tcgetpgrp(tty) != libc::getpgrp() || libc::tcsetpgrp(tty, self.pgid) != 0 {
-                libc::close(tty);
-                return;
-            }
-            self.terminal = Some(tty);
-        }
-    }
-
-    /// Makes the exec's own group the foreground again. The exec is a
-    /// background process by now, so SIGTTOU is blocked for the call.
-    fn give_back_terminal(&mut self) {
-        let Some(tty) = self.terminal.take() else {
-            return;
-        };
-        // SAFETY: signal-mask calls on this thread with sets we own, and
-        // tcsetpgrp/close on a descriptor we own.
-        unsafe {
-            let mut block: libc::sigset_t = std::mem::zeroed();
-            let mut old: libc::sigset_t = std::mem::zeroed();
-            libc::sigemptyset(&mut block);
-            libc::sigaddset(&mut block, libc::SIGTTOU);
-            libc::pthread_sigmask(libc::SIG_BLOCK, &block, &mut old);
-            libc::tcsetpgrp(tty, libc::getpgrp());
-            libc::pthread_sigmask(libc::SIG_SETMASK, &old, std::ptr::null_mut());
-            libc::close(tty);
-        }
     }
 }
 
@@ -290,7 +229,12 @@ fn close(fd: libc::c_int) {
 fn reap(watch: libc::c_int, join: libc::pid_t, patience_ms: libc::c_int) -> ! {
     // SAFETY: async-signal-safe calls on this process's own state only.
     unsafe {
-        libc::setpgid(0, join);
+        // A group to join that is gone (its command left it and the first
+        // reaper was killed) leaves nothing to kill: never fall back to the
+        // exec's own group, whose kill would take the exec's caller.
+        if libc::setpgid(0, join) != 0 {
+            libc::_exit(0);
+        }
         for sig in [
             libc::SIGINT,
             libc::SIGTERM,

@@ -94,6 +94,9 @@ pub fn parse_duration(s: &str) -> Result<Duration, BadDuration> {
     }
 }
 
+/// Shortest `--ttl` (and semaphore `--lease`) of an exec.
+const MIN_EXEC_LEASE: Duration = Duration::from_millis(500);
+
 /// Longest `--ttl` or `--wait`: a day. Longer leases are a mistake, and
 /// Redis takes them in milliseconds that must not overflow.
 const MAX_DURATION: Duration = Duration::from_secs(24 * 3600);
@@ -254,8 +257,13 @@ impl StopSignals {
 /// The lock client of an exec whose grant the watchdog renews every
 /// `lease` (named `flag` on the command line).
 pub fn exec_client(lock_nodes: &[String], flag: &str, lease: Duration) -> Result<LockClient> {
-    if lease < Duration::from_millis(30) {
-        return Err(anyhow!("{flag} must be at least 30ms"));
+    // The watchdog learns of a lost lease only when a renewal round comes
+    // back, within the node timeout (100 ms): a shorter lease could end,
+    // and the next holder get in, before the loss is known.
+    if lease < MIN_EXEC_LEASE {
+        return Err(anyhow!(
+            "{flag} must be at least 500ms: a shorter lease can run out before its loss is known"
+        ));
     }
     Ok(LockClient::new(
         lock_nodes,
@@ -377,7 +385,7 @@ impl Supervised<'_> {
                 }));
             }
         };
-        let (status, lost) = self.watch(&mut child, &mut group, &guard, stops).await;
+        let (status, lost, terminal_stop) = self.watch(&mut child, &mut group, &guard, stops).await;
         // An exec that was stopped or starved past half its lease renewed
         // nothing meanwhile, and its reaper may have killed the command:
         // the command cannot be known to have run under the lock.
@@ -403,27 +411,36 @@ impl Supervised<'_> {
                 self.what
             );
         }
+        if let Some(sig) = terminal_stop {
+            return Ok(ExitCode::from(u8::try_from(128 + sig).unwrap_or(1)));
+        }
         Ok(ExitCode::from(exit_code(status?)))
     }
 
     /// Waits for the command's end, telling the reaper the exec lives. A
     /// stop signal sends the group SIGTERM and starts the grace, after
     /// which the group gets SIGKILL; the grant's loss kills it at once; a
-    /// command stopped at the terminal stops the exec too (job control).
-    /// Returns the command's status and whether the grant was lost.
+    /// command stopped for the terminal (SIGTTIN, SIGTTOU) is ended with a
+    /// clear error. Returns the command's status, whether the grant was
+    /// lost, and the terminal stop that ended it.
     async fn watch(
         &self,
         child: &mut tokio::process::Child,
         group: &mut CommandGroup,
         guard: &impl Grant,
         stops: &mut StopSignals,
-    ) -> (std::io::Result<std::process::ExitStatus>, bool) {
+    ) -> (
+        std::io::Result<std::process::ExitStatus>,
+        bool,
+        Option<libc::c_int>,
+    ) {
         let mut lost = false;
+        let mut terminal_stop = None;
         let mut kill_at: Option<tokio::time::Instant> = None;
         let mut heartbeat = tokio::time::interval(group.heartbeat_every());
         heartbeat.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        // Ctrl-Z is looked for this often while the group has the terminal.
-        let mut job_control = tokio::time::interval(Duration::from_millis(100));
+        // How often a command waiting on the terminal is looked for.
+        let mut stopped = tokio::time::interval(Duration::from_millis(100));
         let pid = child.id();
         loop {
             let grace_over = async {
@@ -433,11 +450,18 @@ impl Supervised<'_> {
                 }
             };
             tokio::select! {
-                status = child.wait() => return (status, lost),
+                status = child.wait() => return (status, lost, terminal_stop),
                 _ = heartbeat.tick() => group.beat(),
-                _ = job_control.tick(), if group.has_terminal() => {
-                    if pid.is_some_and(|p| group.stopped(p)) {
-                        group.suspend();
+                _ = stopped.tick(), if terminal_stop.is_none() => {
+                    let sig = pid.and_then(|p| group.stopped_by(p));
+                    if let Some(sig @ (libc::SIGTTIN | libc::SIGTTOU)) = sig {
+                        eprintln!(
+                            "flashsale: the command stopped to use the terminal; it runs in a \
+                             process group of its own, which the terminal does not serve: give it \
+                             its input from a file or a pipe. Ending it."
+                        );
+                        terminal_stop = Some(sig);
+                        group.signal(libc::SIGKILL);
                     }
                 }
                 _ = guard.lost(), if !lost => {

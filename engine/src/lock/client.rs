@@ -253,8 +253,10 @@ impl LockClient {
         }
         let timeout = self.inner.config.node_timeout;
         let nonce: u64 = rand::random();
+        // Under the locks' own key prefix, with the NUL no caller's lock
+        // name holds: an ACL that lets the locks work lets this work.
         let markers: Vec<String> = (0..self.inner.nodes.len())
-            .map(|i| format!("flashsale:node-mark:{nonce:016x}:{i}"))
+            .map(|i| lock_key(&format!("{RESERVED}node-mark{RESERVED}{nonce:016x}:{i}")))
             .collect();
         let set = join_all(self.inner.nodes.iter().zip(&markers).map(|(n, m)| {
             let mut set = redis::cmd("SET");
@@ -262,10 +264,15 @@ impl LockClient {
             n.query::<()>(set, timeout)
         }))
         .await;
-        let seen = join_all(self.inner.nodes.iter().map(|n| {
-            let mut mget = redis::cmd("MGET");
-            mget.arg(&markers);
-            n.query::<Vec<Option<u8>>>(mget, timeout)
+        // GET each (the lock scripts' own command; MGET may be refused).
+        let seen = join_all(self.inner.nodes.iter().map(|n| async {
+            let mut found = Vec::with_capacity(markers.len());
+            for m in &markers {
+                let mut get = redis::cmd("GET");
+                get.arg(m);
+                found.push(n.query::<Option<u8>>(get, timeout).await?);
+            }
+            Ok::<_, NodeError>(found)
         }))
         .await;
         let _ = join_all(self.inner.nodes.iter().zip(&markers).map(|(n, m)| {
