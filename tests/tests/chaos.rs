@@ -55,7 +55,7 @@ fn a_short_run_under_every_fault_with_replicated_ack_is_valid() {
             "--seed",
             &seed,
             "--duration",
-            "30s",
+            "75s",
             "--faults",
             "all",
             "--ack",
@@ -65,19 +65,23 @@ fn a_short_run_under_every_fault_with_replicated_ack_is_valid() {
     assert_eq!(
         run.code,
         Some(0),
-        "seed {seed} (rerun: flashsale-chaos --seed {seed} --duration 30s): {}",
+        "seed {seed} (rerun: flashsale-chaos --seed {seed} --duration 75s): {}",
         run.output
     );
     assert_eq!(run.summary["valid"], true, "{}", run.output);
-    let faults: u64 = run.summary["faults"]
+    // Every fault kind was injected (a run that missed one exits 2).
+    let tally = run.summary["fault_tally"]
         .as_object()
-        .map(|m| m.values().filter_map(|v| v.as_u64()).sum())
-        .unwrap_or(0);
-    assert!(
-        faults >= 3,
-        "seed {seed}: only {faults} faults injected: {}",
-        run.output
-    );
+        .cloned()
+        .unwrap_or_default();
+    assert_eq!(tally.len(), 10, "seed {seed}: {}", run.output);
+    for (kind, t) in &tally {
+        assert!(
+            t["injected"].as_u64().unwrap_or(0) >= 1,
+            "seed {seed}: {kind} never injected: {}",
+            run.output
+        );
+    }
     assert!(
         run.summary["ok"].as_u64().unwrap_or(0) > 100,
         "seed {seed}: the workload confirmed almost nothing: {}",
@@ -166,7 +170,7 @@ fn the_checker_catches_a_retry_treated_as_a_new_purchase() {
 
 #[test]
 fn the_checker_catches_replicated_ack_confirming_without_wait() {
-    caught("skip-wait", "kill", 15, &["lost_confirmed"]);
+    caught("skip-wait", "kill", 16, &["lost_confirmed"]);
 }
 
 #[test]
@@ -174,7 +178,7 @@ fn the_checker_catches_a_writer_that_acks_before_commit() {
     caught(
         "writer-ack-before-commit",
         "pg-down",
-        12,
+        16,
         &["lost_confirmed", "unwritten_orders"],
     );
 }
@@ -186,7 +190,7 @@ fn under_leader_ack_a_writer_that_drops_orders_is_still_caught() {
     caught_under(
         "writer-ack-before-commit",
         "pg-down",
-        12,
+        16,
         &["unwritten_orders"],
         "leader",
     );
@@ -212,4 +216,32 @@ fn the_checker_catches_a_cancel_that_returns_units_twice() {
         10,
         &["ledger_unbalanced", "oversold_units"],
     );
+}
+
+/// The per-user limit: a purchase script that skips it lets buyers keep
+/// more than the limit.
+#[test]
+fn the_checker_catches_a_purchase_that_skips_the_limit() {
+    caught(
+        "skip-quota-check",
+        "none",
+        10,
+        &["limit_exceeded", "quota_mismatch"],
+    );
+}
+
+/// Locks: a take without NX overwrites a held lock, and two holders are
+/// inside at once.
+#[test]
+fn the_checker_catches_a_lock_granted_without_nx() {
+    caught("lock-without-nx", "none", 10, &["lock_overlap"]);
+}
+
+/// A run too short to inject every fault asked for is refused at the start
+/// (exit 2), not reported valid with faults missing.
+#[test]
+fn a_run_too_short_for_its_faults_is_refused() {
+    let run = chaos(&chaos_bin(), &["--faults", "all", "--duration", "20s"]);
+    assert_eq!(run.code, Some(2), "{}", run.output);
+    assert!(run.output.contains("too short"), "{}", run.output);
 }

@@ -1,7 +1,8 @@
 //! `flashsale-chaos`: runs flashsale under random operations and faults,
 //! then checks the recorded history (see `flashsale_tests::chaos`). Exit 0
 //! when the run is valid, 1 when the checker found a violation, 2 when the
-//! run itself could not be carried out. The hidden `engine` and `writer`
+//! run itself could not be carried out or tested nothing it was asked to
+//! (see `report::vacuous`). The hidden `engine` and `writer`
 //! subcommands are the child processes a run starts from this binary.
 
 use std::path::PathBuf;
@@ -43,7 +44,8 @@ struct Cli {
     history: Option<PathBuf>,
     /// Run a deliberately broken engine (builds with the `planted-bugs`
     /// feature only): skip-request-check, skip-wait,
-    /// writer-ack-before-commit, no-stock-check, cancel-returns-twice.
+    /// writer-ack-before-commit, no-stock-check, cancel-returns-twice,
+    /// skip-quota-check, lock-without-nx.
     #[arg(long)]
     plant: Option<String>,
 }
@@ -154,6 +156,15 @@ async fn run(cli: Cli) -> ExitCode {
             return ExitCode::from(2);
         }
     }
+    let vacuous = report::vacuous(&result);
+    if !vacuous.is_empty() {
+        eprintln!(
+            "flashsale-chaos: seed {}: the run tested nothing it was asked to: {}",
+            result.options.seed,
+            vacuous.join("; ")
+        );
+        return ExitCode::from(2);
+    }
     if result.verdict.valid(result.options.ack) {
         ExitCode::SUCCESS
     } else {
@@ -192,9 +203,18 @@ fn options(cli: &Cli) -> anyhow::Result<chaos::Options> {
     if let Some(p) = &cli.plant {
         check_plant(p)?;
     }
+    let duration = parse_duration(&cli.duration)?;
+    let shortest = chaos::nemesis::shortest_run(&faults);
+    if !faults.is_empty() && duration < shortest {
+        return Err(anyhow::anyhow!(
+            "--duration {duration:?} is too short to inject each of the {} faults asked for once: give it at least {}s",
+            faults.len(),
+            shortest.as_secs() + 1
+        ));
+    }
     Ok(chaos::Options {
         seed: cli.seed.unwrap_or_else(random_seed),
-        duration: parse_duration(&cli.duration)?,
+        duration,
         ack,
         faults,
         engines: cli.engines,

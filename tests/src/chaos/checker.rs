@@ -6,7 +6,7 @@
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 
-use super::history::{OpRecord, Phase};
+use super::history::{FaultWindow, OpRecord, Phase};
 use super::protocol::{OkValue, Op, Outcome};
 use super::workload::SalePlan;
 
@@ -111,46 +111,153 @@ pub struct Inputs<'a> {
     /// When the checker's reads were made (ms since the Unix epoch): every
     /// hold whose deadline is well before it must have ended.
     pub checked_at_ms: i64,
+    /// Every fault the nemesis tried, with its window.
+    pub fault_windows: &'a [FaultWindow],
+}
+
+/// How long before a kill or pause began a write may still be lost with
+/// it: the replica may not have received what the master confirmed just
+/// before the link was cut.
+const RISK_LEAD_MS: u64 = 1_000;
+
+/// Marks the operations in flight while a master was killed or paused
+/// (from [`RISK_LEAD_MS`] before the fault began to its heal): the only
+/// ones whose writes a failover may take back, and so the only ones
+/// `ack = leader` excuses.
+fn mark_risk(ops: &[OpRecord], windows: &[FaultWindow]) -> Vec<OpRecord> {
+    let failovers: Vec<(u64, u64)> = windows
+        .iter()
+        .filter(|w| w.injected && matches!(w.fault.as_str(), "kill" | "pause"))
+        .map(|w| (w.start_ms.saturating_sub(RISK_LEAD_MS), w.end_ms))
+        .collect();
+    ops.iter()
+        .map(|o| {
+            let mut o = o.clone();
+            // From the windows only: the fault named at invoke is the one
+            // started, which may have failed to inject.
+            o.failover_risk = failovers
+                .iter()
+                .any(|&(s, e)| o.invoke_ms <= e && o.complete_ms >= s);
+            o
+        })
+        .collect()
+}
+
+/// Declares [`Kind`]: every kind of violation, with the name reports and
+/// the JSON use, in report order.
+macro_rules! kinds {
+    ($($(#[$doc:meta])* $variant:ident = $name:literal,)*) => {
+        /// Every kind of violation the checker names. Each has a unit test
+        /// that shows it firing on a small history (`tests` below: the
+        /// scenario table matches on this enum with no catch-all, so a kind
+        /// added without its scenario does not compile).
+        #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+        pub enum Kind {
+            $($(#[$doc])* $variant,)*
+        }
+
+        impl Kind {
+            /// Every kind, in report order.
+            pub const ALL: &'static [Kind] = &[$(Kind::$variant,)*];
+
+            /// The kind's name in reports and JSON.
+            pub fn name(self) -> &'static str {
+                match self {
+                    $(Kind::$variant => $name,)*
+                }
+            }
+        }
+    };
+}
+
+kinds! {
+    /// More units in orders than were ever put in, at the end.
+    OversoldUnits = "oversold_units",
+    /// A confirmation whose order is in neither PostgreSQL nor a stream.
+    LostConfirmed = "lost_confirmed",
+    /// A confirmed order still in its stream after draining.
+    UnwrittenOrders = "unwritten_orders",
+    /// initial != remaining + units in orders.
+    LedgerUnbalanced = "ledger_unbalanced",
+    /// One request with two orders in PostgreSQL.
+    DuplicateOrders = "duplicate_orders",
+    /// One request answered differently (two orders, ok then refused,
+    /// another request's order).
+    RequestAnswerChanged = "request_answer_changed",
+    /// Under `leader`, a request whose record a failover took back.
+    FailoverDuplicates = "failover_duplicates",
+    /// A buyer keeps more units than the per-user limit.
+    LimitExceeded = "limit_exceeded",
+    /// A purchase refused for the limit while the buyer kept fewer units.
+    RefusedBelowLimit = "refused_below_limit",
+    /// reconcile's verdict differs from the checker's sums.
+    ReconcileWrong = "reconcile_wrong",
+    /// reconcile gave no verdict for a sale.
+    ReconcileSilent = "reconcile_silent",
+    /// A stock key seen or left below zero.
+    NegativeStock = "negative_stock",
+    /// At a confirmation, more units confirmed so far than were put in by
+    /// then (units given back by then counted as put in again).
+    OversoldInTime = "oversold_in_time",
+    /// An order in PostgreSQL no answer named.
+    OrphanOrders = "orphan_orders",
+    /// A request still `unknown` after healing.
+    Unresolved = "unresolved",
+    /// A purchase confirmed after its sale's close had completed.
+    SoldAfterClose = "sold_after_close",
+    /// A grant of a lock whose token is not above a grant of the same lock
+    /// that ended before it began.
+    LockTokenRegressed = "lock_token_regressed",
+    /// Two holders of one lock inside their critical sections at once, both
+    /// writing, without the earlier one's later write refused.
+    LockOverlap = "lock_overlap",
+    /// Redis counts more units put in than creates and restocks add.
+    RestockOverapplied = "restock_overapplied",
+    /// A confirmed restock missing from Redis' count.
+    LostRestocks = "lost_restocks",
+    /// A payment or cancel answered ok that PostgreSQL does not show.
+    TransitionLost = "transition_lost",
+    /// An order paid under two references, or paid and cancelled.
+    TransitionConflict = "transition_conflict",
+    /// A transition's retry answered otherwise than its first `ok`.
+    TransitionAnswerChanged = "transition_answer_changed",
+    /// A payment accepted after the deadline where the sale refuses them.
+    LatePaymentAccepted = "late_payment_accepted",
+    /// A payment or cancel refused before the hold's deadline.
+    RefusedInTime = "refused_in_time",
+    /// A hold expired before its deadline.
+    ExpiredEarly = "expired_early",
+    /// A hold's deadline is not its sale's window after its creation.
+    HoldDeadlineWrong = "hold_deadline_wrong",
+    /// A transition missing from PostgreSQL's order_events.
+    UnwrittenTransitions = "unwritten_transitions",
+    /// Stream entries dead-lettered, never written.
+    DeadLetters = "dead_letters",
+    /// A hold still held well past its deadline.
+    HoldsNotExpired = "holds_not_expired",
+    /// Redis' order record and PostgreSQL's row disagree.
+    OrderStateMismatch = "order_state_mismatch",
+    /// A buyer's quota differs from the units they keep.
+    QuotaMismatch = "quota_mismatch",
+    /// Under `leader`, a transition a failover took back.
+    TransitionFailover = "transition_failover",
+    /// Under `leader`, a confirmation, an order's answer or a restock a
+    /// failover took back (operations in flight during a kill or pause).
+    FailoverLost = "failover_lost",
+    /// Under `leader`, a quota a failover parted from its orders.
+    LimitAfterFailover = "limit_after_failover",
 }
 
 /// Names of the counts, in report order.
-pub const KINDS: [&str; 29] = [
-    "oversold_units",
-    "lost_confirmed",
-    "unwritten_orders",
-    "ledger_unbalanced",
-    "duplicate_orders",
-    "request_answer_changed",
-    "failover_duplicates",
-    "limit_exceeded",
-    "reconcile_wrong",
-    "negative_stock",
-    "orphan_orders",
-    "unresolved",
-    "lock_token_regressed",
-    "restock_overapplied",
-    "lost_restocks",
-    "transition_lost",
-    "transition_conflict",
-    "transition_answer_changed",
-    "late_payment_accepted",
-    "refused_in_time",
-    "expired_early",
-    "hold_deadline_wrong",
-    "unwritten_transitions",
-    "dead_letters",
-    "holds_not_expired",
-    "order_state_mismatch",
-    "quota_mismatch",
-    "transition_failover",
-    "limit_after_failover",
-];
+pub fn kind_names() -> impl Iterator<Item = &'static str> {
+    Kind::ALL.iter().map(|k| k.name())
+}
 
 /// One broken promise and its proof.
 #[derive(Debug, Clone)]
 pub struct Violation {
     /// Which count it adds to.
-    pub kind: &'static str,
+    pub kind: Kind,
     /// What is wrong.
     pub detail: String,
     /// History lines that prove it.
@@ -163,7 +270,7 @@ pub struct Violation {
 #[derive(Debug, Default)]
 pub struct Verdict {
     /// Count per kind (every kind present).
-    pub counts: BTreeMap<&'static str, u64>,
+    pub counts: BTreeMap<Kind, u64>,
     /// Each violation.
     pub violations: Vec<Violation>,
     /// Orders in PostgreSQL by final status (`paid`, `expired`, ...).
@@ -173,7 +280,7 @@ pub struct Verdict {
 }
 
 impl Verdict {
-    fn add(&mut self, kind: &'static str, n: u64, detail: String, ops: &[&OpRecord]) {
+    fn add(&mut self, kind: Kind, n: u64, detail: String, ops: &[&OpRecord]) {
         if n == 0 {
             return;
         }
@@ -189,25 +296,20 @@ impl Verdict {
         });
     }
 
-    /// The kinds that must be zero for the run to be valid under `ack`:
-    /// under `leader`, lost confirmations, and the second orders and changed
-    /// answers of requests whose record a failover took back (a retry is
-    /// then a new purchase), are the measured price of the mode; so are,
-    /// for orders touched while a master was killed or paused, a payment or
-    /// cancel a failover took back (`transition_failover`), and, for buyers
-    /// who bought, paid or cancelled then, a quota a failover parted from
-    /// their orders (`limit_after_failover`; README: what `ack = leader`
-    /// does not guarantee).
-    pub fn must_be_zero(kind: &str, ack: flashsale::Ack) -> bool {
+    /// The kinds that must be zero for the run to be valid under `ack`.
+    /// Under `leader`, what a failover can take back is the measured price
+    /// of the mode, and only that: the `failover_*` kinds and
+    /// `limit_after_failover` count only writes of operations in flight
+    /// while a master was killed or paused ([`Risk`]), never under any other
+    /// fault or none (README: what `ack = leader` does not guarantee).
+    pub fn must_be_zero(kind: Kind, ack: flashsale::Ack) -> bool {
         !(ack == flashsale::Ack::Leader
             && matches!(
                 kind,
-                "lost_confirmed"
-                    | "orphan_orders"
-                    | "failover_duplicates"
-                    | "lost_restocks"
-                    | "transition_failover"
-                    | "limit_after_failover"
+                Kind::FailoverLost
+                    | Kind::FailoverDuplicates
+                    | Kind::TransitionFailover
+                    | Kind::LimitAfterFailover
             ))
     }
 
@@ -215,7 +317,7 @@ impl Verdict {
     pub fn valid(&self, ack: flashsale::Ack) -> bool {
         self.counts
             .iter()
-            .all(|(k, n)| *n == 0 || !Verdict::must_be_zero(k, ack))
+            .all(|(k, n)| *n == 0 || !Verdict::must_be_zero(*k, ack))
     }
 }
 
@@ -223,9 +325,14 @@ type Key<'a> = (&'a str, &'a str, &'a str);
 
 /// Runs every check.
 pub fn check(inp: &Inputs<'_>) -> Verdict {
+    let marked = mark_risk(inp.ops, inp.fault_windows);
+    let inp = &Inputs {
+        ops: &marked,
+        ..*inp
+    };
     let mut v = Verdict::default();
-    for k in KINDS {
-        v.counts.insert(k, 0);
+    for k in Kind::ALL {
+        v.counts.insert(*k, 0);
     }
     let in_db: HashMap<&str, &DbOrder> =
         inp.rows.iter().map(|r| (r.order_id.as_str(), r)).collect();
@@ -258,14 +365,19 @@ pub fn check(inp: &Inputs<'_>) -> Verdict {
         }
         if in_streams.contains(id) {
             v.add(
-                "unwritten_orders",
+                Kind::UnwrittenOrders,
                 1,
                 format!("order {id} was confirmed, is still in its stream, and never reached PostgreSQL"),
                 ops,
             );
         } else {
+            let kind = if leader && ops.iter().any(|o| at_risk(o)) {
+                Kind::FailoverLost
+            } else {
+                Kind::LostConfirmed
+            };
             v.add(
-                "lost_confirmed",
+                kind,
                 1,
                 format!("order {id} was confirmed but is not in PostgreSQL"),
                 ops,
@@ -285,7 +397,7 @@ pub fn check(inp: &Inputs<'_>) -> Verdict {
             .collect();
         if keys.len() > 1 {
             v.add(
-                "request_answer_changed",
+                Kind::RequestAnswerChanged,
                 (keys.len() - 1) as u64,
                 format!(
                     "order {id} was the answer to {} different requests",
@@ -306,7 +418,7 @@ pub fn check(inp: &Inputs<'_>) -> Verdict {
         {
             if *remaining < 0 {
                 v.add(
-                    "negative_stock",
+                    Kind::NegativeStock,
                     1,
                     format!("{sku}: a status read showed {remaining} units left"),
                     &[o],
@@ -328,8 +440,13 @@ pub fn check(inp: &Inputs<'_>) -> Verdict {
                 .flat_map(|(_, ops)| ops.iter().copied())
                 .filter(|o| matches!(o.outcome, Outcome::Unknown { .. }))
                 .collect();
+            let kind = if leader && near.iter().any(|o| at_risk(o)) {
+                Kind::FailoverLost
+            } else {
+                Kind::OrphanOrders
+            };
             v.add(
-                "orphan_orders",
+                kind,
                 1,
                 format!(
                     "order {} ({} x{} for {}) is in PostgreSQL but no answer named it",
@@ -344,6 +461,7 @@ pub fn check(inp: &Inputs<'_>) -> Verdict {
         *v.order_states.entry(r.status.clone()).or_default() += 1;
     }
     check_stock(&mut v, inp);
+    check_over_time(&mut v, inp, &in_db, &in_streams);
     check_transitions(&mut v, inp, &in_db);
     check_locks(&mut v, inp.ops);
     v
@@ -384,14 +502,17 @@ fn check_request(
     let ids: HashSet<&str> = oks.iter().filter_map(|o| order_id(o)).collect();
     // Under `leader`, a request confirmed while a master was failing over
     // may lose its record with the failover: counted apart, as the price.
+    // Only the earliest confirmation can have lost its record (a later one
+    // is the retry that found none): that one must have been at risk.
     let failover = leader
         && oks
             .iter()
-            .any(|o| matches!(o.fault.as_deref(), Some("kill" | "pause")));
+            .min_by_key(|o| o.complete_ms)
+            .is_some_and(|o| at_risk(o));
     let (changed, duplicate) = if failover {
-        ("failover_duplicates", "failover_duplicates")
+        (Kind::FailoverDuplicates, Kind::FailoverDuplicates)
     } else {
-        ("request_answer_changed", "duplicate_orders")
+        (Kind::RequestAnswerChanged, Kind::DuplicateOrders)
     };
     if ids.len() > 1 {
         v.add(
@@ -417,7 +538,7 @@ fn check_request(
         if let Some(row) = order_id(o).and_then(|id| in_db.get(id)) {
             if row.user != user || row.sku != sku || row.qty != u64::from(qty_of(o)) {
                 v.add(
-                    "request_answer_changed",
+                    Kind::RequestAnswerChanged,
                     1,
                     format!(
                         "request ({sku}, {user}, {rid}) x{} was answered with order {} of ({}, {}) x{}",
@@ -454,18 +575,15 @@ fn check_request(
         .iter()
         .max_by_key(|o| (o.phase == Phase::Final, o.complete_ms));
     if let Some(last) = last {
+        // A refusal before the last `unknown` decides nothing: the retry
+        // that ended unknown may have bought (a restock came in between).
         if matches!(last.outcome, Outcome::Unknown { .. }) && oks.is_empty() {
-            let decided = ops
-                .iter()
-                .any(|o| matches!(o.outcome, Outcome::Fail { .. }) && qty_of(o) == qty_of(last));
-            if !decided {
-                v.add(
-                    "unresolved",
-                    1,
-                    format!("request ({sku}, {user}, {rid}) is still unknown after healing"),
-                    &[last],
-                );
-            }
+            v.add(
+                Kind::Unresolved,
+                1,
+                format!("request ({sku}, {user}, {rid}) is still unknown after healing"),
+                &[last],
+            );
         }
     }
 }
@@ -502,7 +620,7 @@ fn check_stock(v: &mut Verdict, inp: &Inputs<'_>) {
         let existed = allowed.min(initial);
         if initial > allowed {
             v.add(
-                "restock_overapplied",
+                Kind::RestockOverapplied,
                 initial - allowed,
                 format!(
                     "{sku}: Redis counts {initial} units put on sale; created {} plus restocks that may have applied {maybe}",
@@ -512,8 +630,18 @@ fn check_stock(v: &mut Verdict, inp: &Inputs<'_>) {
             );
         }
         if initial < plan.stock + confirmed {
+            let risky_restock = inp.ack == flashsale::Ack::Leader
+                && inp.ops.iter().any(|o| {
+                    at_risk(o)
+                        && matches!(o.outcome, Outcome::Ok { .. })
+                        && matches!(&o.op, Op::Restock { sku: s, .. } if s == sku)
+                });
             v.add(
-                "lost_restocks",
+                if risky_restock {
+                    Kind::FailoverLost
+                } else {
+                    Kind::LostRestocks
+                },
                 1,
                 format!(
                     "{sku}: Redis counts {initial} units put on sale; created {} plus confirmed restocks {confirmed}",
@@ -524,7 +652,7 @@ fn check_stock(v: &mut Verdict, inp: &Inputs<'_>) {
         }
         if sold > existed {
             v.add(
-                "oversold_units",
+                Kind::OversoldUnits,
                 sold - existed,
                 format!(
                     "{sku}: {sold} units in orders, {allowed} put on sale ({initial} by Redis' count)"
@@ -542,9 +670,9 @@ fn check_stock(v: &mut Verdict, inp: &Inputs<'_>) {
                     // Under `leader`, a failover can take back a cancel
                     // whose quota was already given back in another bucket.
                     let kind = if inp.ack == flashsale::Ack::Leader && excused(sku, user) {
-                        "limit_after_failover"
+                        Kind::LimitAfterFailover
                     } else {
-                        "limit_exceeded"
+                        Kind::LimitExceeded
                     };
                     let ops: Vec<&OpRecord> = inp
                         .ops
@@ -567,7 +695,7 @@ fn check_stock(v: &mut Verdict, inp: &Inputs<'_>) {
         for (i, s) in stocks.iter().enumerate() {
             if *s < 0 {
                 v.add(
-                    "negative_stock",
+                    Kind::NegativeStock,
                     1,
                     format!("{sku}: bucket {i} ends with stock {s}"),
                     &[],
@@ -578,7 +706,7 @@ fn check_stock(v: &mut Verdict, inp: &Inputs<'_>) {
         let balanced = initial as i64 == remaining + sold as i64;
         if !balanced {
             v.add(
-                "ledger_unbalanced",
+                Kind::LedgerUnbalanced,
                 1,
                 format!(
                     "{sku}: {initial} units put in, {remaining} left, {sold} in orders ({unwritten} of them only in streams)"
@@ -586,10 +714,19 @@ fn check_stock(v: &mut Verdict, inp: &Inputs<'_>) {
                 &[],
             );
         }
-        if let Some(&said) = inp.reconcile.get(sku) {
+        let Some(&said) = inp.reconcile.get(sku) else {
+            v.add(
+                Kind::ReconcileSilent,
+                1,
+                format!("{sku}: reconcile gave no verdict"),
+                &[],
+            );
+            continue;
+        };
+        {
             if said != balanced {
                 v.add(
-                    "reconcile_wrong",
+                    Kind::ReconcileWrong,
                     1,
                     format!(
                         "{sku}: reconcile said conserved={said}; initial {initial}, remaining {remaining}, in orders {sold} ({unwritten} only in streams)"
@@ -600,9 +737,9 @@ fn check_stock(v: &mut Verdict, inp: &Inputs<'_>) {
         }
     }
     for (detail, line) in inp.negative_samples {
-        *v.counts.entry("negative_stock").or_default() += 1;
+        *v.counts.entry(Kind::NegativeStock).or_default() += 1;
         v.violations.push(Violation {
-            kind: "negative_stock",
+            kind: Kind::NegativeStock,
             detail: detail.clone(),
             lines: vec![*line],
             fault: None,
@@ -610,10 +747,213 @@ fn check_stock(v: &mut Verdict, inp: &Inputs<'_>) {
     }
 }
 
+/// What the end-of-run sums cannot see: at every confirmation, the units
+/// taken so far never exceed the units that could have been put in by then
+/// (creates, restocks asked for before it, units given back by cancels
+/// asked for and expiries recorded before it), so a sale that went below
+/// zero and was covered by a later restock is still caught; no purchase
+/// is confirmed after its sale's close completed; and no purchase is
+/// refused for the per-user limit while the buyer could not have reached
+/// it (every request of theirs that might have bought, counted whole).
+fn check_over_time(
+    v: &mut Verdict,
+    inp: &Inputs<'_>,
+    in_db: &HashMap<&str, &DbOrder>,
+    in_streams: &HashSet<&str>,
+) {
+    for plan in inp.sales {
+        let sku = plan.sku.as_str();
+        let real = |id: &str| in_db.contains_key(id) || in_streams.contains(id);
+        let qty_of_order = |id: &str| in_db.get(id).map(|r| r.qty);
+        // (time, units): units possibly put in or given back, by when first
+        // asked (a replay may complete before the attempt that did it).
+        let mut supply: Vec<(u64, u64)> = vec![(0, plan.stock)];
+        let mut restock_ids = HashSet::new();
+        let mut cancelled = HashSet::new();
+        let mut first_asked: HashMap<String, u64> = HashMap::new();
+        for o in inp.ops {
+            let key = match &o.op {
+                Op::Restock { op_id, .. } => format!("r:{op_id}"),
+                Op::Cancel { order_id } => format!("c:{order_id}"),
+                _ => continue,
+            };
+            let t = first_asked.entry(key).or_insert(o.invoke_ms);
+            *t = (*t).min(o.invoke_ms);
+        }
+        let asked = |key: String, at: u64| first_asked.get(&key).copied().unwrap_or(at);
+        // (time, units, op): units surely taken, by when answered.
+        let mut taken: Vec<(u64, u64, &OpRecord)> = Vec::new();
+        let mut seen_orders = HashSet::new();
+        let mut closed_at: Option<u64> = None;
+        for o in inp.ops {
+            match (&o.op, &o.outcome) {
+                (Op::Restock { sku: s, qty, op_id }, outcome)
+                    if s == sku
+                        && !matches!(outcome, Outcome::Fail { .. })
+                        && restock_ids.insert(op_id) =>
+                {
+                    supply.push((asked(format!("r:{op_id}"), o.invoke_ms), *qty));
+                }
+                (Op::Cancel { order_id }, outcome) => {
+                    let ours = in_db.get(order_id.as_str()).is_some_and(|r| r.sku == sku);
+                    if ours
+                        && !matches!(outcome, Outcome::Fail { .. })
+                        && cancelled.insert(order_id)
+                    {
+                        supply.push((
+                            asked(format!("c:{order_id}"), o.invoke_ms),
+                            qty_of_order(order_id).unwrap_or(0),
+                        ));
+                    }
+                }
+                (Op::Close { sku: s }, Outcome::Ok { .. }) if s == sku => {
+                    closed_at = Some(closed_at.map_or(o.complete_ms, |t| t.min(o.complete_ms)));
+                }
+                (
+                    Op::Purchase { sku: s, qty, .. },
+                    Outcome::Ok {
+                        value: OkValue::Order { order_id, .. },
+                    },
+                ) if s == sku && real(order_id) && seen_orders.insert(order_id.as_str()) => {
+                    taken.push((o.complete_ms, u64::from(*qty), o));
+                }
+                (Op::Pay { order_id, .. }, _) => {
+                    if let (Some((_, true)), Some(row)) = (pay_ok(o), in_db.get(order_id.as_str()))
+                    {
+                        if row.sku == sku {
+                            taken.push((o.complete_ms, row.qty, o));
+                        }
+                    }
+                }
+                _ => {}
+            }
+        }
+        // Expiries give units back too (recorded by the masters' clocks).
+        for ((id, _), e) in inp.db_events {
+            if e.kind != "expired" {
+                continue;
+            }
+            if let (Some(row), Some(at)) = (in_db.get(id.as_str()), e.at_ms) {
+                if row.sku == sku && !cancelled.contains(id) {
+                    let t = (at - inp.history_start_ms).max(0) as u64;
+                    supply.push((t.saturating_sub(50), row.qty));
+                }
+            }
+        }
+        supply.sort_unstable_by_key(|(t, _)| *t);
+        taken.sort_unstable_by_key(|(t, _, _)| *t);
+        let (mut j, mut put_in, mut so_far) = (0, 0u64, 0u64);
+        let mut worst: Option<(u64, &OpRecord)> = None;
+        for (t, units, o) in &taken {
+            while j < supply.len() && supply[j].0 < *t {
+                put_in += supply[j].1;
+                j += 1;
+            }
+            so_far += units;
+            if so_far > put_in && worst.is_none_or(|(w, _)| so_far - put_in > w) {
+                worst = Some((so_far - put_in, o));
+            }
+        }
+        if let Some((excess, o)) = worst {
+            v.add(
+                Kind::OversoldInTime,
+                excess,
+                format!("{sku}: at this confirmation {excess} more units were taken than could have been put in by then"),
+                &[o],
+            );
+        }
+        if let Some(closed) = closed_at {
+            // A request first sent before the close may be confirmed after
+            // it (a replay of what it bought): only one first sent after the
+            // close must never be.
+            let mut first_sent: HashMap<(&str, &str), u64> = HashMap::new();
+            for o in inp.ops {
+                if let Op::Purchase {
+                    sku: s, user, rid, ..
+                } = &o.op
+                {
+                    if s == sku {
+                        let t = first_sent.entry((user, rid)).or_insert(o.invoke_ms);
+                        *t = (*t).min(o.invoke_ms);
+                    }
+                }
+            }
+            let sent_after = |o: &OpRecord| match &o.op {
+                Op::Purchase { user, rid, .. } => first_sent
+                    .get(&(user.as_str(), rid.as_str()))
+                    .is_some_and(|t| *t > closed),
+                _ => false,
+            };
+            for (_, _, o) in taken.iter().filter(|(_, _, o)| sent_after(o)) {
+                {
+                    v.add(
+                        Kind::SoldAfterClose,
+                        1,
+                        format!(
+                            "{sku}: a purchase asked for after the close completed was confirmed"
+                        ),
+                        &[o],
+                    );
+                }
+            }
+        }
+        if plan.limit > 0 {
+            check_limit_refusals(v, inp, plan);
+        }
+    }
+}
+
+/// A purchase refused for the per-user limit although every request of
+/// that buyer that might have bought by then, counted whole, leaves room
+/// for it.
+fn check_limit_refusals(v: &mut Verdict, inp: &Inputs<'_>, plan: &SalePlan) {
+    let sku = plan.sku.as_str();
+    let mine = |o: &&OpRecord, user: &str| matches!(&o.op, Op::Purchase { sku: s, user: u, .. } if s == sku && u == user);
+    for f in inp.ops.iter() {
+        let (Op::Purchase { user, rid, qty, .. }, Some("limit_exceeded")) = (&f.op, fail_code(f))
+        else {
+            continue;
+        };
+        if f.op_sku() != Some(sku) {
+            continue;
+        }
+        // Per other request, the most it may have held then: any attempt
+        // sent before the refusal answered, unless it was refused before
+        // the refusal was sent (a walk that failed held its quota until it
+        // was refused).
+        let mut counted: HashMap<&str, u64> = HashMap::new();
+        for o in inp.ops.iter().filter(|o| mine(o, user)) {
+            let refused_before =
+                matches!(o.outcome, Outcome::Fail { .. }) && o.complete_ms < f.invoke_ms;
+            if o.invoke_ms >= f.complete_ms || refused_before {
+                continue;
+            }
+            if let Op::Purchase { rid: r, qty: q, .. } = &o.op {
+                if r != rid {
+                    let most = counted.entry(r).or_default();
+                    *most = (*most).max(u64::from(*q));
+                }
+            }
+        }
+        let could_have: u64 = counted.values().sum();
+        if could_have + u64::from(*qty) <= u64::from(plan.limit) {
+            v.add(
+                Kind::RefusedBelowLimit,
+                1,
+                format!(
+                    "{sku}: {user} was refused {qty} for the limit {}, having at most {could_have}",
+                    plan.limit
+                ),
+                &[f],
+            );
+        }
+    }
+}
+
 /// True when `o` was sent while a fault that fails a master over (`kill`,
 /// `pause`) was in force: under `ack = leader` its write may be taken back.
 fn at_risk(o: &OpRecord) -> bool {
-    matches!(o.fault.as_deref(), Some("kill" | "pause"))
+    o.failover_risk
 }
 
 /// A payment's reference and its answer's `retaken`, when it was `ok`.
@@ -704,9 +1044,9 @@ fn check_order(v: &mut Verdict, f: &OrderFacts<'_>, ops: &[&OpRecord], leader: b
     let id = row.order_id.as_str();
     let retake = plan.late == flashsale::LatePayment::Retake;
     // Under `leader`, a failover may take back any of this order's writes.
-    let excused = |kind: &'static str| {
+    let excused = |kind: Kind| {
         if leader && ops.iter().any(|o| at_risk(o)) {
-            "transition_failover"
+            Kind::TransitionFailover
         } else {
             kind
         }
@@ -724,7 +1064,7 @@ fn check_order(v: &mut Verdict, f: &OrderFacts<'_>, ops: &[&OpRecord], leader: b
     let pay_ops: Vec<&OpRecord> = pays.iter().map(|(o, _, _)| *o).collect();
     if refs.len() > 1 {
         v.add(
-            excused("transition_conflict"),
+            excused(Kind::TransitionConflict),
             (refs.len() - 1) as u64,
             format!(
                 "order {id} was paid under {} different payment references",
@@ -737,7 +1077,7 @@ fn check_order(v: &mut Verdict, f: &OrderFacts<'_>, ops: &[&OpRecord], leader: b
         row.status == "paid" && row.payment_ref.as_deref().is_some_and(|r| refs.contains(r));
     if !pays.is_empty() && !paid_as_answered {
         v.add(
-            excused("transition_lost"),
+            excused(Kind::TransitionLost),
             1,
             format!(
                 "order {id}: a payment was answered ok, PostgreSQL has it {} (payment ref {:?})",
@@ -749,7 +1089,7 @@ fn check_order(v: &mut Verdict, f: &OrderFacts<'_>, ops: &[&OpRecord], leader: b
     let cancel_stuck = row.status == "cancelled" || (retake && row.status == "paid");
     if !cancels.is_empty() && !cancel_stuck {
         v.add(
-            excused("transition_lost"),
+            excused(Kind::TransitionLost),
             1,
             format!(
                 "order {id}: a cancel was answered ok, PostgreSQL has it {}",
@@ -765,7 +1105,7 @@ fn check_order(v: &mut Verdict, f: &OrderFacts<'_>, ops: &[&OpRecord], leader: b
         let both = pays.first().filter(|_| !retake);
         if let Some((p, _, _)) = before.or(both) {
             v.add(
-                excused("transition_conflict"),
+                excused(Kind::TransitionConflict),
                 1,
                 format!("order {id} was answered both paid and cancelled"),
                 &[p, c],
@@ -797,7 +1137,7 @@ fn check_order(v: &mut Verdict, f: &OrderFacts<'_>, ops: &[&OpRecord], leader: b
         };
         if let Some(first) = changed {
             v.add(
-                excused("transition_answer_changed"),
+                excused(Kind::TransitionAnswerChanged),
                 1,
                 format!(
                     "order {id}: a retry was refused ({code}) after the same call was answered ok"
@@ -813,7 +1153,7 @@ fn check_order(v: &mut Verdict, f: &OrderFacts<'_>, ops: &[&OpRecord], leader: b
         let after_close = f.closed_at.is_some_and(|t| t < p.invoke_ms);
         if *retaken && retook && (!retake || after_close) {
             v.add(
-                "late_payment_accepted",
+                Kind::LatePaymentAccepted,
                 1,
                 format!(
                     "order {id}: a late payment retook units {}",
@@ -829,7 +1169,7 @@ fn check_order(v: &mut Verdict, f: &OrderFacts<'_>, ops: &[&OpRecord], leader: b
     }
     if retook && !retake {
         v.add(
-            "late_payment_accepted",
+            Kind::LatePaymentAccepted,
             1,
             format!("order {id}: PostgreSQL records a retake where late payments are refused"),
             &[],
@@ -852,7 +1192,7 @@ fn check_order(v: &mut Verdict, f: &OrderFacts<'_>, ops: &[&OpRecord], leader: b
         };
         if wrong {
             v.add(
-                excused("refused_in_time"),
+                excused(Kind::RefusedInTime),
                 1,
                 format!(
                     "order {id}: {} refused {} ms before its deadline",
@@ -897,7 +1237,7 @@ fn check_hold_records(
         if let (Some(made), Some(due)) = (r.created_ms, r.expires_ms) {
             if due - made != plan.hold_ms as i64 {
                 v.add(
-                    "hold_deadline_wrong",
+                    Kind::HoldDeadlineWrong,
                     1,
                     format!(
                         "order {}: held {} ms, the sale's window is {} ms",
@@ -914,7 +1254,7 @@ fn check_hold_records(
             && r.paid_ms.is_some_and(|t| t >= deadline)
         {
             v.add(
-                "late_payment_accepted",
+                Kind::LatePaymentAccepted,
                 1,
                 format!(
                     "order {} was paid {} ms after its deadline; late payments are refused",
@@ -927,7 +1267,7 @@ fn check_hold_records(
         if let Some(t) = r.expired_ms {
             if t < deadline {
                 v.add(
-                    "expired_early",
+                    Kind::ExpiredEarly,
                     1,
                     format!(
                         "order {} expired {} ms before its deadline",
@@ -947,7 +1287,7 @@ fn check_hold_records(
         }
         if r.status == "held" && r.expires_ms.is_some_and(|e| e + 5_000 < inp.checked_at_ms) {
             v.add(
-                "holds_not_expired",
+                Kind::HoldsNotExpired,
                 1,
                 format!(
                     "order {} is still held {} ms past its deadline",
@@ -960,9 +1300,9 @@ fn check_hold_records(
         if let Some((state, version)) = inp.redis_states.get(&r.order_id) {
             if *state != r.status || *version != r.version {
                 let kind = if leader && risky.contains(r.order_id.as_str()) {
-                    "transition_failover"
+                    Kind::TransitionFailover
                 } else {
-                    "order_state_mismatch"
+                    Kind::OrderStateMismatch
                 };
                 v.add(
                     kind,
@@ -978,7 +1318,7 @@ fn check_hold_records(
     }
     if let Some((id, version)) = first_missing {
         v.add(
-            "unwritten_transitions",
+            Kind::UnwrittenTransitions,
             missing_versions,
             format!("{missing_versions} transitions are missing from order_events (first: order {id} version {version})"),
             &[],
@@ -992,7 +1332,7 @@ fn check_hold_records(
         .collect();
     if let Some((id, version)) = unwritten.first() {
         v.add(
-            "unwritten_transitions",
+            Kind::UnwrittenTransitions,
             unwritten.len() as u64,
             format!(
                 "{} transitions are in their streams and never reached PostgreSQL (first: order {id} version {version})",
@@ -1003,7 +1343,7 @@ fn check_hold_records(
     }
     let dead: u64 = inp.end.values().map(|e| e.left.dead_letters).sum();
     v.add(
-        "dead_letters",
+        Kind::DeadLetters,
         dead,
         format!("{dead} stream entries were dead-lettered, never written"),
         &[],
@@ -1061,9 +1401,9 @@ fn check_quotas(v: &mut Verdict, inp: &Inputs<'_>, leader: bool) {
                 continue;
             }
             let kind = if leader && excused(&plan.sku, user) {
-                "limit_after_failover"
+                Kind::LimitAfterFailover
             } else {
-                "quota_mismatch"
+                Kind::QuotaMismatch
             };
             v.add(
                 kind,
@@ -1108,40 +1448,140 @@ fn applied_restocks(ops: &[OpRecord]) -> HashMap<String, (u64, u64)> {
     out
 }
 
-/// Fencing tokens only grow: a grant that began after another grant ended
-/// has a larger token.
+/// One lock grant the workload used.
+struct Grant<'a> {
+    op: &'a OpRecord,
+    name: &'a str,
+    token: u64,
+    last_write_refused: bool,
+    asked: i64,
+    granted: i64,
+    released: i64,
+}
+
+impl Grant<'_> {
+    /// When the holder surely held the lock (wall-clock ms): from the
+    /// moment it knew it was granted to the earlier of its release and the
+    /// earliest its fixed lease could end (the lease began after it asked).
+    fn surely_held(&self) -> (i64, i64) {
+        let lease = super::worker::LOCK_LEASE.as_millis() as i64;
+        (
+            self.granted,
+            self.released.min(self.asked + lease - CLOCK_MARGIN_MS),
+        )
+    }
+}
+
+/// Slack for reading one wall clock in two processes (ms).
+const CLOCK_MARGIN_MS: i64 = 2;
+
+/// Per lock name: fencing tokens only grow (a grant that began after
+/// another grant of the same name ended has a larger token), and no two
+/// holders surely held it at once ([`Grant::surely_held`]; a holder whose
+/// lease ran out while it was frozen is not holding, and fencing is what
+/// stops its late write). The resource's refusals are read too: a holder
+/// whose last write was refused although its whole critical section lay
+/// inside its lease met another holder's write inside that lease.
 fn check_locks(v: &mut Verdict, ops: &[OpRecord]) {
-    let mut grants: Vec<(&OpRecord, u64)> = ops
-        .iter()
-        .filter_map(|o| match (&o.op, &o.outcome) {
-            (
-                Op::Lock { .. },
-                Outcome::Ok {
-                    value: OkValue::Lock { token, .. },
-                },
-            ) => Some((o, *token)),
-            _ => None,
-        })
-        .collect();
-    let mut by_end = grants.clone();
+    let mut by_name: BTreeMap<&str, Vec<Grant<'_>>> = BTreeMap::new();
+    for o in ops {
+        if let (
+            Op::Lock { name, .. },
+            Outcome::Ok {
+                value:
+                    OkValue::Lock {
+                        token,
+                        last_write_refused,
+                        asked_unix_ms,
+                        granted_unix_ms,
+                        released_unix_ms,
+                        ..
+                    },
+            },
+        ) = (&o.op, &o.outcome)
+        {
+            by_name.entry(name).or_default().push(Grant {
+                op: o,
+                name,
+                token: *token,
+                last_write_refused: *last_write_refused,
+                asked: *asked_unix_ms,
+                granted: *granted_unix_ms,
+                released: *released_unix_ms,
+            });
+        }
+    }
+    for grants in by_name.values_mut() {
+        check_tokens_grow(v, grants);
+        check_no_overlap(v, grants);
+    }
+}
+
+/// A grant that began (was asked for) after another of the same name
+/// ended (answered) has a larger token.
+fn check_tokens_grow(v: &mut Verdict, grants: &mut [Grant<'_>]) {
+    let mut by_end: Vec<(&OpRecord, u64)> = grants.iter().map(|g| (g.op, g.token)).collect();
     by_end.sort_by_key(|(o, _)| o.complete_ms);
-    grants.sort_by_key(|(o, _)| o.invoke_ms);
+    grants.sort_by_key(|g| g.op.invoke_ms);
     let mut i = 0;
     let mut highest: Option<(&OpRecord, u64)> = None;
-    for (b, token) in grants {
-        while i < by_end.len() && by_end[i].0.complete_ms < b.invoke_ms {
+    for g in grants.iter() {
+        while i < by_end.len() && by_end[i].0.complete_ms < g.op.invoke_ms {
             if highest.is_none_or(|(_, t)| by_end[i].1 > t) {
                 highest = Some(by_end[i]);
             }
             i += 1;
         }
         if let Some((a, t)) = highest {
-            if t >= token {
+            if t >= g.token {
                 v.add(
-                    "lock_token_regressed",
+                    Kind::LockTokenRegressed,
                     1,
-                    format!("a grant with token {token} began after a grant with token {t} ended"),
-                    &[a, b],
+                    format!(
+                        "lock {}: a grant with token {} began after a grant with token {t} ended",
+                        g.name, g.token
+                    ),
+                    &[a, g.op],
+                );
+            }
+        }
+    }
+}
+
+/// No two holders of one name surely held it at once, and no holder's
+/// last write was refused inside its own lease.
+fn check_no_overlap(v: &mut Verdict, grants: &mut [Grant<'_>]) {
+    grants.sort_by_key(|g| g.granted);
+    for (i, a) in grants.iter().enumerate() {
+        let (a_from, a_to) = a.surely_held();
+        if a.last_write_refused && a_to == a.released {
+            v.add(
+                Kind::LockOverlap,
+                1,
+                format!(
+                    "lock {}: the holder with token {} had its last write refused inside its lease",
+                    a.name, a.token
+                ),
+                &[a.op],
+            );
+        }
+        for b in &grants[i + 1..] {
+            let (b_from, b_to) = b.surely_held();
+            if b_from >= a_to {
+                continue;
+            }
+            if b_to > a_from && b_from < a_to && a_from < a_to && b_from < b_to {
+                v.add(
+                    Kind::LockOverlap,
+                    1,
+                    format!(
+                        "lock {}: holders with tokens {} and {} both held it for {} ms",
+                        a.name,
+                        a.token,
+                        b.token,
+                        a_to.min(b_to) - b_from.max(a_from)
+                    ),
+                    &[a.op, b.op],
                 );
             }
         }

@@ -41,6 +41,23 @@ pub struct OpRecord {
     pub fault: Option<String>,
     /// Line numbers (from 1) of its invoke and completion lines.
     pub lines: (usize, usize),
+    /// In flight while a master was killed or paused (set by the checker
+    /// from the fault windows): under `ack = leader` a failover may have
+    /// taken its writes back.
+    pub failover_risk: bool,
+}
+
+impl OpRecord {
+    /// The sale an operation of a sale names.
+    pub fn op_sku(&self) -> Option<&str> {
+        match &self.op {
+            Op::Purchase { sku, .. }
+            | Op::Restock { sku, .. }
+            | Op::Close { sku }
+            | Op::Status { sku } => Some(sku),
+            _ => None,
+        }
+    }
 }
 
 /// The history, shared by every task of the controller.
@@ -50,6 +67,25 @@ pub struct History {
     lines: Mutex<Vec<String>>,
     ops: Mutex<Vec<OpRecord>>,
     fault: Mutex<Option<String>>,
+    windows: Mutex<Vec<FaultWindow>>,
+}
+
+/// One fault the nemesis tried: when (history ms) and whether it landed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FaultWindow {
+    /// The fault's `--faults` name.
+    pub fault: String,
+    /// When it started and when it was healed.
+    pub start_ms: u64,
+    /// See `start_ms`.
+    pub end_ms: u64,
+    /// It was injected (an attempt that failed is kept, as not injected).
+    pub injected: bool,
+    /// It landed where it was aimed (a kill with confirmations at risk, a
+    /// cut while the writer held a batch); false for a fault not aimed.
+    pub landed: bool,
+    /// What the nemesis said of it.
+    pub detail: String,
 }
 
 impl History {
@@ -64,6 +100,7 @@ impl History {
             lines: Mutex::new(Vec::new()),
             ops: Mutex::new(Vec::new()),
             fault: Mutex::new(None),
+            windows: Mutex::new(Vec::new()),
         }
     }
 
@@ -126,6 +163,7 @@ impl History {
             phase,
             fault: invoke.2,
             lines: (invoke.0, line),
+            failover_risk: false,
         };
         self.ops
             .lock()
@@ -145,6 +183,38 @@ impl History {
             "start" => Some(fault.to_owned()),
             _ => None,
         };
+    }
+
+    /// Records the end of the fault that started at `start_ms`: whether it
+    /// was injected and landed where it was aimed.
+    pub fn fault_window(
+        &self,
+        fault: &str,
+        start_ms: u64,
+        injected: bool,
+        landed: bool,
+        detail: &str,
+    ) {
+        let w = FaultWindow {
+            fault: fault.to_owned(),
+            start_ms,
+            end_ms: self.now_ms(),
+            injected,
+            landed,
+            detail: detail.to_owned(),
+        };
+        self.windows
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push(w);
+    }
+
+    /// Every fault tried so far.
+    pub fn fault_windows(&self) -> Vec<FaultWindow> {
+        self.windows
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
     }
 
     /// Records a note from the controller (a reconcile, a stock sample).

@@ -11,6 +11,8 @@
 //! seed reproduces a run's shape, not its every timing.
 
 pub mod checker;
+#[cfg(test)]
+mod checker_tests;
 pub mod history;
 pub mod nemesis;
 pub mod procs;
@@ -73,6 +75,8 @@ pub struct RunResult {
     pub ops: Vec<OpRecord>,
     /// Faults injected, by kind.
     pub faults: Vec<(Fault, u64)>,
+    /// Every fault tried: when, whether it was injected and landed.
+    pub windows: Vec<history::FaultWindow>,
     /// The checker's findings.
     pub verdict: checker::Verdict,
     /// The history, for citing lines.
@@ -177,6 +181,7 @@ pub async fn run(options: Options) -> anyhow::Result<RunResult> {
     }
     writer.stop().await;
     let ops = history.ops();
+    let windows = history.fault_windows();
     let verdict = checker::check(&checker::Inputs {
         ops: &ops,
         sales: &workload.sales,
@@ -189,6 +194,7 @@ pub async fn run(options: Options) -> anyhow::Result<RunResult> {
         history_start_ms: history.start_unix_ms(),
         redis_states: &redis_states,
         checked_at_ms,
+        fault_windows: &windows,
     });
     if let Some(path) = &options.history {
         history
@@ -200,6 +206,7 @@ pub async fn run(options: Options) -> anyhow::Result<RunResult> {
         duration_s,
         ops,
         faults,
+        windows,
         verdict,
         history,
     })

@@ -72,7 +72,45 @@ impl Fault {
     pub fn from_name(name: &str) -> Option<Fault> {
         Fault::ALL.iter().find(|(n, _)| *n == name).map(|&(_, f)| f)
     }
+
+    /// How long one injection may take, healing included, on a busy
+    /// machine (the longest wait of its aim, its hold, its heal): what a
+    /// run must leave it.
+    pub fn budget(self) -> Duration {
+        Duration::from_millis(match self {
+            Fault::Kill => 11_000,
+            Fault::Pause => 4_000,
+            Fault::Stall => 5_000,
+            Fault::Flush => 1_000,
+            Fault::Migrate => 3_000,
+            Fault::Partition => 4_000,
+            Fault::EngineKill => 2_000,
+            Fault::WriterKill => 2_000,
+            Fault::PgDown => 12_500,
+            Fault::LockPause => 4_000,
+        })
+    }
 }
+
+/// The shortest run in which every fault of `faults` is injected once:
+/// their budgets, the quiet between them, and the last seconds a fault is
+/// not started in.
+pub fn shortest_run(faults: &[Fault]) -> Duration {
+    let mut kinds: Vec<Fault> = faults.to_vec();
+    kinds.sort();
+    kinds.dedup();
+    kinds
+        .iter()
+        .map(|f| f.budget() + QUIET_MAX)
+        .sum::<Duration>()
+        + Duration::from_secs(2)
+}
+
+/// Longest quiet between two faults.
+const QUIET_MAX: Duration = Duration::from_millis(1500);
+
+/// Consecutive failed attempts at one kind before the nemesis moves on.
+const ATTEMPTS: usize = 3;
 
 /// What the nemesis may touch.
 pub struct Targets<'a> {
@@ -119,8 +157,9 @@ pub async fn run(
         return Ok(counts);
     }
     let mut cycle: Vec<Fault> = Vec::new();
+    let mut failed_in_a_row = 0;
     loop {
-        let quiet = Duration::from_millis(rng.random_range(500..1500));
+        let quiet = Duration::from_millis(rng.random_range(500..QUIET_MAX.as_millis() as u64));
         tokio::time::sleep(quiet).await;
         if Instant::now() + Duration::from_secs(2) >= until {
             break;
@@ -131,29 +170,57 @@ pub async fn run(
         }
         let Some(fault) = cycle.pop() else { break };
         let pick: usize = rng.random_range(0..1000);
+        let started_ms = history.now_ms();
         history.nemesis(fault.name(), "start", "");
-        let detail = inject(targets, fault, pick, history, until).await;
+        let injected = inject(targets, fault, pick, history, until).await;
         let healed = heal_cluster(targets.topo).await;
-        let detail = match (&detail, &healed) {
-            (Ok(d), Ok(())) => d.clone(),
-            (Err(e), _) => format!("not injected: {e}"),
-            (_, Err(e)) => format!("not healed: {e}"),
+        let (detail, landed) = match (&injected, &healed) {
+            (Ok(d), Ok(())) => (d.detail.clone(), d.landed),
+            (Err(e), _) => (format!("not injected: {e}"), false),
+            (_, Err(e)) => (format!("not healed: {e}"), false),
         };
         history.nemesis(fault.name(), "end", &detail);
+        history.fault_window(fault.name(), started_ms, injected.is_ok(), landed, &detail);
         healed?;
-        if detail.starts_with("not injected") {
+        if injected.is_err() {
             if fault == Fault::Migrate {
                 // A migration that failed half-way may have split a slot's
                 // data: what follows would not test the engine.
                 return Err(anyhow::anyhow!("migrate fault failed: {detail}"));
             }
+            // Tried again before the others of this cycle, so each kind is
+            // injected once before any is repeated (a few times only: one
+            // that cannot be injected is reported, not looped on).
+            failed_in_a_row += 1;
+            if failed_in_a_row < ATTEMPTS {
+                cycle.push(fault);
+            } else {
+                failed_in_a_row = 0;
+            }
             continue;
         }
+        failed_in_a_row = 0;
         if let Some(c) = counts.iter_mut().find(|(f, _)| *f == fault) {
             c.1 += 1;
         }
     }
     Ok(counts)
+}
+
+/// What an injection did.
+struct Injected {
+    detail: String,
+    /// It landed where it was aimed (see `FaultWindow::landed`).
+    landed: bool,
+}
+
+impl From<String> for Injected {
+    fn from(detail: String) -> Self {
+        Injected {
+            detail,
+            landed: false,
+        }
+    }
 }
 
 /// Applies one fault and heals it; `pick` chooses the victim.
@@ -163,8 +230,9 @@ async fn inject(
     pick: usize,
     history: &History,
     until: Instant,
-) -> anyhow::Result<String> {
+) -> anyhow::Result<Injected> {
     let topo = t.topo;
+    let done = |s: String| Ok(Injected::from(s));
     match fault {
         Fault::Kill => {
             let (m, served) = pick_busy_master(t, pick).await?;
@@ -185,16 +253,21 @@ async fn inject(
             .await?;
             wait_cluster(topo, move |c| c.master_ports().contains(&r)).await?;
             topo.with_cluster(move |c| c.node_mut(m).restart()).await?;
-            Ok(format!(
-                "master {m} killed with {queued} entries queued ({confirmed} purchases confirmed) after its replica was cut off, replica {r} promoted"
-            ))
+            Ok(Injected {
+                detail: if confirmed + queued as usize == 0 {
+                    format!("master {m} killed with nothing at risk (no entry queued since its replica was cut off), replica {r} promoted")
+                } else {
+                    format!("master {m} killed with {queued} entries queued ({confirmed} purchases confirmed) after its replica was cut off, replica {r} promoted")
+                },
+                landed: confirmed + queued as usize > 0,
+            })
         }
         Fault::Pause => {
             let m = pick_master(topo, pick).await?;
             topo.with_cluster(move |c| c.node(m).signal("STOP")).await?;
             tokio::time::sleep(Duration::from_millis(2500)).await;
             topo.with_cluster(move |c| c.node(m).signal("CONT")).await?;
-            Ok(format!("master {m} paused 2.5 s"))
+            done(format!("master {m} paused 2.5 s"))
         }
         Fault::Stall => {
             // Longer than the engine's 2 s response timeout: the engine
@@ -205,7 +278,7 @@ async fn inject(
             })
             .await?;
             tokio::time::sleep(Duration::from_millis(4100)).await;
-            Ok(format!("master {m} paused writes 4 s"))
+            done(format!("master {m} paused writes 4 s"))
         }
         Fault::Flush => {
             topo.with_cluster(|c| {
@@ -214,14 +287,14 @@ async fn inject(
                 }
             })
             .await?;
-            Ok("scripts flushed on every master".into())
+            done("scripts flushed on every master".into())
         }
         Fault::Migrate => {
             if t.buckets.is_empty() {
                 return Err(anyhow::anyhow!("no bucket slots"));
             }
             let slot = t.buckets[pick % t.buckets.len()].slot;
-            topo.with_cluster(move |c| {
+            let moved = topo.with_cluster(move |c| {
                 let from = c.master_of_slot(slot);
                 let others: Vec<u16> = c
                     .master_ports()
@@ -240,7 +313,8 @@ async fn inject(
                     )
                 }
             })
-            .await
+            .await?;
+            done(moved)
         }
         Fault::Partition => {
             let m = pick_master(topo, pick).await?;
@@ -251,24 +325,69 @@ async fn inject(
             proxy.cut();
             tokio::time::sleep(Duration::from_millis(3000)).await;
             proxy.restore();
-            Ok(format!("master {m} cut off 3 s"))
+            done(format!("master {m} cut off 3 s"))
         }
         Fault::EngineKill => {
             let i = pick % t.engines.len();
             t.engines[i].kill_and_restart().await?;
-            Ok(format!("engine {i} killed and restarted"))
+            done(format!("engine {i} killed and restarted"))
         }
         Fault::WriterKill => {
             t.writer.kill().await;
             tokio::time::sleep(Duration::from_millis(1000)).await;
             t.writer.ensure_running().await?;
-            Ok("order writer killed, restarted after 1 s".into())
+            done("order writer killed, restarted after 1 s".into())
         }
         Fault::PgDown => {
+            // Aimed at the writer with work in hand: cut while orders are
+            // being queued, and it has landed once orders reached the
+            // streams while PostgreSQL was gone (the writer read them then,
+            // and could not commit them).
+            // Each stream asked on the master of its slot (another master
+            // answers MOVED, which reads as "could not tell").
+            let buckets: Vec<(u16, String)> = t
+                .buckets
+                .iter()
+                .map(|b| (b.slot, b.stream.clone()))
+                .collect();
+            let added = || {
+                let buckets = buckets.clone();
+                topo.with_cluster(move |c| {
+                    buckets
+                        .iter()
+                        .filter_map(|(slot, stream)| {
+                            entries_added(c, c.master_of_slot(*slot), std::slice::from_ref(stream))
+                        })
+                        .sum::<u64>()
+                })
+            };
+            let mut before = added().await.unwrap_or(0);
+            for _ in 0..30 {
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                let now = added().await.unwrap_or(before);
+                if now > before {
+                    before = now;
+                    break;
+                }
+            }
             topo.pg_proxy.cut();
-            tokio::time::sleep(Duration::from_secs(10)).await;
+            let cut = Instant::now();
+            let mut during = 0;
+            while cut.elapsed() < Duration::from_secs(8) {
+                tokio::time::sleep(Duration::from_millis(250)).await;
+                during = added().await.unwrap_or(before).saturating_sub(before);
+                if during > 0 && cut.elapsed() >= Duration::from_secs(4) {
+                    break;
+                }
+            }
             topo.pg_proxy.restore();
-            Ok("PostgreSQL unreachable 10 s".into())
+            Ok(Injected {
+                detail: format!(
+                    "PostgreSQL unreachable {:.1} s while {during} entries were queued",
+                    cut.elapsed().as_secs_f64()
+                ),
+                landed: during > 0,
+            })
         }
         Fault::LockPause => {
             // Aim at a process that holds or is taking a lock right now.
@@ -287,7 +406,7 @@ async fn inject(
             t.engines[i].signal(libc::SIGSTOP);
             tokio::time::sleep(LOCK_LEASE * 3).await;
             t.engines[i].signal(libc::SIGCONT);
-            Ok(format!("engine {i} frozen for 3 lock leases"))
+            done(format!("engine {i} frozen for 3 lock leases"))
         }
     }
 }

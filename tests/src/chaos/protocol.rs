@@ -114,6 +114,21 @@ pub enum OkValue {
         token: u64,
         /// Fenced writes the resource refused (a newer token got there first).
         refused_writes: u32,
+        /// Whether the second (last) write was refused: the holder learnt
+        /// it had lost the lock before it left its critical section.
+        #[serde(default)]
+        last_write_refused: bool,
+        /// When the lock was asked for, by the engine process's wall clock
+        /// (ms since the Unix epoch; one machine, one clock): the lease
+        /// began after it.
+        #[serde(default)]
+        asked_unix_ms: i64,
+        /// When the grant came back.
+        #[serde(default)]
+        granted_unix_ms: i64,
+        /// When the holder left its critical section (before the release).
+        #[serde(default)]
+        released_unix_ms: i64,
     },
 }
 

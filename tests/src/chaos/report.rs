@@ -7,7 +7,7 @@ use std::fmt::Write;
 
 use serde_json::json;
 
-use super::checker::{Verdict, KINDS};
+use super::checker::{Kind, Verdict};
 use super::protocol::Outcome;
 use super::RunResult;
 
@@ -24,13 +24,94 @@ struct Row {
     violations: BTreeMap<&'static str, u64>,
 }
 
+/// One fault kind asked for by `--faults`: how often it was tried,
+/// injected and landed where it was aimed, and how many operations
+/// completed while it was in force.
+#[derive(Debug, Default, Clone, serde::Serialize)]
+pub struct FaultTally {
+    /// Attempts (an attempt that could not inject counts here only).
+    pub attempted: u64,
+    /// Attempts that injected the fault.
+    pub injected: u64,
+    /// Injections that landed where they were aimed (`kill`: with
+    /// confirmations at risk; `pg-down`: while orders reached the writer).
+    pub landed: u64,
+    /// Operations that completed while it was in force.
+    pub ops_in_force: u64,
+}
+
+/// The tally of every fault kind asked for.
+pub fn fault_tally(r: &RunResult) -> BTreeMap<&'static str, FaultTally> {
+    let mut out: BTreeMap<&'static str, FaultTally> = r
+        .options
+        .faults
+        .iter()
+        .map(|f| (f.name(), FaultTally::default()))
+        .collect();
+    for w in &r.windows {
+        let Some(t) = out.get_mut(w.fault.as_str()) else {
+            continue;
+        };
+        t.attempted += 1;
+        if w.injected {
+            t.injected += 1;
+            t.landed += u64::from(w.landed);
+            t.ops_in_force += r
+                .ops
+                .iter()
+                .filter(|o| o.complete_ms >= w.start_ms && o.complete_ms <= w.end_ms)
+                .count() as u64;
+        }
+    }
+    out
+}
+
+/// Why a run tested nothing it was asked to (empty when it did): no
+/// operation confirmed, a fault kind asked for never injected, a `kill`
+/// that never found confirmations at risk, or, with a planted bug, an
+/// aimed fault that never landed. Such a run exits 2, whatever its verdict.
+pub fn vacuous(r: &RunResult) -> Vec<String> {
+    let mut why = Vec::new();
+    // Status reads, restocks and locks answer ok too: what must have been
+    // confirmed is a purchase (an engine answering sold_out to every one
+    // would otherwise pass), and, when the workload took locks, a lock.
+    let confirmed = |name: &str| {
+        r.ops
+            .iter()
+            .any(|o| o.op.name() == name && matches!(o.outcome, Outcome::Ok { .. }))
+    };
+    if !confirmed("purchase") {
+        why.push("no purchase was confirmed".to_owned());
+    }
+    if r.ops.iter().any(|o| o.op.name() == "lock") && !confirmed("lock") {
+        why.push("no lock was granted".to_owned());
+    }
+    for (name, t) in fault_tally(r) {
+        if t.injected == 0 {
+            why.push(format!(
+                "fault {name} was asked for but never injected ({} attempts failed)",
+                t.attempted
+            ));
+        } else if t.landed == 0
+            && (name == "kill" || (name == "pg-down" && r.options.plant.is_some()))
+        {
+            why.push(format!(
+                "fault {name} was injected {} times but never landed where it was aimed",
+                t.injected
+            ));
+        }
+    }
+    why
+}
+
 /// The summary as the `--json` file holds it.
 pub fn json(r: &RunResult) -> serde_json::Value {
     let (ok, fail, unknown) = outcome_counts(r);
-    let faults: BTreeMap<&str, u64> = r.faults.iter().map(|(f, n)| (f.name(), *n)).collect();
-    let violations: BTreeMap<&str, u64> = KINDS
+    let tally = fault_tally(r);
+    let faults: BTreeMap<&str, u64> = tally.iter().map(|(f, t)| (*f, t.injected)).collect();
+    let violations: BTreeMap<&str, u64> = Kind::ALL
         .iter()
-        .map(|k| (*k, r.verdict.counts.get(k).copied().unwrap_or(0)))
+        .map(|k| (k.name(), r.verdict.counts.get(k).copied().unwrap_or(0)))
         .collect();
     let evidence: Vec<serde_json::Value> = r
         .verdict
@@ -39,7 +120,7 @@ pub fn json(r: &RunResult) -> serde_json::Value {
         .take(50)
         .map(|v| {
             json!({
-                "kind": v.kind,
+                "kind": v.kind.name(),
                 "detail": v.detail,
                 "fault": v.fault,
                 "lines": v.lines.iter().filter_map(|l| r.history.line(*l)).collect::<Vec<_>>(),
@@ -57,11 +138,13 @@ pub fn json(r: &RunResult) -> serde_json::Value {
         "fail": fail,
         "unknown": unknown,
         "faults": faults,
+        "fault_tally": tally,
+        "vacuous": vacuous(r),
         "by_op": by_op(r),
         "order_states": r.verdict.order_states,
         "expiry_lag_ms": lag_summary(&r.verdict.expiry_lag_ms),
         "violations": violations,
-        "must_be_zero": KINDS.iter().filter(|k| Verdict::must_be_zero(k, r.options.ack)).collect::<Vec<_>>(),
+        "must_be_zero": Kind::ALL.iter().filter(|k| Verdict::must_be_zero(**k, r.options.ack)).map(|k| k.name()).collect::<Vec<_>>(),
         "valid": r.verdict.valid(r.options.ack),
         "evidence": evidence,
     })
@@ -128,14 +211,15 @@ pub fn text(r: &RunResult) -> String {
             Outcome::Unknown { .. } => row.unknown += 1,
         }
     }
-    for (f, n) in &r.faults {
-        rows.entry(f.name().to_owned()).or_default().faults += n;
+    let tally = fault_tally(r);
+    for (f, t) in &tally {
+        rows.entry((*f).to_owned()).or_default().faults += t.injected;
     }
     for v in &r.verdict.violations {
         let row = rows
             .entry(v.fault.clone().unwrap_or_else(|| "(none)".into()))
             .or_default();
-        *row.violations.entry(v.kind).or_default() += 1;
+        *row.violations.entry(v.kind.name()).or_default() += 1;
     }
     let mut out = String::new();
     let _ = writeln!(
@@ -178,38 +262,149 @@ pub fn text(r: &RunResult) -> String {
             }
         );
     }
+    let _ = writeln!(
+        out,
+        "{:<12} {:>9} {:>8} {:>7} {:>12}",
+        "fault", "attempted", "injected", "landed", "ops in force"
+    );
+    for (f, t) in &tally {
+        let _ = writeln!(
+            out,
+            "{:<12} {:>9} {:>8} {:>7} {:>12}",
+            f, t.attempted, t.injected, t.landed, t.ops_in_force
+        );
+    }
     let _ = writeln!(out, "checker:");
-    for k in KINDS {
+    for k in Kind::ALL {
         let n = r.verdict.counts.get(k).copied().unwrap_or(0);
+        let k = *k;
         let note = if Verdict::must_be_zero(k, r.options.ack) {
             ""
         } else {
             "  (measured: the price of ack = leader)"
         };
-        let _ = writeln!(out, "  {k:<26} {n}{note}");
+        let _ = writeln!(out, "  {:<26} {n}{note}", k.name());
     }
     let mut shown: BTreeMap<&str, usize> = BTreeMap::new();
     for v in &r.verdict.violations {
-        let n = shown.entry(v.kind).or_default();
+        let n = shown.entry(v.kind.name()).or_default();
         *n += 1;
         if *n > SHOWN_PER_KIND {
             continue;
         }
-        let _ = writeln!(out, "violation {}: {}", v.kind, v.detail);
+        let _ = writeln!(out, "violation {}: {}", v.kind.name(), v.detail);
         for l in v.lines.iter().take(8) {
             if let Some(line) = r.history.line(*l) {
                 let _ = writeln!(out, "    {line}");
             }
         }
     }
+    for why in vacuous(r) {
+        let _ = writeln!(out, "tested nothing: {why}");
+    }
     let _ = writeln!(
         out,
         "{}",
-        if r.verdict.valid(r.options.ack) {
+        if !vacuous(r).is_empty() {
+            "NOT A TEST (exit 2)"
+        } else if r.verdict.valid(r.options.ack) {
             "VALID"
         } else {
             "INVALID"
         }
     );
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use super::super::history::{FaultWindow, History, OpRecord, Phase};
+    use super::super::nemesis::Fault;
+    use super::super::protocol::{OkValue, Op, Outcome};
+    use super::super::{Options, RunResult};
+    use super::*;
+
+    fn run(faults: Vec<Fault>, windows: Vec<FaultWindow>, confirmed: bool) -> RunResult {
+        let outcome = if confirmed {
+            Outcome::Ok {
+                value: OkValue::Order {
+                    order_id: "s~0~a".into(),
+                    bucket: 0,
+                },
+            }
+        } else {
+            Outcome::fail("sold_out")
+        };
+        RunResult {
+            options: Options {
+                seed: 1,
+                duration: std::time::Duration::from_secs(60),
+                ack: flashsale::Ack::Replicated,
+                faults,
+                engines: 2,
+                plant: None,
+                history: None,
+            },
+            duration_s: 60.0,
+            ops: vec![OpRecord {
+                id: 1,
+                process: 0,
+                op: Op::Purchase {
+                    sku: "s".into(),
+                    user: "u".into(),
+                    rid: "r".into(),
+                    qty: 1,
+                },
+                outcome,
+                invoke_ms: 10,
+                complete_ms: 20,
+                phase: Phase::Run,
+                fault: None,
+                lines: (1, 2),
+                failover_risk: false,
+            }],
+            faults: Vec::new(),
+            windows,
+            verdict: Verdict::default(),
+            history: Arc::new(History::new()),
+        }
+    }
+
+    fn window(fault: &str, injected: bool, landed: bool) -> FaultWindow {
+        FaultWindow {
+            fault: fault.into(),
+            start_ms: 0,
+            end_ms: 100,
+            injected,
+            landed,
+            detail: String::new(),
+        }
+    }
+
+    #[test]
+    fn a_run_that_tested_nothing_says_why() {
+        let all_in = run(
+            vec![Fault::Kill, Fault::Flush],
+            vec![window("kill", true, true), window("flush", true, false)],
+            true,
+        );
+        assert!(vacuous(&all_in).is_empty(), "{:?}", vacuous(&all_in));
+        let tally = fault_tally(&all_in);
+        assert_eq!((tally["kill"].injected, tally["kill"].ops_in_force), (1, 1));
+
+        let nothing_confirmed = run(Vec::new(), Vec::new(), false);
+        assert_eq!(vacuous(&nothing_confirmed).len(), 1);
+
+        let flush_failed = run(
+            vec![Fault::Kill, Fault::Flush],
+            vec![window("kill", true, true), window("flush", false, false)],
+            true,
+        );
+        assert!(vacuous(&flush_failed)[0].contains("flush"));
+
+        let kill_at_nothing = run(vec![Fault::Kill], vec![window("kill", true, false)], true);
+        assert!(vacuous(&kill_at_nothing)[0].contains("never landed"));
+    }
 }

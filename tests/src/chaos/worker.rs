@@ -183,14 +183,17 @@ async fn lock(
     let opts = LockOptions::new(owner)
         .lease(LOCK_LEASE)
         .wait(Duration::from_secs(3));
+    let asked_unix_ms = unix_ms();
     let guard = match locks.lock(name, &opts).await {
         Ok(g) => g,
         Err(flashsale::lock::LockError::Timeout { .. }) => return Outcome::fail("lock_timeout"),
         Err(e) => return Outcome::unknown(e.to_string()),
     };
+    let granted_unix_ms = unix_ms();
     let token = guard.fencing_token();
     let key = format!("fenced:{name}");
     let mut refused = 0u32;
+    let mut last_write_refused = false;
     for i in 0..2 {
         if i == 1 {
             tokio::time::sleep(Duration::from_millis(hold_ms)).await;
@@ -203,17 +206,33 @@ async fn lock(
             .await;
         match accepted {
             Ok(1) => {}
-            Ok(_) => refused += 1,
+            Ok(_) => {
+                refused += 1;
+                last_write_refused = i == 1;
+            }
             Err(e) => return Outcome::unknown(format!("fenced resource: {e}")),
         }
     }
+    let released_unix_ms = unix_ms();
     let _ = guard.unlock().await;
     Outcome::Ok {
         value: OkValue::Lock {
             token,
             refused_writes: refused,
+            last_write_refused,
+            asked_unix_ms,
+            granted_unix_ms,
+            released_unix_ms,
         },
     }
+}
+
+/// The wall clock in ms since the Unix epoch.
+fn unix_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as i64)
+        .unwrap_or(0)
 }
 
 /// Runs an order writer process until it is killed or stdin closes.

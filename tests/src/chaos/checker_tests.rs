@@ -1,0 +1,815 @@
+//! Every kind of violation the checker names, shown firing without a single
+//! process: a small correct world (sales, a history, what PostgreSQL and
+//! Redis hold at the end) that the checker passes, and for each [`Kind`] a
+//! change to it that breaks exactly that promise. The scenario table
+//! matches on [`Kind`] with no catch-all, so a kind added to the checker
+//! without its scenario does not compile.
+
+use std::collections::{BTreeMap, HashMap};
+
+use flashsale::{Ack, LatePayment};
+
+use super::checker::{check, DbEvent, DbOrder, EndLedger, Inputs, Kind, Verdict};
+use super::history::{FaultWindow, OpRecord, Phase};
+use super::protocol::{OkValue, Op, Outcome};
+use super::workload::SalePlan;
+
+/// The wall clock at the history's start (ms since the Unix epoch).
+const START: i64 = 1_000_000_000;
+/// The hold window of sale `h`.
+const HOLD: i64 = 1_000;
+
+/// Everything the checker reads, owned.
+#[derive(Clone)]
+struct World {
+    ops: Vec<OpRecord>,
+    sales: Vec<SalePlan>,
+    end: BTreeMap<String, EndLedger>,
+    rows: Vec<DbOrder>,
+    reconcile: BTreeMap<String, bool>,
+    negative: Vec<(String, usize)>,
+    ack: Ack,
+    events: HashMap<(String, i32), DbEvent>,
+    redis: HashMap<String, (String, i32)>,
+    windows: Vec<FaultWindow>,
+}
+
+fn plan(sku: &str, stock: u64, limit: u32, hold_ms: u64) -> SalePlan {
+    SalePlan {
+        sku: sku.into(),
+        stock,
+        buckets: 1,
+        limit,
+        hold_ms,
+        late: LatePayment::Refuse,
+    }
+}
+
+fn rec(id: u64, op: Op, outcome: Outcome, at: u64) -> OpRecord {
+    OpRecord {
+        id,
+        process: 0,
+        op,
+        outcome,
+        invoke_ms: at,
+        complete_ms: at + 5,
+        phase: Phase::Run,
+        fault: None,
+        lines: (0, 0),
+        failover_risk: false,
+    }
+}
+
+fn buy(sku: &str, user: &str, rid: &str, qty: u32) -> Op {
+    Op::Purchase {
+        sku: sku.into(),
+        user: user.into(),
+        rid: rid.into(),
+        qty,
+    }
+}
+
+fn order(id: &str) -> Outcome {
+    Outcome::Ok {
+        value: OkValue::Order {
+            order_id: id.into(),
+            bucket: 0,
+        },
+    }
+}
+
+fn row(id: &str, sku: &str, user: &str, qty: u64, status: &str) -> DbOrder {
+    DbOrder {
+        order_id: id.into(),
+        sku: sku.into(),
+        user: user.into(),
+        qty,
+        status: status.into(),
+        payment_ref: None,
+        expires_ms: None,
+        version: 1,
+        paid_ms: None,
+        expired_ms: None,
+        created_ms: None,
+    }
+}
+
+/// A held order of sale `h` made at history ms `at`.
+fn hold_row(id: &str, user: &str, status: &str, at: i64) -> DbOrder {
+    DbOrder {
+        expires_ms: Some(START + at + HOLD),
+        created_ms: Some(START + at),
+        ..row(id, "h", user, 1, status)
+    }
+}
+
+fn event(kind: &str, at_ms: i64) -> DbEvent {
+    DbEvent {
+        kind: kind.into(),
+        retake: false,
+        at_ms: Some(at_ms),
+    }
+}
+
+fn lock_op(name: &str, owner: &str, token: u64, at: u64, asked: i64) -> OpRecord {
+    rec(
+        0,
+        Op::Lock {
+            name: name.into(),
+            owner: owner.into(),
+            hold_ms: 50,
+        },
+        Outcome::Ok {
+            value: OkValue::Lock {
+                token,
+                refused_writes: 0,
+                last_write_refused: false,
+                asked_unix_ms: asked,
+                granted_unix_ms: asked + 10,
+                released_unix_ms: asked + 100,
+            },
+        },
+        at,
+    )
+}
+
+/// The correct world: sale `s` (10 units, one sold, 5 restocked late),
+/// sale `q` (a limit of 2, one sold), sale `h` (holds of 1 s, a limit of
+/// 2: one order paid, one expired), and a lock taken twice in turn.
+fn world() -> World {
+    let mut w = World {
+        ops: Vec::new(),
+        sales: vec![
+            plan("s", 10, 0, 0),
+            plan("q", 10, 2, 0),
+            plan("h", 10, 2, 1000),
+        ],
+        end: BTreeMap::new(),
+        rows: Vec::new(),
+        reconcile: BTreeMap::new(),
+        negative: Vec::new(),
+        ack: Ack::Replicated,
+        events: HashMap::new(),
+        redis: HashMap::new(),
+        windows: Vec::new(),
+    };
+    w.ops
+        .push(rec(1, buy("s", "u1", "r1", 1), order("s~0~a"), 10));
+    w.rows.push(row("s~0~a", "s", "u1", 1, "paid"));
+    w.ops.push(rec(
+        2,
+        Op::Restock {
+            sku: "s".into(),
+            qty: 5,
+            op_id: "op1".into(),
+        },
+        Outcome::Ok {
+            value: OkValue::Done,
+        },
+        5_000,
+    ));
+    w.end.insert(
+        "s".into(),
+        EndLedger {
+            initial: 15,
+            stocks: vec![14],
+            ..EndLedger::default()
+        },
+    );
+    w.ops
+        .push(rec(3, buy("q", "u1", "r1", 1), order("q~0~a"), 20));
+    w.rows.push(row("q~0~a", "q", "u1", 1, "paid"));
+    let mut q_end = EndLedger {
+        initial: 10,
+        stocks: vec![9],
+        ..EndLedger::default()
+    };
+    q_end.left.quotas.insert("u1".into(), 1);
+    w.end.insert("q".into(), q_end);
+    // Sale h: b is paid at 100 ms, c expires at its deadline.
+    w.ops
+        .push(rec(4, buy("h", "u2", "r1", 1), order("h~0~b"), 30));
+    w.ops.push(rec(
+        5,
+        Op::Pay {
+            order_id: "h~0~b".into(),
+            payment_ref: "p1".into(),
+        },
+        Outcome::Ok {
+            value: OkValue::Transition {
+                state: "paid".into(),
+                retaken: false,
+            },
+        },
+        100,
+    ));
+    w.rows.push(DbOrder {
+        payment_ref: Some("p1".into()),
+        version: 2,
+        paid_ms: Some(START + 102),
+        ..hold_row("h~0~b", "u2", "paid", 30)
+    });
+    w.events
+        .insert(("h~0~b".into(), 2), event("paid", START + 102));
+    w.redis.insert("h~0~b".into(), ("paid".into(), 2));
+    w.ops
+        .push(rec(6, buy("h", "u3", "r1", 1), order("h~0~c"), 40));
+    w.rows.push(DbOrder {
+        version: 2,
+        expired_ms: Some(START + 40 + HOLD + 10),
+        ..hold_row("h~0~c", "u3", "expired", 40)
+    });
+    w.events.insert(
+        ("h~0~c".into(), 2),
+        event("expired", START + 40 + HOLD + 10),
+    );
+    w.redis.insert("h~0~c".into(), ("expired".into(), 2));
+    let mut h_end = EndLedger {
+        initial: 10,
+        stocks: vec![9],
+        ..EndLedger::default()
+    };
+    h_end.left.quotas.insert("u2".into(), 1);
+    h_end.left.quotas.insert("u3".into(), 0);
+    w.end.insert("h".into(), h_end);
+    for sku in ["s", "q", "h"] {
+        w.reconcile.insert(sku.into(), true);
+    }
+    w.ops.push(lock_op("L", "a", 5, 200, START + 200));
+    w.ops.push(lock_op("L", "b", 6, 400, START + 400));
+    w
+}
+
+impl World {
+    fn verdict(&self) -> Verdict {
+        check(&Inputs {
+            ops: &self.ops,
+            sales: &self.sales,
+            end: &self.end,
+            rows: &self.rows,
+            reconcile: &self.reconcile,
+            negative_samples: &self.negative,
+            ack: self.ack,
+            db_events: &self.events,
+            history_start_ms: START,
+            redis_states: &self.redis,
+            checked_at_ms: START + 60_000,
+            fault_windows: &self.windows,
+        })
+    }
+
+    fn end(&mut self, sku: &str) -> &mut EndLedger {
+        self.end.entry(sku.into()).or_default()
+    }
+
+    /// One more unit of `s` sold to `user` (answered, in PostgreSQL).
+    fn sell_s(&mut self, id: &str, user: &str, rid: &str, at: u64) {
+        self.ops
+            .push(rec(90, buy("s", user, rid, 1), order(id), at));
+        self.rows.push(row(id, "s", user, 1, "paid"));
+        self.end("s").stocks[0] -= 1;
+    }
+
+    fn pay(&mut self, id: &str, reference: &str, outcome: Outcome, at: u64) {
+        self.ops.push(rec(
+            91,
+            Op::Pay {
+                order_id: id.into(),
+                payment_ref: reference.into(),
+            },
+            outcome,
+            at,
+        ));
+    }
+
+    fn lock_mut(&mut self, token: u64) -> &mut OpRecord {
+        self.ops
+            .iter_mut()
+            .find(|o| matches!(o.outcome, Outcome::Ok { value: OkValue::Lock { token: t, .. } } if t == token))
+            .expect("lock op")
+    }
+}
+
+fn paid_ok() -> Outcome {
+    Outcome::Ok {
+        value: OkValue::Transition {
+            state: "paid".into(),
+            retaken: false,
+        },
+    }
+}
+
+/// A world with an order of `h` (user u4) that expired, yet whose payment
+/// was answered ok.
+fn payment_lost(w: &mut World) {
+    w.ops
+        .push(rec(7, buy("h", "u4", "r1", 1), order("h~0~d"), 50));
+    w.rows.push(DbOrder {
+        version: 2,
+        expired_ms: Some(START + 50 + HOLD + 10),
+        ..hold_row("h~0~d", "u4", "expired", 50)
+    });
+    w.events.insert(
+        ("h~0~d".into(), 2),
+        event("expired", START + 50 + HOLD + 10),
+    );
+    w.redis.insert("h~0~d".into(), ("expired".into(), 2));
+    w.end("h").left.quotas.insert("u4".into(), 0);
+    w.pay("h~0~d", "p9", paid_ok(), 60);
+}
+
+/// Changes the correct world so that `kind` is broken; returns the kinds
+/// the change breaks with it (when one cannot break alone).
+fn scenario(kind: Kind, w: &mut World) -> Vec<Kind> {
+    use Kind::*;
+    match kind {
+        OversoldUnits => {
+            // 15 more units sold than the 15 put in, stock left at -1.
+            w.ops
+                .push(rec(8, buy("s", "u7", "r1", 15), order("s~0~z"), 6_000));
+            w.rows.push(row("s~0~z", "s", "u7", 15, "paid"));
+            w.end("s").stocks = vec![-1];
+            vec![NegativeStock, OversoldInTime]
+        }
+        LostConfirmed => {
+            w.ops
+                .push(rec(8, buy("s", "u7", "r1", 1), order("s~0~gone"), 50));
+            vec![]
+        }
+        UnwrittenOrders => {
+            w.ops
+                .push(rec(8, buy("s", "u7", "r1", 1), order("s~0~late"), 50));
+            w.end("s").in_streams.push(("s~0~late".into(), 1));
+            w.end("s").stocks = vec![13];
+            vec![]
+        }
+        LedgerUnbalanced => {
+            w.end("s").stocks = vec![13];
+            w.reconcile.insert("s".into(), false);
+            vec![]
+        }
+        DuplicateOrders => {
+            w.sell_s("s~0~dup", "u1", "r1", 60);
+            vec![RequestAnswerChanged]
+        }
+        RequestAnswerChanged => {
+            w.ops.push(rec(
+                8,
+                buy("s", "u1", "r1", 1),
+                Outcome::fail("sold_out"),
+                80,
+            ));
+            vec![]
+        }
+        FailoverDuplicates => {
+            // The first confirmation (at 10 ms) was in flight in a kill.
+            w.ack = Ack::Leader;
+            w.sell_s("s~0~dup", "u1", "r1", 60);
+            w.windows.push(injected("kill", 1_005, 1_010));
+            vec![]
+        }
+        LimitExceeded => {
+            for (id, rid) in [("q~0~b", "r2"), ("q~0~c", "r3")] {
+                w.ops.push(rec(8, buy("q", "u1", rid, 1), order(id), 60));
+                w.rows.push(row(id, "q", "u1", 1, "paid"));
+            }
+            w.end("q").stocks = vec![7];
+            w.end("q").left.quotas.insert("u1".into(), 3);
+            vec![]
+        }
+        RefusedBelowLimit => {
+            w.ops.push(rec(
+                8,
+                buy("q", "u5", "r1", 1),
+                Outcome::fail("limit_exceeded"),
+                60,
+            ));
+            vec![]
+        }
+        ReconcileWrong => {
+            w.reconcile.insert("s".into(), false);
+            vec![]
+        }
+        ReconcileSilent => {
+            w.reconcile.remove("s");
+            vec![]
+        }
+        NegativeStock => {
+            w.negative.push(("s: bucket 0 stock -1".into(), 1));
+            vec![]
+        }
+        OversoldInTime => {
+            // 10 more units confirmed before the restock was even asked
+            // for: 11 taken of the 10 there were; the end sums balance.
+            w.ops
+                .push(rec(8, buy("s", "u7", "r1", 10), order("s~0~big"), 60));
+            w.rows.push(row("s~0~big", "s", "u7", 10, "paid"));
+            w.end("s").stocks = vec![4];
+            vec![]
+        }
+        OrphanOrders => {
+            w.rows.push(row("s~0~orphan", "s", "u7", 1, "paid"));
+            w.end("s").stocks = vec![13];
+            vec![]
+        }
+        Unresolved => {
+            w.ops.push(rec(
+                8,
+                buy("s", "u7", "r1", 1),
+                Outcome::fail("sold_out"),
+                60,
+            ));
+            w.ops.push(rec(
+                9,
+                buy("s", "u7", "r1", 1),
+                Outcome::unknown("timeout"),
+                70,
+            ));
+            vec![]
+        }
+        SoldAfterClose => {
+            w.ops.push(rec(
+                8,
+                Op::Close { sku: "s".into() },
+                Outcome::Ok {
+                    value: OkValue::Done,
+                },
+                3_000,
+            ));
+            w.sell_s("s~0~after", "u7", "r1", 3_100);
+            vec![]
+        }
+        LockTokenRegressed => {
+            if let Outcome::Ok {
+                value: OkValue::Lock { token, .. },
+            } = &mut w.lock_mut(6).outcome
+            {
+                *token = 4;
+            }
+            vec![]
+        }
+        LockOverlap => {
+            if let Outcome::Ok {
+                value:
+                    OkValue::Lock {
+                        asked_unix_ms,
+                        granted_unix_ms,
+                        released_unix_ms,
+                        ..
+                    },
+            } = &mut w.lock_mut(6).outcome
+            {
+                // Granted while the first holder was still inside, its
+                // lease far from over.
+                *asked_unix_ms = START + 205;
+                *granted_unix_ms = START + 250;
+                *released_unix_ms = START + 350;
+            }
+            vec![]
+        }
+        RestockOverapplied => {
+            w.end("s").initial = 20;
+            w.end("s").stocks = vec![19];
+            vec![]
+        }
+        LostRestocks => {
+            w.end("s").initial = 10;
+            w.end("s").stocks = vec![9];
+            vec![]
+        }
+        TransitionLost => {
+            payment_lost(w);
+            vec![]
+        }
+        TransitionConflict => {
+            w.pay("h~0~b", "p2", paid_ok(), 120);
+            vec![]
+        }
+        TransitionAnswerChanged => {
+            // After the deadline (so not a refusal in time): the retry of
+            // the payment that was answered ok is refused.
+            w.pay("h~0~b", "p1", Outcome::fail("hold_expired"), 5_000);
+            vec![]
+        }
+        LatePaymentAccepted => {
+            if let Some(r) = w.rows.iter_mut().find(|r| r.order_id == "h~0~b") {
+                r.paid_ms = Some(START + 30 + HOLD + 100);
+            }
+            vec![]
+        }
+        RefusedInTime => {
+            w.pay("h~0~c", "p3", Outcome::fail("hold_expired"), 100);
+            vec![]
+        }
+        ExpiredEarly => {
+            if let Some(r) = w.rows.iter_mut().find(|r| r.order_id == "h~0~c") {
+                r.expired_ms = Some(START + 40 + HOLD - 100);
+            }
+            vec![]
+        }
+        HoldDeadlineWrong => {
+            if let Some(r) = w.rows.iter_mut().find(|r| r.order_id == "h~0~b") {
+                r.created_ms = Some(START + 31);
+            }
+            vec![]
+        }
+        UnwrittenTransitions => {
+            w.events.remove(&("h~0~b".to_owned(), 2));
+            vec![]
+        }
+        DeadLetters => {
+            w.end("h").left.dead_letters = 1;
+            vec![]
+        }
+        HoldsNotExpired => {
+            w.ops
+                .push(rec(8, buy("h", "u6", "r1", 1), order("h~0~e"), 60));
+            w.rows.push(hold_row("h~0~e", "u6", "held", 60));
+            w.redis.insert("h~0~e".into(), ("held".into(), 1));
+            w.end("h").left.quotas.insert("u6".into(), 1);
+            w.end("h").stocks = vec![8];
+            vec![]
+        }
+        OrderStateMismatch => {
+            w.redis.insert("h~0~b".into(), ("held".into(), 1));
+            vec![]
+        }
+        QuotaMismatch => {
+            w.end("h").left.quotas.insert("u2".into(), 2);
+            vec![]
+        }
+        TransitionFailover => {
+            w.ack = Ack::Leader;
+            payment_lost(w);
+            w.windows.push(injected("pause", 1_060, 1_070));
+            vec![]
+        }
+        LimitAfterFailover => {
+            w.ack = Ack::Leader;
+            w.end("h").left.quotas.insert("u2".into(), 2);
+            w.windows.push(FaultWindow {
+                fault: "kill".into(),
+                start_ms: 20,
+                end_ms: 40,
+                injected: true,
+                landed: true,
+                detail: String::new(),
+            });
+            vec![]
+        }
+        FailoverLost => {
+            w.ack = Ack::Leader;
+            w.ops
+                .push(rec(8, buy("s", "u7", "r1", 1), order("s~0~gone"), 50));
+            w.windows.push(FaultWindow {
+                fault: "kill".into(),
+                start_ms: 40,
+                end_ms: 900,
+                injected: true,
+                landed: true,
+                detail: String::new(),
+            });
+            vec![]
+        }
+    }
+}
+
+/// An injected fault of `kind` in force from history ms `from` to `to`.
+fn injected(kind: &str, from: u64, to: u64) -> FaultWindow {
+    FaultWindow {
+        fault: kind.into(),
+        start_ms: from,
+        end_ms: to,
+        injected: true,
+        landed: true,
+        detail: String::new(),
+    }
+}
+
+/// The kinds a verdict counted.
+fn fired(v: &Verdict) -> Vec<Kind> {
+    v.counts
+        .iter()
+        .filter(|(_, n)| **n > 0)
+        .map(|(k, _)| *k)
+        .collect()
+}
+
+#[test]
+fn the_correct_world_breaks_nothing() {
+    let v = world().verdict();
+    assert_eq!(fired(&v), vec![], "{:#?}", v.violations);
+    assert!(v.valid(Ack::Replicated) && v.valid(Ack::Leader));
+}
+
+#[test]
+fn every_kind_fires_on_the_history_that_breaks_it_and_only_there() {
+    let mut wrong = Vec::new();
+    for kind in Kind::ALL {
+        let mut w = world();
+        let mut expected = scenario(*kind, &mut w);
+        expected.push(*kind);
+        expected.sort();
+        let v = w.verdict();
+        let got = fired(&v);
+        if got != expected {
+            wrong.push(format!(
+                "{}: expected {:?}, got {:?}: {:#?}",
+                kind.name(),
+                expected,
+                got,
+                v.violations
+            ));
+        }
+        // Whatever the mode, the kind makes the run invalid where it must
+        // be zero.
+        if Verdict::must_be_zero(*kind, w.ack) && v.valid(w.ack) {
+            wrong.push(format!("{}: counted, yet the run is valid", kind.name()));
+        }
+    }
+    assert!(wrong.is_empty(), "{}", wrong.join("\n"));
+}
+
+/// `ack = leader` excuses only what a failover can take back: the same
+/// lost confirmation under another fault, or none, is a violation.
+#[test]
+fn under_leader_ack_only_a_kill_or_pause_excuses_a_loss() {
+    for (fault, was_injected, excused) in [
+        (None, false, false),
+        (Some("migrate"), true, false),
+        (Some("pg-down"), true, false),
+        // Started, but never injected: no failover, no excuse.
+        (Some("kill"), false, false),
+        (Some("kill"), true, true),
+        (Some("pause"), true, true),
+    ] {
+        let mut w = world();
+        w.ack = Ack::Leader;
+        let mut lost = rec(8, buy("s", "u7", "r1", 1), order("s~0~gone"), 50);
+        lost.fault = fault.map(str::to_owned);
+        w.ops.push(lost);
+        if let Some(f) = fault {
+            w.windows.push(FaultWindow {
+                injected: was_injected,
+                ..injected(f, 40, 900)
+            });
+        }
+        let v = w.verdict();
+        let want = if excused {
+            Kind::FailoverLost
+        } else {
+            Kind::LostConfirmed
+        };
+        assert_eq!(
+            fired(&v),
+            vec![want],
+            "under {fault:?} (injected {was_injected})"
+        );
+        assert_eq!(v.valid(Ack::Leader), excused, "under {fault:?}");
+    }
+}
+
+/// A holder frozen past its lease is not holding: the next grant after the
+/// lease ran out is no overlap, and fencing refused its late write.
+#[test]
+fn a_holder_whose_lease_ran_out_is_not_an_overlap() {
+    let mut w = world();
+    let lease = super::worker::LOCK_LEASE.as_millis() as i64;
+    let first_asked = START + 200;
+    if let Outcome::Ok {
+        value:
+            OkValue::Lock {
+                released_unix_ms,
+                last_write_refused,
+                refused_writes,
+                ..
+            },
+    } = &mut w.lock_mut(5).outcome
+    {
+        // Frozen from just after its first write to well past its lease.
+        *released_unix_ms = first_asked + lease * 3;
+        *last_write_refused = true;
+        *refused_writes = 1;
+    }
+    let next_granted = first_asked + lease + 5;
+    if let Outcome::Ok {
+        value:
+            OkValue::Lock {
+                asked_unix_ms,
+                granted_unix_ms,
+                released_unix_ms,
+                ..
+            },
+    } = &mut w.lock_mut(6).outcome
+    {
+        *asked_unix_ms = next_granted - 5;
+        *granted_unix_ms = next_granted;
+        *released_unix_ms = next_granted + 100;
+    }
+    let v = w.verdict();
+    assert_eq!(fired(&v), vec![], "{:#?}", v.violations);
+}
+
+/// From the review of the checker: a request first sent before the close
+/// and confirmed after it (the resend of an `unknown` that had bought) is a
+/// replay, not a sale after the close.
+#[test]
+fn a_replay_after_the_close_is_not_a_sale_after_it() {
+    let mut w = world();
+    w.ops.push(rec(
+        8,
+        buy("s", "u7", "r1", 1),
+        Outcome::unknown("stall"),
+        1_000,
+    ));
+    w.ops.push(rec(
+        9,
+        Op::Close { sku: "s".into() },
+        Outcome::Ok {
+            value: OkValue::Done,
+        },
+        2_000,
+    ));
+    w.sell_s("s~0~x", "u7", "r1", 3_000);
+    assert_eq!(fired(&w.verdict()), vec![]);
+}
+
+/// From the review: a walk that failed held its quota until it was
+/// refused; a refusal for the limit meanwhile is right.
+#[test]
+fn a_refusal_while_a_failing_walk_held_the_quota_is_right() {
+    let mut w = world();
+    w.ops.push(rec(
+        8,
+        buy("q", "u9", "r1", 2),
+        Outcome::fail("sold_out"),
+        100,
+    ));
+    if let Some(o) = w.ops.last_mut() {
+        o.complete_ms = 160;
+    }
+    w.ops.push(rec(
+        9,
+        buy("q", "u9", "r2", 1),
+        Outcome::fail("limit_exceeded"),
+        120,
+    ));
+    assert_eq!(fired(&w.verdict()), vec![]);
+}
+
+/// From the review: a cancel's units are back from its first attempt,
+/// even when a replay of it answered first.
+#[test]
+fn units_given_back_count_from_the_first_attempt_of_the_cancel() {
+    let mut w = world();
+    // Sale q: 10 units, u1 holds 1. u8 buys the other 9, cancels them
+    // (first attempt at 200, answered late; a replay at 400 answers
+    // first), and u10 buys one unit at 300.
+    w.ops
+        .push(rec(8, buy("q", "u8", "r1", 9), order("q~0~n"), 100));
+    w.rows.push(row("q~0~n", "q", "u8", 9, "cancelled"));
+    let cancel = |id, at, done| {
+        let mut o = rec(
+            id,
+            Op::Cancel {
+                order_id: "q~0~n".into(),
+            },
+            paid_ok(),
+            at,
+        );
+        o.complete_ms = done;
+        o
+    };
+    w.ops.push(cancel(9, 400, 405));
+    w.ops.push(cancel(10, 200, 4_000));
+    w.ops
+        .push(rec(11, buy("q", "u10", "r1", 1), order("q~0~m"), 300));
+    w.rows.push(row("q~0~m", "q", "u10", 1, "paid"));
+    w.end("q").stocks = vec![8];
+    w.end("q").left.quotas.insert("u8".into(), 0);
+    w.end("q").left.quotas.insert("u10".into(), 1);
+    let v = w.verdict();
+    assert!(
+        !fired(&v).contains(&Kind::OversoldInTime),
+        "{:#?}",
+        v.violations
+    );
+}
+
+/// From the review: under `leader`, a second order is excused only when
+/// the first confirmation (whose record a failover could take) was at
+/// risk, not when only the retry was.
+#[test]
+fn a_duplicate_whose_first_confirmation_was_safe_is_not_excused() {
+    let mut w = world();
+    w.ack = Ack::Leader;
+    w.sell_s("s~0~dup", "u1", "r1", 3_000);
+    w.windows.push(injected("kill", 3_000, 3_100));
+    let v = w.verdict();
+    assert!(
+        fired(&v).contains(&Kind::DuplicateOrders),
+        "{:#?}",
+        v.violations
+    );
+    assert!(!v.valid(Ack::Leader));
+}
