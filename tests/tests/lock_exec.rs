@@ -426,7 +426,9 @@ async fn a_fair_waiter_signalled_before_it_holds_the_lock_leaves_the_queue() {
             .max()
             .unwrap_or(0)
     };
-    for sig in ["TERM", "INT", "HUP"] {
+    // QUIT (Ctrl-\\) and USR1 from the third attack: unhandled, they ended
+    // the exec as kill -9 does, its queue entry and count left behind.
+    for sig in ["TERM", "INT", "HUP", "QUIT", "USR1"] {
         let mut exec = flashsale_cmd(None, None, &urls(&nodes))
             .args([
                 "lock", "exec", "--fair", "--name", "line", "--wait", "120s", "--", "true",
@@ -701,7 +703,7 @@ async fn a_killed_reaper_is_replaced_before_the_exec_can_die() {
     let looping = pid_in(&pid_file);
     let reapers = || -> Vec<u32> {
         let out = Command::new("pgrep")
-            .args(["-P", &exec.id().to_string(), "-x", "flashsale"])
+            .args(["-P", &exec.id().to_string(), "-x", "flashsale-reap"])
             .output()
             .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
             .unwrap_or_default();
@@ -946,14 +948,14 @@ fn a_replacement_reaper_never_kills_the_execs_caller() {
         .expect("spawn");
     let command = pid_in(&started);
     // The command's parent is the exec; the reaper is the exec's other
-    // child, named flashsale.
+    // child, named flashsale-reap.
     let exec = std::fs::read_to_string(format!("/proc/{command}/stat"))
         .ok()
         .and_then(|s| s.rsplit_once(") ").map(|(_, r)| r.to_owned()))
         .and_then(|r| r.split_whitespace().nth(1).map(str::to_owned))
         .expect("the exec");
     let killed = Command::new("pkill")
-        .args(["-KILL", "-P", &exec, "-x", "flashsale"])
+        .args(["-KILL", "-P", &exec, "-x", "flashsale-reap"])
         .status()
         .expect("pkill");
     assert!(killed.success(), "the reaper was found and killed");
@@ -1031,4 +1033,93 @@ fn one_server_behind_two_addresses_is_refused_under_a_least_privilege_acl() {
         "{err}"
     );
     assert!(err.contains("the same lock node"), "{err}");
+}
+
+/// From the third attack: a `semaphore exec` signalled while it waited for
+/// a permit left its place in the slots' waiter counts (for a day, with a
+/// long --wait), so releases kept publishing to nobody.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_semaphore_waiter_signalled_while_waiting_leaves_no_waiter_count() {
+    let nodes = servers(3);
+    let locks = client(&nodes);
+    let sem = locks.semaphore("S3").expect("name");
+    sem.set_permits(1).await.expect("set");
+    let held = sem
+        .acquire(1, &flashsale::lock::PermitOptions::new("holder"))
+        .await
+        .expect("the only permit");
+    let key = "flashsale:waiters:sem\0S3\x000";
+    let counted = || {
+        nodes
+            .iter()
+            .map(|n| n.node.cmd::<Option<i64>>(&["GET", key]).unwrap_or(0))
+            .max()
+            .unwrap_or(0)
+    };
+    let mut exec = flashsale_cmd(None, None, &urls(&nodes))
+        .args([
+            "semaphore",
+            "exec",
+            "--name",
+            "S3",
+            "--permits",
+            "1",
+            "--wait",
+            "1440m",
+            "--",
+            "true",
+        ])
+        .spawn()
+        .expect("spawn");
+    wait_for(
+        Duration::from_secs(30),
+        || counted() >= 1,
+        || "the exec never counted itself in".into(),
+    );
+    signal(exec.id(), "TERM");
+    let status = exit_within(&mut exec, Duration::from_secs(30)).expect("exits");
+    for p in held {
+        let _ = p.release().await;
+    }
+    assert_eq!(status.code(), Some(128 + 15));
+    assert!(counted() <= 0, "left counted as a waiter: {}", counted());
+}
+
+/// From the third attack: the reaper was a fork with the exec's name, so
+/// stopping "the flashsale processes" by name (`killall -STOP flashsale`)
+/// stopped both, and the command ran on beside the next holder. The reaper
+/// has a name of its own, and goes on to kill the command.
+#[test]
+fn stopping_the_exec_by_its_name_does_not_stop_its_reaper() {
+    let nodes = servers(3);
+    let dir = tempfile::TempDir::new().expect("dir");
+    let (log, pid_file) = (dir.path().join("log"), dir.path().join("a.pid"));
+    let mut first = flashsale_cmd(None, None, &urls(&nodes))
+        .args([
+            "lock", "exec", "--name", "named", "--ttl", "1s", "--", "sh", "-c",
+        ])
+        .arg(stubborn_logger(&log, &pid_file))
+        .spawn()
+        .expect("spawn");
+    let command = pid_in(&pid_file);
+    // What `killall -STOP flashsale` does to this exec and its children
+    // (only them: other tests' execs run beside this one).
+    let exec = first.id().to_string();
+    let _ = Command::new("pkill")
+        .args(["-STOP", "-x", "flashsale", "-P", &exec])
+        .status();
+    signal(first.id(), "STOP");
+    let next = next_holder(&nodes, "named", &log);
+    let still = alive(command);
+    let _ = Command::new("pkill").args(["-CONT", "-P", &exec]).status();
+    signal(first.id(), "CONT");
+    let _ = exit_within(&mut first, Duration::from_secs(60));
+    if still {
+        signal(command, "KILL");
+    }
+    assert!(next.success());
+    assert!(
+        !interleaved(&log),
+        "the command wrote while the next holder was inside"
+    );
 }

@@ -229,6 +229,10 @@ fn close(fd: libc::c_int) {
 fn reap(watch: libc::c_int, join: libc::pid_t, patience_ms: libc::c_int) -> ! {
     // SAFETY: async-signal-safe calls on this process's own state only.
     unsafe {
+        // A name of its own (comm): `killall -STOP flashsale` or
+        // `pkill -x flashsale` aimed at the exec must not stop the reaper
+        // with it (a stopped reaper kills nothing).
+        libc::prctl(libc::PR_SET_NAME, c"flashsale-reap".as_ptr());
         // A group to join that is gone (its command left it and the first
         // reaper was killed) leaves nothing to kill: never fall back to the
         // exec's own group, whose kill would take the exec's caller.

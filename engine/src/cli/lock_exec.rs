@@ -205,13 +205,14 @@ pub fn stopped_while_waiting(sig: libc::c_int) -> ExitCode {
     ExitCode::from(u8::try_from(128 + sig).unwrap_or(1))
 }
 
-/// SIGTERM, SIGINT and SIGHUP, handled from the exec's start: each stops it
-/// the same way (while waiting: give up the wait; while the command runs:
-/// SIGTERM to its group, then SIGKILL after the grace).
+/// The signals whose default action would end the exec without cleaning
+/// up (SIGTERM, SIGINT, SIGHUP, and SIGQUIT from Ctrl-\, SIGUSR1, SIGUSR2,
+/// SIGALRM, which the third attack sent), handled from the exec's start:
+/// each stops it the same way (while waiting: give up the wait and leave the
+/// queue; while the command runs: SIGTERM to its group, then SIGKILL after
+/// the grace).
 pub struct StopSignals {
-    term: tokio::signal::unix::Signal,
-    int: tokio::signal::unix::Signal,
-    hup: tokio::signal::unix::Signal,
+    handlers: Vec<(libc::c_int, tokio::signal::unix::Signal)>,
 }
 
 /// What a wait that a signal may cut short gave.
@@ -226,20 +227,31 @@ impl StopSignals {
     /// Installs the handlers.
     pub fn install() -> Result<StopSignals> {
         use tokio::signal::unix::{signal, SignalKind};
-        Ok(StopSignals {
-            term: signal(SignalKind::terminate())?,
-            int: signal(SignalKind::interrupt())?,
-            hup: signal(SignalKind::hangup())?,
-        })
+        let mut handlers = Vec::new();
+        for sig in [
+            libc::SIGTERM,
+            libc::SIGINT,
+            libc::SIGHUP,
+            libc::SIGQUIT,
+            libc::SIGUSR1,
+            libc::SIGUSR2,
+            libc::SIGALRM,
+        ] {
+            handlers.push((sig, signal(SignalKind::from_raw(sig))?));
+        }
+        Ok(StopSignals { handlers })
     }
 
     /// The next stop signal's number.
     pub async fn recv(&mut self) -> libc::c_int {
-        tokio::select! {
-            _ = self.term.recv() => libc::SIGTERM,
-            _ = self.int.recv() => libc::SIGINT,
-            _ = self.hup.recv() => libc::SIGHUP,
-        }
+        let waits = self.handlers.iter_mut().map(|(sig, h)| {
+            let sig = *sig;
+            Box::pin(async move {
+                h.recv().await;
+                sig
+            })
+        });
+        futures_util::future::select_all(waits).await.0
     }
 
     /// Runs `wait` unless a stop signal comes first.

@@ -288,7 +288,13 @@ impl Semaphore {
         self.check(n, opts)?;
         self.client.ensure_distinct().await?;
         let started = Instant::now();
-        let mut counted: Vec<String> = Vec::new();
+        // Counted out of every slot's waiters however this call ends, a
+        // dropped wait included (a `semaphore exec` stopped by a signal).
+        let mut counted = SlotsCounted {
+            client: self.client.clone(),
+            wait,
+            slots: Vec::new(),
+        };
         let result = loop {
             let total = match self.permits().await {
                 Ok(t) => t,
@@ -339,7 +345,10 @@ impl Semaphore {
             }
             // Count ourselves among every slot's waiters so releases
             // publish, then look again at once.
-            let uncounted: Vec<&String> = slots.iter().filter(|s| !counted.contains(s)).collect();
+            let uncounted: Vec<&String> = slots
+                .iter()
+                .filter(|s| !counted.slots.contains(s))
+                .collect();
             if !uncounted.is_empty() {
                 futures_util::future::join_all(
                     uncounted
@@ -347,7 +356,7 @@ impl Semaphore {
                         .map(|s| self.client.count_waiter(s, 1, wait)),
                 )
                 .await;
-                counted.extend(uncounted.into_iter().cloned());
+                counted.slots.extend(uncounted.into_iter().cloned());
                 continue;
             }
             let pause = POLL.min(remaining) + self.client.jitter();
@@ -356,18 +365,8 @@ impl Semaphore {
                 _ = tokio::time::sleep(pause) => {}
             }
         };
-        if !counted.is_empty() {
-            // Off the caller's path: the count only decides who gets woken.
-            let client = self.client.clone();
-            if let Ok(runtime) = tokio::runtime::Handle::try_current() {
-                self.client.spawn_cleanup(&runtime, async move {
-                    futures_util::future::join_all(
-                        counted.iter().map(|s| client.count_waiter(s, -1, wait)),
-                    )
-                    .await;
-                });
-            }
-        }
+        // Off the caller's path: the count only decides who gets woken.
+        drop(counted);
         result
     }
 
@@ -465,6 +464,31 @@ impl Semaphore {
         Ok((0..total)
             .filter(|s| free_on[*s as usize] >= self.client.quorum())
             .collect())
+    }
+}
+
+/// The slots a take counted itself in as a waiter of: dropped, it counts
+/// out of them in a clean-up [`LockClient::settle`] waits for.
+struct SlotsCounted {
+    client: LockClient,
+    wait: Duration,
+    slots: Vec<String>,
+}
+
+impl Drop for SlotsCounted {
+    fn drop(&mut self) {
+        if self.slots.is_empty() {
+            return;
+        }
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let (client, wait) = (self.client.clone(), self.wait);
+        let slots = std::mem::take(&mut self.slots);
+        self.client.spawn_cleanup(&runtime, async move {
+            futures_util::future::join_all(slots.iter().map(|s| client.count_waiter(s, -1, wait)))
+                .await;
+        });
     }
 }
 
