@@ -194,20 +194,31 @@ async fn kill_a_master_mid_sale(ack: flashsale::Ack) -> FailoverRun {
     // kill follows from the semaphore: buyer i starts only once i -
     // IN_FLIGHT + 1 buyers have answered, so if A answered before the kill,
     // every buyer from A + IN_FLIGHT on started after it.
+    //
+    // On a loaded machine the failover can outlast the first wave's bounded
+    // count of buyers; then a second wave ("c") starts, after the cluster is
+    // healthy again, so every one of its requests was sent after the kill.
+    // The wait ends on that event, never because the buyers ran out.
     let deadline = Instant::now() + Duration::from_secs(180);
     let resumed = |answers: &Vec<Answer>| {
-        let before_kill = answers.iter().filter(|(_, t, _)| *t < killed_at).count();
+        let before_kill = answers
+            .iter()
+            .filter(|(id, t, _)| id.starts_with('b') && *t < killed_at)
+            .count();
         let first_after = (before_kill + IN_FLIGHT) as u64;
         answers
             .iter()
             .filter(|(id, _, r)| {
-                id.strip_prefix('b')
-                    .and_then(|i| i.parse::<u64>().ok())
-                    .is_some_and(|i| i >= first_after)
-                    && matches!(r, Ok(c) if c.bucket == 0)
+                let after_kill = id.starts_with('c')
+                    || id
+                        .strip_prefix('b')
+                        .and_then(|i| i.parse::<u64>().ok())
+                        .is_some_and(|i| i >= first_after);
+                after_kill && matches!(r, Ok(c) if c.bucket == 0)
             })
             .count()
     };
+    let mut buyers = vec![buyers];
     while resumed(&answers) < 20 {
         assert!(
             Instant::now() < deadline,
@@ -216,12 +227,19 @@ async fn kill_a_master_mid_sale(ack: flashsale::Ack) -> FailoverRun {
         );
         match tokio::time::timeout(Duration::from_secs(5), rx.recv()).await {
             Ok(Some(a)) => answers.push(a),
+            Ok(None) if buyers.len() == 1 => {
+                let (second, second_rx) = spawn_buyers(&engine, &sku, "c", IN_FLIGHT, stop.clone());
+                buyers.push(second);
+                rx = second_rx;
+            }
             Ok(None) => break,
             Err(_) => {}
         }
     }
     stop.store(true, Ordering::Relaxed);
-    buyers.await.expect("buyer loop");
+    for wave in buyers {
+        wave.await.expect("buyer loop");
+    }
     while let Ok(Some(a)) = tokio::time::timeout(Duration::from_secs(90), rx.recv()).await {
         answers.push(a);
     }
