@@ -58,6 +58,8 @@ enum Command {
 }
 
 fn main() -> ExitCode {
+    // A lock exec's reaper runs this binary anew under its own name.
+    cli::command_group::run_if_reaper();
     let cli = Cli::parse();
     tracing_subscriber::fmt()
         .with_env_filter(

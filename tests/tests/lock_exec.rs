@@ -703,7 +703,7 @@ async fn a_killed_reaper_is_replaced_before_the_exec_can_die() {
     let looping = pid_in(&pid_file);
     let reapers = || -> Vec<u32> {
         let out = Command::new("pgrep")
-            .args(["-P", &exec.id().to_string(), "-x", "flashsale-reap"])
+            .args(["-P", &exec.id().to_string(), "-x", "lease-reaper"])
             .output()
             .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
             .unwrap_or_default();
@@ -948,14 +948,14 @@ fn a_replacement_reaper_never_kills_the_execs_caller() {
         .expect("spawn");
     let command = pid_in(&started);
     // The command's parent is the exec; the reaper is the exec's other
-    // child, named flashsale-reap.
+    // child, named lease-reaper.
     let exec = std::fs::read_to_string(format!("/proc/{command}/stat"))
         .ok()
         .and_then(|s| s.rsplit_once(") ").map(|(_, r)| r.to_owned()))
         .and_then(|r| r.split_whitespace().nth(1).map(str::to_owned))
         .expect("the exec");
     let killed = Command::new("pkill")
-        .args(["-KILL", "-P", &exec, "-x", "flashsale-reap"])
+        .args(["-KILL", "-P", &exec, "-x", "lease-reaper"])
         .status()
         .expect("pkill");
     assert!(killed.success(), "the reaper was found and killed");
@@ -1122,4 +1122,167 @@ fn stopping_the_exec_by_its_name_does_not_stop_its_reaper() {
         !interleaved(&log),
         "the command wrote while the next holder was inside"
     );
+}
+
+/// From the third attack: the reaper was a fork of the exec and shared its
+/// command line, so `pkill -STOP -f 'lock exec'` stopped both, and the
+/// command ran on beside the next holder. The reaper now runs anew under a
+/// command line of its own.
+#[test]
+fn stopping_the_exec_by_its_command_line_does_not_stop_its_reaper() {
+    let nodes = servers(3);
+    let dir = tempfile::TempDir::new().expect("dir");
+    let (log, pid_file) = (dir.path().join("log"), dir.path().join("a.pid"));
+    let mut first = flashsale_cmd(None, None, &urls(&nodes))
+        .args([
+            "lock",
+            "exec",
+            "--name",
+            "by-cmdline",
+            "--ttl",
+            "1s",
+            "--",
+            "sh",
+            "-c",
+        ])
+        .arg(stubborn_logger(&log, &pid_file))
+        .spawn()
+        .expect("spawn");
+    let command = pid_in(&pid_file);
+    // What `pkill -STOP -f 'lock exec'` does to this exec and its children
+    // (only them: other tests' execs run beside this one).
+    let exec = first.id().to_string();
+    let _ = Command::new("pkill")
+        .args(["-STOP", "-f", "lock exec", "-P", &exec])
+        .status();
+    signal(first.id(), "STOP");
+    let next = next_holder(&nodes, "by-cmdline", &log);
+    let still = alive(command);
+    let _ = Command::new("pkill").args(["-CONT", "-P", &exec]).status();
+    signal(first.id(), "CONT");
+    let _ = exit_within(&mut first, Duration::from_secs(60));
+    if still {
+        signal(command, "KILL");
+    }
+    assert!(next.success());
+    assert!(
+        !interleaved(&log),
+        "the command wrote while the next holder was inside"
+    );
+}
+
+/// The state letter of `pid` (R, S, T, Z...), if it exists.
+fn state_of(pid: u32) -> Option<char> {
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .ok()?
+        .rsplit_once(") ")?
+        .1
+        .chars()
+        .next()
+}
+
+/// From the third attack: a reaper stopped on its own (kill -STOP of its
+/// pid) stayed stopped, so a kill -9 of the exec afterwards left the
+/// command's background work running past the lease. The exec continues
+/// its reaper at every heartbeat.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stopped_reaper_is_continued_before_the_exec_can_die() {
+    let nodes = servers(3);
+    let dir = tempfile::TempDir::new().expect("dir");
+    let pid_file = dir.path().join("loop.pid");
+    let mut exec = flashsale_cmd(None, None, &urls(&nodes))
+        .args([
+            "lock",
+            "exec",
+            "--name",
+            "stopreaper",
+            "--ttl",
+            "2s",
+            "--",
+            "sh",
+            "-c",
+        ])
+        .arg(background_loop(&pid_file))
+        .spawn()
+        .expect("spawn");
+    let looping = pid_in(&pid_file);
+    let out = Command::new("pgrep")
+        .args(["-P", &exec.id().to_string(), "-x", "lease-reaper"])
+        .output()
+        .expect("pgrep");
+    let reaper: u32 = String::from_utf8_lossy(&out.stdout)
+        .split_whitespace()
+        .next()
+        .and_then(|p| p.parse().ok())
+        .expect("the reaper, named lease-reaper");
+    signal(reaper, "STOP");
+    wait_for(
+        Duration::from_secs(10),
+        || state_of(reaper) == Some('T'),
+        || "the reaper never stopped".into(),
+    );
+    // Until the exec's heartbeat has continued it.
+    wait_for(
+        Duration::from_secs(60),
+        || state_of(reaper).is_some_and(|s| s != 'T'),
+        || "the stopped reaper was never continued".into(),
+    );
+    let _ = exec.kill();
+    let _ = exec.wait();
+    let locks = client(&nodes);
+    let next = locks
+        .lock(
+            "stopreaper",
+            &LockOptions::new("next").wait(Duration::from_secs(60)),
+        )
+        .await
+        .expect("the lease runs out");
+    let still = alive(looping);
+    next.unlock().await;
+    if still {
+        signal(looping, "KILL");
+    }
+    assert!(!still, "the background loop outlived exec and reaper");
+}
+
+/// From the third attack: a wrapper hid a terminal read from the exec (the
+/// reader is a grandchild, the direct child waits, running), so the lock
+/// was held for as long as the wrapper waited. The exec looks through the
+/// group for a stopped process and ends the command as for a direct stop.
+#[test]
+fn a_wrapper_that_hides_a_terminal_read_does_not_hold_the_lock_for_ever() {
+    let nodes = servers(1);
+    for (name, wrapped) in [
+        ("wrapped-sh", "sh -c 'cat; echo after'"),
+        ("wrapped-timeout", "timeout --foreground 600 cat"),
+    ] {
+        let line = format!(
+            "{} lock exec --name {name} --ttl 2s -- {wrapped}",
+            flashsale_bin().display()
+        );
+        let mut term = Command::new("script")
+            .args(["-qec", &line, "/dev/null"])
+            .env_remove("FLASHSALE_CONFIG")
+            .env("FLASHSALE_LOCK_NODES", urls(&nodes).join(","))
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .expect("spawn script(1)");
+        let stdin = term.stdin.take().expect("stdin");
+        let status = exit_within(&mut term, Duration::from_secs(60));
+        drop(stdin);
+        let mut out = String::new();
+        let _ = term.stdout.take().map(|mut o| o.read_to_string(&mut out));
+        let status =
+            status.unwrap_or_else(|| panic!("{name}: the lock was held for ever: {out:?}"));
+        assert!(out.contains("terminal"), "{name} says why: {out:?}");
+        assert_eq!(status.code(), Some(128 + libc::SIGTTIN), "{name}: {out:?}");
+        assert_eq!(
+            nodes[0]
+                .node
+                .cmd::<i64>(&["EXISTS", &format!("flashsale:lock:{name}")]),
+            0,
+            "{name}: the lock went back"
+        );
+    }
 }

@@ -19,7 +19,15 @@
 //! the lease kills the group. An exec that is stopped (SIGSTOP, Ctrl-Z) or
 //! hung cannot renew its lease, and its command must not run on into the
 //! next holder's turn: the group dies before the lease can run out. A
-//! reaper that is killed on its own is replaced at the next heartbeat.
+//! reaper that is killed on its own is replaced at the next heartbeat, and
+//! one that is stopped on its own is continued at the next heartbeat.
+//!
+//! Why the reaper execs itself again, as `lease-reaper`: a forked child
+//! shares the exec's command line, so `pkill -STOP -f 'lock exec'` stopped
+//! both, and a stopped reaper kills nothing. Run anew from
+//! `/proc/self/exe` under a name and command line of its own (neither says
+//! `flashsale` nor `lock exec`), it is stopped only when aimed at. If that
+//! exec fails it reaps as the forked child, as before.
 //!
 //! What a process group cannot hold: a command that leaves it on purpose
 //! (`setsid`, `setpgid`) is out of reach, as it is of `timeout(1)`; and a
@@ -37,11 +45,20 @@
 //! wrapper script, `bg`/`fg`, and stops the exec never saw, so the design
 //! was replaced, not patched again.)
 //!
-//! Never allocates or takes a lock between fork and the reaper's end: the
-//! forked child of a multi-threaded process may only make async-signal-safe
-//! calls.
+//! A wrapper hides a terminal stop from the exec (`sh -c 'cat; ...'`,
+//! `timeout --foreground`, `su`): the process that reads is a grandchild,
+//! and the direct child waits, running. So the exec also looks through its
+//! group for a process stopped while the terminal serves another group
+//! ([`CommandGroup::stopped_member`]) and ends the command as for a direct
+//! stop.
+//!
+//! Never allocates or takes a lock between fork and exec (or the reaper's
+//! end): the forked child of a multi-threaded process may only make
+//! async-signal-safe calls.
 
+use std::ffi::{CString, OsString};
 use std::io;
+use std::os::unix::ffi::OsStrExt;
 use std::time::Duration;
 
 /// A process group led by a reaper; dropped, it is killed whole.
@@ -65,6 +82,21 @@ pub struct CommandGroup {
 
 /// Highest descriptor the reaper closes (it keeps only its pipe).
 const MAX_FD: libc::c_int = 4096;
+
+/// The reaper's name (argv[0] and comm) once it has exec'd itself anew.
+const REAPER_NAME: &str = "lease-reaper";
+
+/// The environment variable that carries the reaper's group to the new
+/// image: with the name, it tells a reaper from a user's command line.
+const REAPER_ENV: &str = "FLASHSALE_LEASE_REAPER_GROUP";
+
+/// A process of the command's group found stopped while the terminal
+/// serves another group.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StoppedMember {
+    pub pid: libc::pid_t,
+    pub name: String,
+}
 
 impl CommandGroup {
     /// Forks the reaper and makes its group; the command joins it with
@@ -102,6 +134,10 @@ impl CommandGroup {
         if silent.as_millis() >= u128::from(self.patience_ms.unsigned_abs()) {
             self.lapsed = true;
         }
+        // A reaper stopped on its own (kill -STOP of its pid) kills nothing:
+        // go on. SIGCONT to a running process changes nothing.
+        // SAFETY: kill(2) of our own child, not yet waited for.
+        unsafe { libc::kill(self.reaper, libc::SIGCONT) };
         let byte = 1u8;
         // SAFETY: writes one byte from a live local to a descriptor we own.
         let n = unsafe { libc::write(self.alive, (&byte as *const u8).cast(), 1) };
@@ -136,6 +172,32 @@ impl CommandGroup {
             );
             (r == 0 && info.si_pid() != 0).then(|| info.si_status())
         }
+    }
+
+    /// A process of the group (other than the reaper) that is stopped
+    /// while its controlling terminal serves another group: stopped by a
+    /// terminal read or write (the group is never the terminal's), or by a
+    /// SIGSTOP nobody in the group will undo. Scans /proc, so the exec does
+    /// it about once a second, not at every heartbeat.
+    pub fn stopped_member(&self) -> Option<StoppedMember> {
+        let entries = std::fs::read_dir("/proc").ok()?;
+        entries
+            .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<libc::pid_t>().ok())
+            .filter(|pid| *pid != self.reaper)
+            .find_map(|pid| {
+                let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+                let (head, rest) = stat.rsplit_once(") ")?;
+                let name = head.split_once(" (").map_or("", |(_, n)| n).to_owned();
+                // After the name: state ppid pgrp session tty_nr tpgid ...
+                let f: Vec<&str> = rest.split_whitespace().take(6).collect();
+                let [state, _, pgrp, _, tty, tpgid] = f.as_slice() else {
+                    return None;
+                };
+                let pgrp: libc::pid_t = pgrp.parse().ok()?;
+                let on_terminal = *tty != "0" && tpgid.parse::<libc::pid_t>().ok()? != pgrp;
+                (*state == "T" && pgrp == self.pgid && on_terminal)
+                    .then_some(StoppedMember { pid, name })
+            })
     }
 
     /// Whether the exec was ever silent longer than the reaper waits: the
@@ -196,6 +258,8 @@ fn spawn_reaper(
         return Err(io::Error::last_os_error());
     }
     let [watch, alive] = fds;
+    // Everything the child's exec needs is made here: it may not allocate.
+    let image = ReaperImage::new(watch, join, patience_ms);
     // SAFETY: the child runs only `reap`, which makes async-signal-safe
     // calls and never returns; the parent goes on as before.
     let pid = unsafe { libc::fork() };
@@ -206,7 +270,7 @@ fn spawn_reaper(
         return Err(e);
     }
     if pid == 0 {
-        reap(watch, join.unwrap_or(0), patience_ms);
+        reap(watch, join.unwrap_or(0), patience_ms, image.as_ref());
     }
     close(watch);
     // Both sides set the group (as a shell does), so it exists before the
@@ -221,18 +285,96 @@ fn close(fd: libc::c_int) {
     unsafe { libc::close(fd) };
 }
 
+/// The command line and environment of the reaper's new image, made
+/// before the fork: argv `lease-reaper <pipe fd> <patience ms>` and the
+/// group in [`REAPER_ENV`].
+struct ReaperImage {
+    _strings: [CString; 4],
+    argv: [*const libc::c_char; 4],
+    envp: [*const libc::c_char; 2],
+}
+
+impl ReaperImage {
+    fn new(
+        watch: libc::c_int,
+        join: Option<libc::pid_t>,
+        patience_ms: libc::c_int,
+    ) -> Option<Self> {
+        // The group is the reaper's own pid when it leads one: not known
+        // before the fork, so 0 stands for "my own pid".
+        let strings = [
+            CString::new(REAPER_NAME).ok()?,
+            CString::new(watch.to_string()).ok()?,
+            CString::new(patience_ms.to_string()).ok()?,
+            CString::new(format!("{REAPER_ENV}={}", join.unwrap_or(0))).ok()?,
+        ];
+        let argv = [
+            strings[0].as_ptr(),
+            strings[1].as_ptr(),
+            strings[2].as_ptr(),
+            std::ptr::null(),
+        ];
+        let envp = [strings[3].as_ptr(), std::ptr::null()];
+        Some(ReaperImage {
+            _strings: strings,
+            argv,
+            envp,
+        })
+    }
+}
+
+/// The reaper's new image: called first thing in `main`. Returns (run the
+/// CLI) unless this process was started as a reaper by [`spawn_reaper`]:
+/// named [`REAPER_NAME`], given its group in [`REAPER_ENV`], in that group,
+/// and watching a pipe; then it reaps and never returns.
+pub fn run_if_reaper() {
+    if let Some((watch, patience)) = reaper_args() {
+        // SAFETY: prctl names this process (comm); the pointer outlives it.
+        unsafe { libc::prctl(libc::PR_SET_NAME, c"lease-reaper".as_ptr()) };
+        watch_then_kill(watch, patience)
+    }
+}
+
+/// The pipe and patience of a process started as a reaper, or None.
+fn reaper_args() -> Option<(libc::c_int, libc::c_int)> {
+    let args: Vec<OsString> = std::env::args_os().collect();
+    let [name, watch, patience] = args.as_slice() else {
+        return None;
+    };
+    if name.as_bytes() != REAPER_NAME.as_bytes() {
+        return None;
+    }
+    let group: libc::pid_t = std::env::var(REAPER_ENV).ok()?.parse().ok()?;
+    let watch: libc::c_int = watch.to_str()?.parse().ok()?;
+    let patience: libc::c_int = patience.to_str()?.parse().ok()?;
+    // SAFETY: getpid/getpgrp/fstat read this process's own state into a
+    // zeroed struct.
+    let (me, pgrp, is_pipe) = unsafe {
+        let mut st: libc::stat = std::mem::zeroed();
+        let fifo = libc::fstat(watch, &mut st) == 0 && st.st_mode & libc::S_IFMT == libc::S_IFIFO;
+        (libc::getpid(), libc::getpgrp(), fifo)
+    };
+    // A user who names a process lease-reaper by hand gets the CLI, not a
+    // kill of their own group.
+    let expected = if group == 0 { me } else { group };
+    (pgrp == expected && pgrp != 0 && is_pipe).then_some((watch, patience))
+}
+
 /// The reaper, in the forked child: leads its own group (or joins `join`),
-/// ignores the signals meant for the command or the exec, and kills its
-/// group when the pipe closes (the exec is gone) or stays silent for
-/// `patience_ms` (the exec is stopped or hung). Async-signal-safe calls
-/// only.
-fn reap(watch: libc::c_int, join: libc::pid_t, patience_ms: libc::c_int) -> ! {
+/// ignores the signals meant for the command or the exec, keeps only its
+/// pipe, and execs itself anew as `lease-reaper` (see the module's comment);
+/// if that fails, reaps here. Async-signal-safe calls only.
+fn reap(
+    watch: libc::c_int,
+    join: libc::pid_t,
+    patience_ms: libc::c_int,
+    image: Option<&ReaperImage>,
+) -> ! {
     // SAFETY: async-signal-safe calls on this process's own state only.
     unsafe {
-        // A name of its own (comm): `killall -STOP flashsale` or
-        // `pkill -x flashsale` aimed at the exec must not stop the reaper
-        // with it (a stopped reaper kills nothing).
-        libc::prctl(libc::PR_SET_NAME, c"flashsale-reap".as_ptr());
+        // A name of its own (comm) at once, in case the exec below fails:
+        // `killall -STOP flashsale` aimed at the exec must not stop it.
+        libc::prctl(libc::PR_SET_NAME, c"lease-reaper".as_ptr());
         // A group to join that is gone (its command left it and the first
         // reaper was killed) leaves nothing to kill: never fall back to the
         // exec's own group, whose kill would take the exec's caller.
@@ -258,6 +400,25 @@ fn reap(watch: libc::c_int, join: libc::pid_t, patience_ms: libc::c_int) -> ! {
                 libc::close(fd);
             }
         }
+        if let Some(image) = image {
+            // The pipe must outlive the exec; ignored signals stay ignored.
+            libc::fcntl(watch, libc::F_SETFD, 0);
+            libc::execve(
+                c"/proc/self/exe".as_ptr(),
+                image.argv.as_ptr(),
+                image.envp.as_ptr(),
+            );
+        }
+    }
+    watch_then_kill(watch, patience_ms)
+}
+
+/// Blocks on the pipe; kills the caller's group when it closes (the exec
+/// is gone) or stays silent for `patience_ms` (the exec is stopped or
+/// hung). Async-signal-safe calls only.
+fn watch_then_kill(watch: libc::c_int, patience_ms: libc::c_int) -> ! {
+    // SAFETY: async-signal-safe calls on this process's own state only.
+    unsafe {
         let mut byte = 0u8;
         let mut poll = libc::pollfd {
             fd: watch,

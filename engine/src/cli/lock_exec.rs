@@ -453,6 +453,11 @@ impl Supervised<'_> {
         heartbeat.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         // How often a command waiting on the terminal is looked for.
         let mut stopped = tokio::time::interval(Duration::from_millis(100));
+        // How often the rest of the group is looked through (a /proc scan),
+        // and the member found stopped last time: ended when found stopped
+        // twice in a row, so a stop and continue in between is let be.
+        let mut members = tokio::time::interval(Duration::from_secs(1));
+        let mut suspect = None;
         let pid = child.id();
         loop {
             let grace_over = async {
@@ -475,6 +480,20 @@ impl Supervised<'_> {
                         terminal_stop = Some(sig);
                         group.signal(libc::SIGKILL);
                     }
+                }
+                _ = members.tick(), if terminal_stop.is_none() => {
+                    let found = group.stopped_member();
+                    if let Some(member) = found.as_ref().filter(|m| suspect.as_ref() == Some(*m)) {
+                        eprintln!(
+                            "flashsale: {} (pid {}) in the command's group is stopped, most likely \
+                             to use the terminal, which does not serve the group: give the command \
+                             its input from a file or a pipe. Ending it.",
+                            member.name, member.pid
+                        );
+                        terminal_stop = Some(libc::SIGTTIN);
+                        group.signal(libc::SIGKILL);
+                    }
+                    suspect = found;
                 }
                 _ = guard.lost(), if !lost => {
                     lost = true;
