@@ -27,11 +27,19 @@ pub enum Plant {
     /// `lock_acquire.lua` takes a lock with SET PX, without NX: a held
     /// lock is overwritten, so two holders hold it at once.
     LockWithoutNx = 7,
+    /// `restock.lua` forgets which operations it applied: a retried restock
+    /// adds its units again.
+    RestockTwice = 8,
+    /// `transition.lua` takes a hold as due half a second before its
+    /// deadline: a payment or cancel in that half second finds it expired.
+    ExpireEarly = 9,
+    /// `purchase.lua` sells from a closed bucket as from an open one.
+    SellAfterClose = 10,
 }
 
 impl Plant {
     /// Every plant, with the name `--plant` takes.
-    pub const ALL: [(&'static str, Plant); 7] = [
+    pub const ALL: [(&'static str, Plant); 10] = [
         ("skip-request-check", Plant::SkipRequestCheck),
         ("skip-wait", Plant::SkipWait),
         ("writer-ack-before-commit", Plant::WriterAckBeforeCommit),
@@ -39,6 +47,9 @@ impl Plant {
         ("cancel-returns-twice", Plant::CancelReturnsTwice),
         ("skip-quota-check", Plant::SkipQuotaCheck),
         ("lock-without-nx", Plant::LockWithoutNx),
+        ("restock-twice", Plant::RestockTwice),
+        ("expire-early", Plant::ExpireEarly),
+        ("sell-after-close", Plant::SellAfterClose),
     ];
 
     /// The plant called `name`.
@@ -60,15 +71,52 @@ pub fn active(plant: Plant) -> bool {
     ACTIVE.load(Ordering::Relaxed) == plant as u8
 }
 
+/// The text of script `name` with the active plant's break, or None when
+/// no plant touches it.
+pub(crate) fn rewrite(name: &str, code: &str) -> Option<String> {
+    let plant = Plant::ALL.iter().map(|&(_, p)| p).find(|p| active(*p))?;
+    let broken = match (name, plant) {
+        ("purchase", Plant::NoStockCheck) => purchase_without_stock_check(code),
+        ("purchase", Plant::SkipQuotaCheck) => purchase_without_quota_check(code),
+        ("purchase", Plant::SellAfterClose) => {
+            replace_once(code, "local open = sale[1] == 'open'", "local open = true")
+        }
+        ("lock_acquire", Plant::LockWithoutNx) => lock_acquire_without_nx(code),
+        ("transition", Plant::CancelReturnsTwice) => transition_returning_twice(code),
+        ("transition", Plant::ExpireEarly) => replace_once(
+            code,
+            "local due = now_ms >= expires_ms",
+            "local due = now_ms + 500 >= expires_ms",
+        ),
+        ("restock", Plant::RestockTwice) => replace_once(
+            code,
+            "local done = redis.call('HGET', KEYS[1], 'op:' .. ARGV[2])",
+            "local done = false",
+        ),
+        _ => return None,
+    };
+    Some(broken)
+}
+
+/// `code` with `from` (which must be there: a changed script must not
+/// leave its plant silently unplanted) replaced by `to`.
+fn replace_once(code: &str, from: &str, to: &str) -> String {
+    assert!(
+        code.contains(from),
+        "a script changed: update its plant ({from})"
+    );
+    code.replacen(from, to, 1)
+}
+
 /// `purchase.lua` with its stock check removed (for [`Plant::NoStockCheck`]).
-pub(crate) fn purchase_without_stock_check(code: &str) -> String {
+fn purchase_without_stock_check(code: &str) -> String {
     code.replace("if have < qty and buckets <= 1 then", "if false then")
         .replace("if have >= qty then", "if true then")
 }
 
 /// `purchase.lua` with its per-user limit check removed (for
 /// [`Plant::SkipQuotaCheck`]).
-pub(crate) fn purchase_without_quota_check(code: &str) -> String {
+fn purchase_without_quota_check(code: &str) -> String {
     let check = "    if used + qty > limit then";
     assert!(
         code.contains(check),
@@ -79,7 +127,7 @@ pub(crate) fn purchase_without_quota_check(code: &str) -> String {
 
 /// `lock_acquire.lua` whose SET overwrites a held lock (for
 /// [`Plant::LockWithoutNx`]).
-pub(crate) fn lock_acquire_without_nx(code: &str) -> String {
+fn lock_acquire_without_nx(code: &str) -> String {
     let set = "redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2])";
     assert!(
         code.contains(set),
@@ -90,7 +138,7 @@ pub(crate) fn lock_acquire_without_nx(code: &str) -> String {
 
 /// `transition.lua` whose repeated cancel gives the units back again (for
 /// [`Plant::CancelReturnsTwice`]).
-pub(crate) fn transition_returning_twice(code: &str) -> String {
+fn transition_returning_twice(code: &str) -> String {
     let replay = "    if state == 'cancelled' then\n      return {2, state, expires_ms, 0}";
     let twice = "    if state == 'cancelled' then\n      redis.call('INCRBY', KEYS[2], qty)\n      return {2, state, expires_ms, 0}";
     assert!(

@@ -250,15 +250,15 @@ impl Scripts {
     /// The scripts of this build.
     pub fn new() -> Self {
         Scripts {
-            purchase: LuaScript::new("purchase", purchase_code()),
+            purchase: LuaScript::new("purchase", code("purchase", PURCHASE_LUA)),
             take: LuaScript::new("take", TAKE_LUA),
             settle: LuaScript::new("settle", SETTLE_LUA),
             create_bucket: LuaScript::new("create_bucket", CREATE_BUCKET_LUA),
-            restock: LuaScript::new("restock", RESTOCK_LUA),
+            restock: LuaScript::new("restock", code("restock", RESTOCK_LUA)),
             create_meta: LuaScript::new("create_meta", CREATE_META_LUA),
             ledger_snapshot: LuaScript::new("ledger_snapshot", LEDGER_SNAPSHOT_LUA),
             ack: LuaScript::new("ack", ACK_LUA),
-            transition: LuaScript::new("transition", transition_code()),
+            transition: LuaScript::new("transition", code("transition", TRANSITION_LUA)),
             quota_return: LuaScript::new("quota_return", QUOTA_RETURN_LUA),
             trim: LuaScript::new("trim", TRIM_LUA),
             dead_letter: LuaScript::new("dead_letter", DEAD_LETTER_LUA),
@@ -319,7 +319,7 @@ impl LockScripts {
     /// The lock scripts of this build.
     pub fn new() -> Self {
         LockScripts {
-            acquire: LuaScript::new("lock_acquire", lock_acquire_code()),
+            acquire: LuaScript::new("lock_acquire", code("lock_acquire", LOCK_ACQUIRE_LUA)),
             fence: LuaScript::new("lock_fence", LOCK_FENCE_LUA),
             release: LuaScript::new("lock_release", LOCK_RELEASE_LUA),
             extend: LuaScript::new("lock_extend", LOCK_EXTEND_LUA),
@@ -342,43 +342,17 @@ impl Default for LockScripts {
     }
 }
 
-/// The text of `lua/purchase.lua` (in a `planted-bugs` build, possibly
-/// broken on purpose; see `crate::planted`).
-fn purchase_code() -> &'static str {
-    let code = PURCHASE_LUA;
+/// The text of one script as this build runs it: in a `planted-bugs`
+/// build with a plant switched on, possibly broken on purpose (see
+/// `crate::planted`).
+fn code(name: &str, text: &'static str) -> &'static str {
     #[cfg(feature = "planted-bugs")]
-    if crate::planted::active(crate::planted::Plant::NoStockCheck) {
+    if let Some(broken) = crate::planted::rewrite(name, text) {
         // Leaked once per engine: only planted test builds ever get here.
-        return Box::leak(crate::planted::purchase_without_stock_check(code).into_boxed_str());
+        return Box::leak(broken.into_boxed_str());
     }
-    #[cfg(feature = "planted-bugs")]
-    if crate::planted::active(crate::planted::Plant::SkipQuotaCheck) {
-        return Box::leak(crate::planted::purchase_without_quota_check(code).into_boxed_str());
-    }
-    code
-}
-
-/// The text of `lua/lock_acquire.lua` (in a `planted-bugs` build, possibly
-/// broken on purpose; see `crate::planted`).
-fn lock_acquire_code() -> &'static str {
-    let code = LOCK_ACQUIRE_LUA;
-    #[cfg(feature = "planted-bugs")]
-    if crate::planted::active(crate::planted::Plant::LockWithoutNx) {
-        return Box::leak(crate::planted::lock_acquire_without_nx(code).into_boxed_str());
-    }
-    code
-}
-
-/// The text of `lua/transition.lua` (in a `planted-bugs` build, possibly
-/// broken on purpose; see `crate::planted`).
-fn transition_code() -> &'static str {
-    let code = TRANSITION_LUA;
-    #[cfg(feature = "planted-bugs")]
-    if crate::planted::active(crate::planted::Plant::CancelReturnsTwice) {
-        // Leaked once per engine: only planted test builds ever get here.
-        return Box::leak(crate::planted::transition_returning_twice(code).into_boxed_str());
-    }
-    code
+    let _ = name;
+    text
 }
 
 impl Default for Scripts {

@@ -45,7 +45,8 @@ struct Cli {
     /// Run a deliberately broken engine (builds with the `planted-bugs`
     /// feature only): skip-request-check, skip-wait,
     /// writer-ack-before-commit, no-stock-check, cancel-returns-twice,
-    /// skip-quota-check, lock-without-nx.
+    /// skip-quota-check, lock-without-nx, restock-twice, expire-early,
+    /// sell-after-close.
     #[arg(long)]
     plant: Option<String>,
 }
