@@ -53,6 +53,33 @@ pub struct Workload {
     locks: u64,
 }
 
+/// Buyer `i`'s id. One in ten is hostile but valid, as a real client's
+/// may be: separators of the engine's own keys (`:`), braces that would
+/// move a hash tag, non-ASCII, the longest id allowed, glob and escape
+/// characters. A key built from them ambiguously (user `a:b` + request `c`
+/// against user `a` + request `b:c`) or hashed by the wrong tag shows as
+/// another buyer's order, a lost quota or a lost record.
+fn user_name(i: usize) -> String {
+    match i % 50 {
+        3 => format!("u:{i}:r"),
+        13 => format!("u{{{i}}}"),
+        23 => format!("ü{i}✓"),
+        33 => format!("{:x<120}{i:03}", "u"),
+        43 => format!("u%{i}*?[\\"),
+        _ => format!("u{i}"),
+    }
+}
+
+/// Request `n`'s id; one in ten hostile, as for [`user_name`]: ids that
+/// end like another buyer's name with a separator, or hold a hash tag.
+fn request_id(n: u64) -> String {
+    match n % 20 {
+        7 => format!("{n}:r"),
+        17 => format!("r{{{n}}}:"),
+        _ => format!("r{n}"),
+    }
+}
+
 /// Buyers in a run: few enough that per-user limits bind late in a run,
 /// many enough that they do not answer most purchases.
 const USERS: usize = 150;
@@ -144,7 +171,7 @@ impl Workload {
                     }
                 } else {
                     // The same id from another user: never their order.
-                    let other = format!("u{}", self.rng.random_range(0..self.users));
+                    let other = user_name(self.rng.random_range(0..self.users));
                     Op::Purchase {
                         sku,
                         user: other,
@@ -215,9 +242,9 @@ impl Workload {
             }
             _ => {
                 let sku = self.sku();
-                let user = format!("u{}", self.rng.random_range(0..self.users));
+                let user = user_name(self.rng.random_range(0..self.users));
                 self.next_rid += 1;
-                let rid = format!("r{}", self.next_rid);
+                let rid = request_id(self.next_rid);
                 let qty = self.rng.random_range(1..=3);
                 self.requests
                     .push((sku.clone(), user.clone(), rid.clone(), qty));
@@ -251,7 +278,7 @@ impl Workload {
 
     /// Every buyer's name.
     pub fn users(&self) -> Vec<String> {
-        (0..self.users).map(|u| format!("u{u}")).collect()
+        (0..self.users).map(user_name).collect()
     }
 
     /// True when `sku`'s orders wait for payment.
