@@ -38,6 +38,17 @@ impl LockGuard {
                     .load(std::sync::atomic::Ordering::SeqCst)
     }
 
+    /// How much longer the grant is valid by this client's clock (zero once
+    /// it has run out): the time a holder may still rely on it. Renewals
+    /// (the watchdog, [`LockGuard::extend`]) move it on.
+    pub fn valid_for(&self) -> Duration {
+        let until = self
+            .held
+            .valid_until_ms
+            .load(std::sync::atomic::Ordering::SeqCst);
+        Duration::from_millis(until.saturating_sub(self.client.now_ms()))
+    }
+
     /// Resolves when the grant is lost, so the holder can stop its work.
     pub async fn lost(&self) {
         let mut rx = self.held.lost.subscribe();

@@ -1457,18 +1457,23 @@ struct Grant<'a> {
     asked: i64,
     granted: i64,
     released: i64,
+    valid_until: i64,
 }
 
 impl Grant<'_> {
     /// When the holder surely held the lock (wall-clock ms): from the
     /// moment it knew it was granted to the earlier of its release and the
-    /// earliest its fixed lease could end (the lease began after it asked).
+    /// earliest its lease could end: the end its client reckoned at the
+    /// grant (a grant that waited has its lease from its last attempt on),
+    /// or, in older histories, a lease from when it was asked.
     fn surely_held(&self) -> (i64, i64) {
         let lease = super::worker::LOCK_LEASE.as_millis() as i64;
-        (
-            self.granted,
-            self.released.min(self.asked + lease - CLOCK_MARGIN_MS),
-        )
+        let lease_end = if self.valid_until > 0 {
+            self.valid_until
+        } else {
+            self.asked + lease
+        };
+        (self.granted, self.released.min(lease_end - CLOCK_MARGIN_MS))
     }
 }
 
@@ -1495,6 +1500,7 @@ fn check_locks(v: &mut Verdict, ops: &[OpRecord]) {
                         asked_unix_ms,
                         granted_unix_ms,
                         released_unix_ms,
+                        valid_until_unix_ms,
                         ..
                     },
             },
@@ -1508,6 +1514,7 @@ fn check_locks(v: &mut Verdict, ops: &[OpRecord]) {
                 asked: *asked_unix_ms,
                 granted: *granted_unix_ms,
                 released: *released_unix_ms,
+                valid_until: *valid_until_unix_ms,
             });
         }
     }

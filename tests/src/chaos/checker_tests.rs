@@ -127,6 +127,7 @@ fn lock_op(name: &str, owner: &str, token: u64, at: u64, asked: i64) -> OpRecord
                 asked_unix_ms: asked,
                 granted_unix_ms: asked + 10,
                 released_unix_ms: asked + 100,
+                valid_until_unix_ms: asked + super::worker::LOCK_LEASE.as_millis() as i64,
             },
         },
         at,
@@ -708,6 +709,35 @@ fn a_holder_whose_lease_ran_out_is_not_an_overlap() {
     }
     let v = w.verdict();
     assert_eq!(fired(&v), vec![], "{:#?}", v.violations);
+}
+
+/// A grant that waited longer than a lease before it was granted is still
+/// checked: its lease runs from its last attempt (the client's reckoning,
+/// recorded at the grant), not from when it was asked, so a grant inside
+/// another holder's critical section is an overlap.
+#[test]
+fn a_grant_that_waited_longer_than_a_lease_is_still_checked_for_overlap() {
+    let mut w = world();
+    let lease = super::worker::LOCK_LEASE.as_millis() as i64;
+    if let Outcome::Ok {
+        value:
+            OkValue::Lock {
+                asked_unix_ms,
+                granted_unix_ms,
+                released_unix_ms,
+                valid_until_unix_ms,
+                ..
+            },
+    } = &mut w.lock_mut(6).outcome
+    {
+        // Asked long before, granted while the first holder was inside.
+        *asked_unix_ms = START + 200 - 3 * lease;
+        *granted_unix_ms = START + 250;
+        *released_unix_ms = START + 350;
+        *valid_until_unix_ms = START + 240 + lease;
+    }
+    let v = w.verdict();
+    assert_eq!(fired(&v), vec![Kind::LockOverlap], "{:#?}", v.violations);
 }
 
 /// From the review of the checker: a request first sent before the close

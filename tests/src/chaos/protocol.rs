@@ -129,6 +129,11 @@ pub enum OkValue {
         /// When the holder left its critical section (before the release).
         #[serde(default)]
         released_unix_ms: i64,
+        /// The earliest the grant's lease can have ended, by the client's
+        /// own reckoning at the grant (0 in histories from before it was
+        /// recorded: then the lease is taken to start when it was asked).
+        #[serde(default)]
+        valid_until_unix_ms: i64,
     },
 }
 

@@ -190,6 +190,10 @@ async fn lock(
         Err(e) => return Outcome::unknown(e.to_string()),
     };
     let granted_unix_ms = unix_ms();
+    // Read after the grant's time: the end it gives is at or before the
+    // lease's real end, so the checker's window is never too wide.
+    let valid_until_unix_ms =
+        granted_unix_ms + i64::try_from(guard.valid_for().as_millis()).unwrap_or(0);
     let token = guard.fencing_token();
     let key = format!("fenced:{name}");
     let mut refused = 0u32;
@@ -223,6 +227,7 @@ async fn lock(
             asked_unix_ms,
             granted_unix_ms,
             released_unix_ms,
+            valid_until_unix_ms,
         },
     }
 }
