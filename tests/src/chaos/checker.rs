@@ -427,8 +427,17 @@ pub fn check(inp: &Inputs<'_>) -> Verdict {
         }
     }
 
+    let multi_bucket: HashSet<&str> = inp
+        .sales
+        .iter()
+        .filter(|s| s.buckets > 1)
+        .map(|s| s.sku.as_str())
+        .collect();
     for (key, ops) in &by_key {
         check_request(&mut v, key, ops, &in_db, leader);
+        if multi_bucket.contains(key.0) {
+            check_refusal_final(&mut v, key, ops, leader);
+        }
     }
 
     // Every order in PostgreSQL belongs to a request whose answer named it.
@@ -480,6 +489,41 @@ fn qty_of(o: &OpRecord) -> u32 {
     match o.op {
         Op::Purchase { qty, .. } => qty,
         _ => 0,
+    }
+}
+
+/// In a sale of more than one bucket a refusal for stock that came from
+/// Redis' scripts is settled into the request's record (`settle.lua`), and
+/// every retry replays it: the request is never confirmed after it, even
+/// once a restock came in. (A refusal from the engine's sold-out flag is
+/// not recorded, and the worker marks which is which; a one-bucket sale
+/// records no refusal.) Under `leader` a refusal in flight while its
+/// master failed over may lose its record: counted apart.
+fn check_refusal_final(v: &mut Verdict, key: &Key<'_>, ops: &[&OpRecord], leader: bool) {
+    let (sku, user, rid) = *key;
+    let settled = ops.iter().filter(
+        |o| matches!(&o.outcome, Outcome::Fail { code, from_scripts: true } if code == "sold_out"),
+    );
+    for f in settled {
+        let later_ok = ops.iter().find(|o| {
+            order_id(o).is_some() && qty_of(o) == qty_of(f) && o.invoke_ms > f.complete_ms
+        });
+        if let Some(ok) = later_ok {
+            let kind = if leader && at_risk(f) {
+                Kind::FailoverDuplicates
+            } else {
+                Kind::RequestAnswerChanged
+            };
+            v.add(
+                kind,
+                1,
+                format!(
+                    "request ({sku}, {user}, {rid}) of a multi-bucket sale was refused as sold out, then confirmed"
+                ),
+                &[f, ok],
+            );
+            return;
+        }
     }
 }
 
@@ -971,7 +1015,7 @@ fn pay_ok(o: &OpRecord) -> Option<(&str, bool)> {
 
 fn fail_code(o: &OpRecord) -> Option<&str> {
     match &o.outcome {
-        Outcome::Fail { code } => Some(code),
+        Outcome::Fail { code, .. } => Some(code),
         _ => None,
     }
 }

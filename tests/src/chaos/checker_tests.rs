@@ -843,3 +843,41 @@ fn a_duplicate_whose_first_confirmation_was_safe_is_not_excused() {
     );
     assert!(!v.valid(Ack::Leader));
 }
+
+/// A multi-bucket sale's refusal for stock, answered by Redis' scripts
+/// (settled into the request's record), stays final: a confirmation of the
+/// same request after it is a changed answer. The same refusal from the
+/// engine's sold-out flag (not recorded), or in a one-bucket sale, is not.
+#[test]
+fn a_multi_bucket_refusal_from_the_scripts_stays_final() {
+    let refused = |from_scripts: bool| Outcome::Fail {
+        code: "sold_out".into(),
+        from_scripts,
+    };
+    let with = |buckets: u32, from_scripts: bool| {
+        let mut w = world();
+        w.sales[0].buckets = buckets;
+        if let Some(end) = w.end.get_mut("s") {
+            end.stocks.resize(buckets as usize, 0);
+        }
+        w.ops
+            .push(rec(7, buy("s", "u1", "r1", 1), refused(from_scripts), 2));
+        w.verdict()
+    };
+    let v = with(2, true);
+    assert_eq!(
+        fired(&v),
+        vec![Kind::RequestAnswerChanged],
+        "{:#?}",
+        v.violations
+    );
+    for (buckets, from_scripts) in [(2, false), (1, true)] {
+        let v = with(buckets, from_scripts);
+        assert_eq!(
+            fired(&v),
+            vec![],
+            "{buckets} {from_scripts}: {:#?}",
+            v.violations
+        );
+    }
+}

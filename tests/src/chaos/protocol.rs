@@ -75,6 +75,13 @@ pub enum Outcome {
     Fail {
         /// The error code (`PurchaseError::code()` and the like).
         code: String,
+        /// A purchase refused by Redis' scripts, not by the engine's
+        /// sold-out flag (its process answered no request from the flag
+        /// while this one was in flight). In a sale of more than one
+        /// bucket such a refusal is settled into the request's record, so
+        /// it is final. Absent (false) in older histories.
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        from_scripts: bool,
     },
     /// No answer that says either way (timeout, unavailable, process died).
     Unknown {
@@ -178,6 +185,9 @@ impl Outcome {
 
     /// `fail` with a code.
     pub fn fail(code: impl Into<String>) -> Outcome {
-        Outcome::Fail { code: code.into() }
+        Outcome::Fail {
+            code: code.into(),
+            from_scripts: false,
+        }
     }
 }

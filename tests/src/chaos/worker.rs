@@ -3,6 +3,7 @@
 //! the order writer. They are processes, not tasks, so the nemesis can
 //! kill -9 them or freeze them with SIGSTOP, as a real crash or pause would.
 
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -86,16 +87,25 @@ async fn perform(
             user,
             rid,
             qty,
-        } => purchase_outcome(
-            engine
+        } => {
+            let flagged = || engine.stats().sold_out_local.load(Ordering::SeqCst);
+            let before = flagged();
+            let r = engine
                 .purchase(PurchaseRequest {
                     sku,
                     user,
                     qty: i64::from(*qty),
                     request_id: rid,
                 })
-                .await,
-        ),
+                .await;
+            // No answer of this process came from the sold-out flag while
+            // this one was in flight: this one did not either.
+            let from_scripts = flagged() == before;
+            match purchase_outcome(r) {
+                Outcome::Fail { code, .. } => Outcome::Fail { code, from_scripts },
+                other => other,
+            }
+        }
         Op::Restock { sku, qty, op_id } => admin_outcome(
             engine
                 .restock_op(sku, *qty, op_id)
