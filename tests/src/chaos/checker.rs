@@ -805,6 +805,13 @@ fn check_over_time(
     in_db: &HashMap<&str, &DbOrder>,
     in_streams: &HashSet<&str>,
 ) {
+    // Orders a late payment took units back for, by PostgreSQL's record.
+    let retaken_orders: HashSet<&str> = inp
+        .db_events
+        .iter()
+        .filter(|(_, e)| e.kind == "paid" && e.retake)
+        .map(|((order, _), _)| order.as_str())
+        .collect();
     for plan in inp.sales {
         let sku = plan.sku.as_str();
         let real = |id: &str| in_db.contains_key(id) || in_streams.contains(id);
@@ -825,6 +832,7 @@ fn check_over_time(
             *t = (*t).min(o.invoke_ms);
         }
         let asked = |key: String, at: u64| first_asked.get(&key).copied().unwrap_or(at);
+        let retook = |id: &str| retaken_orders.contains(id);
         // (time, units, op): units surely taken, by when answered.
         let mut taken: Vec<(u64, u64, &OpRecord)> = Vec::new();
         let mut seen_orders = HashSet::new();
@@ -862,9 +870,13 @@ fn check_over_time(
                     taken.push((o.complete_ms, u64::from(*qty), o));
                 }
                 (Op::Pay { order_id, .. }, _) => {
+                    // A late payment answered `retaken` took units again only
+                    // when its hold had given them back (PostgreSQL records
+                    // the retake); a hold past its deadline but not yet
+                    // swept still had them, and its payment takes none.
                     if let (Some((_, true)), Some(row)) = (pay_ok(o), in_db.get(order_id.as_str()))
                     {
-                        if row.sku == sku {
+                        if row.sku == sku && retook(order_id) {
                             taken.push((o.complete_ms, row.qty, o));
                         }
                     }

@@ -881,3 +881,37 @@ fn a_multi_bucket_refusal_from_the_scripts_stays_final() {
         );
     }
 }
+
+/// From the recorded run of seed 20261127 (replicated, all faults): a late
+/// payment of a hold past its deadline but not yet swept answers `retaken`
+/// though it takes no units (the hold still had them), and was counted as
+/// units taken again: a false `oversold_in_time`. Only a retake PostgreSQL
+/// records took units.
+#[test]
+fn a_late_payment_of_an_unswept_hold_takes_no_units_again() {
+    let mut w = world();
+    // Sale h down to 2 units: b and c take both.
+    w.sales[2].stock = 2;
+    if let Some(end) = w.end.get_mut("h") {
+        end.initial = 2;
+        end.stocks = vec![1];
+    }
+    if let Outcome::Ok {
+        value: OkValue::Transition { retaken, .. },
+    } = &mut w.ops[4].outcome
+    {
+        *retaken = true;
+    }
+    let v = w.verdict();
+    assert_eq!(fired(&v), vec![], "{:#?}", v.violations);
+    // The same payment recorded as a retake did take a unit again.
+    if let Some(e) = w.events.get_mut(&("h~0~b".to_string(), 2)) {
+        e.retake = true;
+    }
+    let v = w.verdict();
+    assert!(
+        fired(&v).contains(&Kind::OversoldInTime),
+        "{:#?}",
+        v.violations
+    );
+}
