@@ -3,6 +3,7 @@
 //! prints its own output. Holds no business logic.
 
 mod cli;
+use cli::say;
 
 /// glibc malloc took about a fifth of a selling process's CPU in a profile
 /// of the bench (arena locks between the runtime's threads, consolidating
@@ -74,14 +75,14 @@ fn main() -> ExitCode {
     {
         Ok(r) => r,
         Err(e) => {
-            eprintln!("error: cannot start the runtime: {e}");
+            say!("error: cannot start the runtime: {e}");
             return ExitCode::FAILURE;
         }
     };
     match runtime.block_on(dispatch(cli)) {
         Ok(code) => code,
         Err(e) => {
-            eprintln!("error: {e:#}");
+            say!("error: {e:#}");
             ExitCode::FAILURE
         }
     }

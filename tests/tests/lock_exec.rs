@@ -1286,3 +1286,154 @@ fn a_wrapper_that_hides_a_terminal_read_does_not_hold_the_lock_for_ever() {
         );
     }
 }
+
+/// From the fourth attack: `timeout(1)` moves its command into a group of
+/// its own, so a lost lock's kill of the exec's group missed it and the
+/// command ran on beside the next holder. The exec adopts every group a
+/// descendant of the command leads and kills it with the command's.
+#[test]
+fn a_command_under_timeout_is_killed_when_the_lock_is_lost() {
+    let nodes = servers(3);
+    let dir = tempfile::TempDir::new().expect("dir");
+    let (log, pid_file) = (dir.path().join("log"), dir.path().join("a.pid"));
+    let mut first = flashsale_cmd(None, None, &urls(&nodes))
+        .args([
+            "lock", "exec", "--name", "timed", "--ttl", "1s", "--", "timeout", "120", "sh", "-c",
+        ])
+        .arg(stubborn_logger(&log, &pid_file))
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn");
+    let command = pid_in(&pid_file);
+    let stderr = first.stderr.take().expect("stderr");
+    nodes[1].node.signal("STOP");
+    nodes[2].node.signal("STOP");
+    let mut said = String::new();
+    let mut reader = std::io::BufReader::new(stderr);
+    let seen = Instant::now();
+    while !said.contains("lost") && seen.elapsed() < Duration::from_secs(60) {
+        let mut line = String::new();
+        if std::io::BufRead::read_line(&mut reader, &mut line).unwrap_or(0) == 0 {
+            break;
+        }
+        said.push_str(&line);
+    }
+    nodes[1].node.signal("CONT");
+    nodes[2].node.signal("CONT");
+    assert!(said.contains("lost"), "the exec never saw the loss: {said}");
+    let next = next_holder(&nodes, "timed", &log);
+    let still = alive(command);
+    let status = exit_within(&mut first, Duration::from_secs(60));
+    if still {
+        signal(command, "KILL");
+    }
+    assert!(next.success());
+    assert!(
+        !interleaved(&log),
+        "the command under timeout wrote while the next holder was inside"
+    );
+    assert!(!still, "the command under timeout outlived the lost lock");
+    assert_eq!(status.and_then(|s| s.code()), Some(79), "it lost the lock");
+}
+
+/// From the fourth attack: with stderr a closed pipe (`... 2>&1 | head`),
+/// every message panicked, and each exit code that comes with one became
+/// 101. The codes stay what they say.
+#[test]
+fn a_closed_stderr_keeps_the_exit_codes() {
+    let nodes = servers(1);
+    let run = |args: &[&str]| {
+        let mut child = flashsale_cmd(None, None, &urls(&nodes))
+            .args(args)
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("spawn");
+        drop(child.stderr.take());
+        exit_within(&mut child, Duration::from_secs(60)).and_then(|s| s.code())
+    };
+    assert_eq!(
+        run(&["lock", "exec", "--name", "closed", "--", "/nonexistent/x"]),
+        Some(127),
+        "not found"
+    );
+    let mut holder = flashsale_cmd(None, None, &urls(&nodes))
+        .args(["lock", "exec", "--name", "closed", "--", "sleep", "60"])
+        .spawn()
+        .expect("spawn holder");
+    wait_for(
+        Duration::from_secs(30),
+        || {
+            nodes[0]
+                .node
+                .cmd::<i64>(&["EXISTS", "flashsale:lock:closed"])
+                == 1
+        },
+        || "the holder never took the lock".into(),
+    );
+    let busy = run(&[
+        "lock", "exec", "--name", "closed", "--wait", "200ms", "--", "true",
+    ]);
+    let _ = holder.kill();
+    let _ = holder.wait();
+    assert_eq!(busy, Some(75), "not acquired");
+}
+
+/// From the fourth attack: SIGPWR, SIGXCPU, the real-time signals and the
+/// like ended the exec without a release, so the next holder waited out the
+/// lease. Each is handled as SIGTERM is: the command ends, the lock goes
+/// back at once.
+#[test]
+fn every_catchable_terminating_signal_releases_the_lock() {
+    let nodes = servers(1);
+    for sig in ["PWR", "XCPU", "RTMIN+3"] {
+        let name = format!("sig-{}", sig.replace('+', "-"));
+        let mut exec = flashsale_cmd(None, None, &urls(&nodes))
+            .args([
+                "lock", "exec", "--name", &name, "--ttl", "60s", "--", "sleep", "120",
+            ])
+            .spawn()
+            .expect("spawn");
+        let key = format!("flashsale:lock:{name}");
+        wait_for(
+            Duration::from_secs(30),
+            || nodes[0].node.cmd::<i64>(&["EXISTS", &key]) == 1,
+            || format!("{sig}: the lock was never taken"),
+        );
+        // The handlers are installed before the lock is asked for.
+        signal(exec.id(), sig);
+        let status = exit_within(&mut exec, Duration::from_secs(60));
+        assert!(status.is_some(), "{sig}: the exec did not end");
+        assert_eq!(
+            nodes[0].node.cmd::<i64>(&["EXISTS", &key]),
+            0,
+            "{sig}: the lock went back at once, not with its 60 s lease"
+        );
+    }
+}
+
+/// From the fourth attack: under a terminal, a command that stops its own
+/// worker for a moment was ended as if it waited on the terminal. Only a
+/// stop that lasts is.
+#[test]
+fn a_command_that_pauses_its_own_worker_for_a_moment_is_let_be() {
+    let nodes = servers(1);
+    let line = format!(
+        "{} lock exec --name pauses --ttl 2s -- sh -c 'sleep 4 & p=$!; kill -STOP $p; sleep 2; kill -CONT $p; wait $p; echo finished'",
+        flashsale_bin().display()
+    );
+    let mut term = Command::new("script")
+        .args(["-qec", &line, "/dev/null"])
+        .env_remove("FLASHSALE_CONFIG")
+        .env("FLASHSALE_LOCK_NODES", urls(&nodes).join(","))
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("spawn script(1)");
+    let stdin = term.stdin.take().expect("stdin");
+    let status = exit_within(&mut term, Duration::from_secs(60));
+    drop(stdin);
+    let mut out = String::new();
+    let _ = term.stdout.take().map(|mut o| o.read_to_string(&mut out));
+    assert_eq!(status.and_then(|s| s.code()), Some(0), "{out:?}");
+    assert!(out.contains("finished"), "{out:?}");
+}

@@ -49,8 +49,21 @@
 //! `timeout --foreground`, `su`): the process that reads is a grandchild,
 //! and the direct child waits, running. So the exec also looks through its
 //! group for a process stopped while the terminal serves another group
-//! ([`CommandGroup::stopped_member`]) and ends the command as for a direct
-//! stop.
+//! ([`CommandGroup::scan`]) and ends the command once it has stayed
+//! stopped for a few seconds.
+//!
+//! A command's process may make a group of its own (`timeout(1)` does, for
+//! its command): the same scan adopts every group a descendant of the
+//! command leads, signals and kills it with the command's, and tells the
+//! reaper, which kills it too should the exec die. A group left empty is
+//! forgotten by both (its id may be reused). What a descendant starts in a
+//! group it made after the exec died, or in a new session it leads
+//! (`setsid`), stays out of reach.
+//!
+//! The exec beats only while the grant's lease outlasts the reaper's
+//! patience (see `lock_exec::may_beat`): a reaper counting from the last
+//! beat then always ends the command before the lease can end, however late
+//! the renewals run.
 //!
 //! Never allocates or takes a lock between fork and exec (or the reaper's
 //! end): the forked child of a multi-threaded process may only make
@@ -78,6 +91,8 @@ pub struct CommandGroup {
     /// out under it.
     lapsed: bool,
     ended: bool,
+    /// Groups the command's processes made of their own, killed with it.
+    escaped: Vec<libc::pid_t>,
 }
 
 /// Highest descriptor the reaper closes (it keeps only its pipe).
@@ -98,6 +113,80 @@ pub struct StoppedMember {
     pub name: String,
 }
 
+/// What a scan of the command's processes found.
+pub struct Scan {
+    /// A process stopped while the terminal serves another group.
+    pub stopped: Option<StoppedMember>,
+}
+
+/// Pipe message: the exec lives (one byte).
+const MESSAGE_BEAT: u8 = 1;
+/// Pipe message: kill this group too (the byte, then the pgid, 4 bytes LE).
+const MESSAGE_GROUP: u8 = 2;
+/// Pipe message: forget this group (the byte, then the pgid, 4 bytes LE).
+const MESSAGE_FORGET: u8 = 3;
+/// Most groups of its own a command may make and still be followed.
+const MAX_ESCAPED: usize = 64;
+
+/// One line of /proc/<pid>/stat, the fields used here.
+struct Proc {
+    pid: libc::pid_t,
+    name: String,
+    state: char,
+    ppid: libc::pid_t,
+    pgrp: libc::pid_t,
+    tty: i64,
+    tpgid: libc::pid_t,
+}
+
+/// Every process /proc shows now (those that vanish meanwhile are skipped).
+fn processes() -> Vec<Proc> {
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    entries
+        .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<libc::pid_t>().ok())
+        .filter_map(|pid| {
+            let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+            let (head, rest) = stat.rsplit_once(") ")?;
+            let name = head.split_once(" (").map_or("", |(_, n)| n).to_owned();
+            // After the name: state ppid pgrp session tty_nr tpgid ...
+            let f: Vec<&str> = rest.split_whitespace().take(6).collect();
+            let [state, ppid, pgrp, _, tty, tpgid] = f.as_slice() else {
+                return None;
+            };
+            Some(Proc {
+                pid,
+                name,
+                state: state.chars().next()?,
+                ppid: ppid.parse().ok()?,
+                pgrp: pgrp.parse().ok()?,
+                tty: tty.parse().ok()?,
+                tpgid: tpgid.parse().ok()?,
+            })
+        })
+        .collect()
+}
+
+/// The groups that descendants of `command` (itself included) lead, other
+/// than `group`: made by the command's own processes, so theirs to kill.
+/// A group a descendant merely joined (its leader no descendant) is never
+/// taken: it may be the exec's caller's.
+fn escaped_groups(procs: &[Proc], command: libc::pid_t, group: libc::pid_t) -> Vec<libc::pid_t> {
+    let mut family = vec![command];
+    let mut i = 0;
+    while i < family.len() {
+        let parent = family[i];
+        family.extend(procs.iter().filter(|p| p.ppid == parent).map(|p| p.pid));
+        i += 1;
+    }
+    procs
+        .iter()
+        .filter(|p| family.contains(&p.pid) && p.pgrp != group && family.contains(&p.pgrp))
+        .map(|p| p.pgrp)
+        .collect()
+}
+
 impl CommandGroup {
     /// Forks the reaper and makes its group; the command joins it with
     /// [`CommandGroup::pgid`]. `lease` is the grant's: the group is killed
@@ -115,13 +204,22 @@ impl CommandGroup {
             last_beat: std::time::Instant::now(),
             lapsed: false,
             ended: false,
+            escaped: Vec::new(),
         };
         Ok(group)
     }
 
-    /// How often the exec must call [`CommandGroup::beat`].
+    /// How often the exec calls [`CommandGroup::beat`]: a quarter of the
+    /// reaper's patience, so beats skipped while a renewal is late
+    /// ([`super::lock_exec`]) do not leave the reaper silent for its whole
+    /// patience when the renewal then lands.
     pub fn heartbeat_every(&self) -> Duration {
-        Duration::from_millis(u64::try_from(self.patience_ms / 2).unwrap_or(5).max(5))
+        Duration::from_millis(u64::try_from(self.patience_ms / 4).unwrap_or(5).max(5))
+    }
+
+    /// How long the reaper waits for a heartbeat.
+    pub fn patience(&self) -> Duration {
+        Duration::from_millis(u64::try_from(self.patience_ms).unwrap_or(0))
     }
 
     /// Tells the reaper the exec lives; replaces a reaper that is gone.
@@ -138,7 +236,7 @@ impl CommandGroup {
         // go on. SIGCONT to a running process changes nothing.
         // SAFETY: kill(2) of our own child, not yet waited for.
         unsafe { libc::kill(self.reaper, libc::SIGCONT) };
-        let byte = 1u8;
+        let byte = MESSAGE_BEAT;
         // SAFETY: writes one byte from a live local to a descriptor we own.
         let n = unsafe { libc::write(self.alive, (&byte as *const u8).cast(), 1) };
         if n == 1 {
@@ -153,6 +251,9 @@ impl CommandGroup {
             close(self.alive);
             self.reaper = reaper;
             self.alive = alive;
+            for group in self.escaped.clone() {
+                self.tell_reaper(MESSAGE_GROUP, group);
+            }
         }
     }
 
@@ -174,30 +275,58 @@ impl CommandGroup {
         }
     }
 
-    /// A process of the group (other than the reaper) that is stopped
-    /// while its controlling terminal serves another group: stopped by a
-    /// terminal read or write (the group is never the terminal's), or by a
-    /// SIGSTOP nobody in the group will undo. Scans /proc, so the exec does
-    /// it about once a second, not at every heartbeat.
-    pub fn stopped_member(&self) -> Option<StoppedMember> {
-        let entries = std::fs::read_dir("/proc").ok()?;
-        entries
-            .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<libc::pid_t>().ok())
-            .filter(|pid| *pid != self.reaper)
-            .find_map(|pid| {
-                let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-                let (head, rest) = stat.rsplit_once(") ")?;
-                let name = head.split_once(" (").map_or("", |(_, n)| n).to_owned();
-                // After the name: state ppid pgrp session tty_nr tpgid ...
-                let f: Vec<&str> = rest.split_whitespace().take(6).collect();
-                let [state, _, pgrp, _, tty, tpgid] = f.as_slice() else {
-                    return None;
-                };
-                let pgrp: libc::pid_t = pgrp.parse().ok()?;
-                let on_terminal = *tty != "0" && tpgid.parse::<libc::pid_t>().ok()? != pgrp;
-                (*state == "T" && pgrp == self.pgid && on_terminal)
-                    .then_some(StoppedMember { pid, name })
-            })
+    /// Looks through the command's processes (one /proc scan, so the exec
+    /// does it about once a second, not at every heartbeat):
+    ///
+    /// - adopts each group a descendant of `command` made of its own
+    ///   (`timeout(1)` calls `setpgid` for its command): from now on it is
+    ///   signalled and killed with the command's, by the exec and, should
+    ///   the exec die, by the reaper, which is told of it;
+    /// - returns a process of the command's groups (other than the reaper)
+    ///   that is stopped while its controlling terminal serves another
+    ///   group: stopped by a terminal read or write (the group is never the
+    ///   terminal's), or by a SIGSTOP nobody may undo.
+    pub fn scan(&mut self, command: Option<u32>) -> Scan {
+        let procs = processes();
+        // A group left empty is forgotten: its id may come back as another's.
+        let gone: Vec<libc::pid_t> = self
+            .escaped
+            .iter()
+            .copied()
+            .filter(|g| !procs.iter().any(|p| p.pgrp == *g))
+            .collect();
+        for group in gone {
+            self.escaped.retain(|g| *g != group);
+            self.tell_reaper(MESSAGE_FORGET, group);
+        }
+        if let Some(command) = command.and_then(|c| libc::pid_t::try_from(c).ok()) {
+            for group in escaped_groups(&procs, command, self.pgid) {
+                if !self.escaped.contains(&group) && self.escaped.len() < MAX_ESCAPED {
+                    self.escaped.push(group);
+                    self.tell_reaper(MESSAGE_GROUP, group);
+                }
+            }
+        }
+        let stopped = procs
+            .iter()
+            .filter(|p| p.pid != self.reaper)
+            .filter(|p| p.pgrp == self.pgid || self.escaped.contains(&p.pgrp))
+            .find(|p| p.state == 'T' && p.tty != 0 && p.tpgid != p.pgrp)
+            .map(|p| StoppedMember {
+                pid: p.pid,
+                name: p.name.clone(),
+            });
+        Scan { stopped }
+    }
+
+    /// Tells the reaper of a group to kill with its own, or to forget.
+    fn tell_reaper(&self, kind: u8, group: libc::pid_t) {
+        let mut message = [0u8; 5];
+        message[0] = kind;
+        message[1..].copy_from_slice(&group.to_le_bytes());
+        // SAFETY: writes a live local buffer to a descriptor we own; five
+        // bytes are below PIPE_BUF, so the write is whole or nothing.
+        unsafe { libc::write(self.alive, message.as_ptr().cast(), message.len()) };
     }
 
     /// Whether the exec was ever silent longer than the reaper waits: the
@@ -212,10 +341,17 @@ impl CommandGroup {
         self.pgid
     }
 
-    /// Sends `sig` to the whole group (the reaper ignores all but SIGKILL).
+    /// Sends `sig` to the whole group (the reaper ignores all but SIGKILL)
+    /// and to the groups the command made of its own.
     pub fn signal(&self, sig: libc::c_int) {
-        // SAFETY: kill(2) of a group we made; no memory is involved.
-        unsafe { libc::kill(-self.pgid, sig) };
+        // SAFETY: kill(2) of groups we made or the command's processes
+        // made; no memory is involved.
+        unsafe {
+            for group in &self.escaped {
+                libc::kill(-*group, sig);
+            }
+            libc::kill(-self.pgid, sig);
+        }
     }
 
     /// Kills whatever is left of the group, the reaper with it, and waits
@@ -417,6 +553,10 @@ fn reap(
 /// is gone) or stays silent for `patience_ms` (the exec is stopped or
 /// hung). Async-signal-safe calls only.
 fn watch_then_kill(watch: libc::c_int, patience_ms: libc::c_int) -> ! {
+    // Groups the command made of its own, told by the exec: a fixed array,
+    // since the forked reaper may not allocate.
+    let mut escaped = [0 as libc::pid_t; MAX_ESCAPED];
+    let mut known = 0;
     // SAFETY: async-signal-safe calls on this process's own state only.
     unsafe {
         let mut byte = 0u8;
@@ -438,6 +578,21 @@ fn watch_then_kill(watch: libc::c_int, patience_ms: libc::c_int) -> ! {
             }
             let n = libc::read(watch, (&mut byte as *mut u8).cast(), 1);
             if n > 0 {
+                if byte == MESSAGE_GROUP || byte == MESSAGE_FORGET {
+                    let Some(group) = read_group(watch) else {
+                        break;
+                    };
+                    if byte == MESSAGE_FORGET {
+                        for g in escaped[..known].iter_mut().filter(|g| **g == group) {
+                            *g = 0;
+                        }
+                    } else if let Some(free) = escaped[..known].iter_mut().find(|g| **g == 0) {
+                        *free = group;
+                    } else if known < MAX_ESCAPED {
+                        escaped[known] = group;
+                        known += 1;
+                    }
+                }
                 continue;
             }
             if n < 0 && *libc::__errno_location() == libc::EINTR {
@@ -445,7 +600,31 @@ fn watch_then_kill(watch: libc::c_int, patience_ms: libc::c_int) -> ! {
             }
             break; // end of file: the exec is gone
         }
+        for group in &escaped[..known] {
+            if *group > 1 {
+                libc::kill(-*group, libc::SIGKILL);
+            }
+        }
         libc::kill(0, libc::SIGKILL);
         libc::_exit(0);
     }
+}
+
+/// The pgid after a [`MESSAGE_GROUP`] byte (written whole with it), or None
+/// when the pipe ends. Async-signal-safe.
+fn read_group(watch: libc::c_int) -> Option<libc::pid_t> {
+    let mut bytes = [0u8; 4];
+    let mut got = 0;
+    while got < bytes.len() {
+        // SAFETY: reads into the rest of a live local buffer.
+        let n = unsafe { libc::read(watch, bytes[got..].as_mut_ptr().cast(), bytes.len() - got) };
+        if n > 0 {
+            got += n as usize;
+        } else if n < 0 && unsafe { *libc::__errno_location() } == libc::EINTR {
+            continue;
+        } else {
+            return None;
+        }
+    }
+    Some(libc::pid_t::from_le_bytes(bytes))
 }

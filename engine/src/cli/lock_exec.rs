@@ -18,7 +18,7 @@ use std::time::Duration;
 use anyhow::{anyhow, Result};
 use flashsale::lock::{LockClient, LockConfig, LockError, LockGuard, LockOptions, MultiGuard};
 
-use super::command_group::CommandGroup;
+use super::command_group::{CommandGroup, StoppedMember};
 
 /// Exit code when the lock could not be taken within `--wait` (EX_TEMPFAIL).
 pub const EXIT_NOT_ACQUIRED: u8 = 75;
@@ -45,10 +45,14 @@ pub struct LockExecArgs {
     #[arg(long, conflicts_with_all = ["read", "write"])]
     pub fair: bool,
     /// The read side of a read-write lock named `--name` (shared with other
-    /// readers; not while a writer holds it or waits).
+    /// readers; not while a writer holds it or waits). A read-write lock is
+    /// a lock of its own: it does not exclude a plain or `--fair` lock of
+    /// the same name.
     #[arg(long, conflicts_with = "write")]
     pub read: bool,
-    /// The write side of a read-write lock named `--name` (alone).
+    /// The write side of a read-write lock named `--name` (alone among its
+    /// readers and writers; not apart from a plain or `--fair` lock of the
+    /// same name, which is another lock).
     #[arg(long)]
     pub write: bool,
     /// After SIGTERM to the command (on a signal to the exec, or the lock
@@ -201,7 +205,7 @@ async fn run_with(
 /// The exit code of an exec stopped by signal `sig` before it held the
 /// grant: the shell's 128 + the signal, and the command never ran.
 pub fn stopped_while_waiting(sig: libc::c_int) -> ExitCode {
-    eprintln!("flashsale: stopped by signal {sig} while waiting; the command did not run");
+    say!("flashsale: stopped by signal {sig} while waiting; the command did not run");
     ExitCode::from(u8::try_from(128 + sig).unwrap_or(1))
 }
 
@@ -228,7 +232,11 @@ impl StopSignals {
     pub fn install() -> Result<StopSignals> {
         use tokio::signal::unix::{signal, SignalKind};
         let mut handlers = Vec::new();
-        for sig in [
+        // Every signal whose default ends the process and that a process
+        // is sent, not one a fault raises (SEGV, BUS, ILL, FPE, TRAP, SYS
+        // end it as a kill -9 does: the reaper ends the command, the grant
+        // lapses with its lease), nor SIGKILL, which cannot be caught.
+        let mut stops = vec![
             libc::SIGTERM,
             libc::SIGINT,
             libc::SIGHUP,
@@ -236,7 +244,16 @@ impl StopSignals {
             libc::SIGUSR1,
             libc::SIGUSR2,
             libc::SIGALRM,
-        ] {
+            libc::SIGPWR,
+            libc::SIGVTALRM,
+            libc::SIGPROF,
+            libc::SIGXCPU,
+            libc::SIGXFSZ,
+            libc::SIGIO,
+            libc::SIGSTKFLT,
+        ];
+        stops.extend(libc::SIGRTMIN()..=libc::SIGRTMAX());
+        for sig in stops {
             handlers.push((sig, signal(SignalKind::from_raw(sig))?));
         }
         Ok(StopSignals { handlers })
@@ -296,7 +313,7 @@ pub fn exec_owner(given: Option<&str>) -> String {
 fn not_acquired(e: LockError) -> Result<ExitCode> {
     match e {
         LockError::Timeout { .. } | LockError::NoQuorum { .. } => {
-            eprintln!("flashsale lock exec: {e}");
+            say!("flashsale lock exec: {e}");
             Ok(ExitCode::from(EXIT_NOT_ACQUIRED))
         }
         e => Err(e.into()),
@@ -308,6 +325,8 @@ fn not_acquired(e: LockError) -> Result<ExitCode> {
 pub trait Grant {
     /// Resolves when the grant is lost.
     fn lost(&self) -> impl std::future::Future<Output = ()>;
+    /// How much longer the grant is valid by its client's clock.
+    fn valid_for(&self) -> Duration;
     /// Gives it back; true when it was still held.
     fn unlock(self) -> impl std::future::Future<Output = bool>;
 }
@@ -315,6 +334,9 @@ pub trait Grant {
 impl Grant for LockGuard {
     async fn lost(&self) {
         LockGuard::lost(self).await
+    }
+    fn valid_for(&self) -> Duration {
+        LockGuard::valid_for(self)
     }
     async fn unlock(self) -> bool {
         LockGuard::unlock(self).await
@@ -324,6 +346,9 @@ impl Grant for LockGuard {
 impl Grant for MultiGuard {
     async fn lost(&self) {
         MultiGuard::lost(self).await
+    }
+    fn valid_for(&self) -> Duration {
+        MultiGuard::valid_for(self)
     }
     async fn unlock(self) -> bool {
         MultiGuard::unlock(self).await
@@ -390,7 +415,7 @@ impl Supervised<'_> {
                 // executable.
                 group.end();
                 guard.unlock().await;
-                eprintln!("flashsale: cannot run {program:?}: {e}");
+                say!("flashsale: cannot run {program:?}: {e}");
                 return Ok(ExitCode::from(match e.kind() {
                     std::io::ErrorKind::NotFound => EXIT_NOT_FOUND,
                     _ => EXIT_NOT_EXECUTABLE,
@@ -407,7 +432,7 @@ impl Supervised<'_> {
         group.end();
         if lost || lapsed {
             if lapsed && !lost {
-                eprintln!(
+                say!(
                     "flashsale: this exec was stopped or starved past half its lease; {} may have lapsed",
                     self.what
                 );
@@ -418,7 +443,7 @@ impl Supervised<'_> {
             // Not confirmed released: gone already, or a majority did not
             // answer (then it lapses with its lease). The watchdog saw no
             // loss while the command ran, so its exit code stands.
-            eprintln!(
+            say!(
                 "flashsale: the release of {} was not confirmed (it lapses with its lease)",
                 self.what
             );
@@ -453,11 +478,18 @@ impl Supervised<'_> {
         heartbeat.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         // How often a command waiting on the terminal is looked for.
         let mut stopped = tokio::time::interval(Duration::from_millis(100));
-        // How often the rest of the group is looked through (a /proc scan),
-        // and the member found stopped last time: ended when found stopped
-        // twice in a row, so a stop and continue in between is let be.
-        let mut members = tokio::time::interval(Duration::from_secs(1));
-        let mut suspect = None;
+        // How often the command's processes are looked through (a /proc
+        // scan): for one stopped (ended once seen stopped for
+        // STOPPED_FOR, so a command that pauses its own worker for a moment
+        // is let be), and for groups its processes made of their own
+        // (`timeout(1)` makes one), which are killed with the command's.
+        // Soon after the start, then once a second.
+        let mut members = tokio::time::interval_at(
+            tokio::time::Instant::now() + Duration::from_millis(50),
+            Duration::from_secs(1),
+        );
+        members.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut suspect: Option<(StoppedMember, tokio::time::Instant)> = None;
         let pid = child.id();
         loop {
             let grace_over = async {
@@ -468,11 +500,20 @@ impl Supervised<'_> {
             };
             tokio::select! {
                 status = child.wait() => return (status, lost, terminal_stop),
-                _ = heartbeat.tick() => group.beat(),
+                _ = heartbeat.tick() => {
+                    // Only while the lease outlasts the reaper's patience:
+                    // a beat now lets the command run until now + patience,
+                    // which must end before the lease can (renewals that
+                    // fall behind, on a slow node, stop the beats and the
+                    // reaper ends the command in time).
+                    if may_beat(guard.valid_for(), group.patience()) {
+                        group.beat();
+                    }
+                }
                 _ = stopped.tick(), if terminal_stop.is_none() => {
                     let sig = pid.and_then(|p| group.stopped_by(p));
                     if let Some(sig @ (libc::SIGTTIN | libc::SIGTTOU)) = sig {
-                        eprintln!(
+                        say!(
                             "flashsale: the command stopped to use the terminal; it runs in a \
                              process group of its own, which the terminal does not serve: give it \
                              its input from a file or a pipe. Ending it."
@@ -481,10 +522,19 @@ impl Supervised<'_> {
                         group.signal(libc::SIGKILL);
                     }
                 }
-                _ = members.tick(), if terminal_stop.is_none() => {
-                    let found = group.stopped_member();
-                    if let Some(member) = found.as_ref().filter(|m| suspect.as_ref() == Some(*m)) {
-                        eprintln!(
+                _ = members.tick() => {
+                    let scan = group.scan(pid);
+                    if terminal_stop.is_some() {
+                        continue;
+                    }
+                    let found = scan.stopped;
+                    let long_stopped = found.as_ref().filter(|m| {
+                        suspect.as_ref().is_some_and(|(s, since): &(StoppedMember, tokio::time::Instant)| {
+                            s == *m && since.elapsed() >= STOPPED_FOR
+                        })
+                    });
+                    if let Some(member) = long_stopped {
+                        say!(
                             "flashsale: {} (pid {}) in the command's group is stopped, most likely \
                              to use the terminal, which does not serve the group: give the command \
                              its input from a file or a pipe. Ending it.",
@@ -493,11 +543,15 @@ impl Supervised<'_> {
                         terminal_stop = Some(libc::SIGTTIN);
                         group.signal(libc::SIGKILL);
                     }
-                    suspect = found;
+                    suspect = match (suspect.take(), found) {
+                        (Some((s, since)), Some(f)) if s == f => Some((s, since)),
+                        (_, Some(f)) => Some((f, tokio::time::Instant::now())),
+                        (_, None) => None,
+                    };
                 }
                 _ = guard.lost(), if !lost => {
                     lost = true;
-                    eprintln!("flashsale: {} lost; killing the command's group", self.what);
+                    say!("flashsale: {} lost; killing the command's group", self.what);
                     group.signal(libc::SIGKILL);
                 }
                 _ = stops.recv() => {
@@ -505,7 +559,7 @@ impl Supervised<'_> {
                     kill_at.get_or_insert(tokio::time::Instant::now() + self.grace);
                 }
                 _ = grace_over => {
-                    eprintln!("flashsale: the command outlived its grace; killing its group");
+                    say!("flashsale: the command outlived its grace; killing its group");
                     group.signal(libc::SIGKILL);
                     // Only the command's end (at once) remains to wait for.
                     kill_at = None;
@@ -513,6 +567,19 @@ impl Supervised<'_> {
             }
         }
     }
+}
+
+/// How long a process of the command's group may stay stopped while the
+/// terminal serves another group before the command is ended: a read of
+/// the terminal waits for ever, a command pausing its own worker does not.
+const STOPPED_FOR: Duration = Duration::from_secs(5);
+
+/// Whether the exec may tell its reaper it lives: only while the grant's
+/// lease outlasts the reaper's patience by a margin (a fifth of it, for the
+/// reaper's own wake-up and kill), so the reaper, counting from this beat,
+/// ends the command before the lease can end.
+fn may_beat(valid_for: Duration, patience: Duration) -> bool {
+    valid_for > patience + patience / 5
 }
 
 fn exit_code(status: std::process::ExitStatus) -> u8 {
@@ -527,6 +594,24 @@ fn exit_code(status: std::process::ExitStatus) -> u8 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// From the fourth attack: beats were not tied to the lease, so with
+    /// renewals slowed by a node that does not answer, a stopped exec's
+    /// reaper fired after the lease had ended and the next holder was in.
+    #[test]
+    fn a_beat_never_lets_the_reaper_outlast_the_lease() {
+        let patience = Duration::from_millis(250);
+        assert!(may_beat(Duration::from_millis(490), patience));
+        assert!(!may_beat(Duration::from_millis(300), patience));
+        assert!(!may_beat(Duration::from_millis(250), patience));
+        assert!(!may_beat(Duration::ZERO, patience));
+        for ms in 0..2_000u64 {
+            let valid = Duration::from_millis(ms);
+            if may_beat(valid, patience) {
+                assert!(patience < valid, "a beat at {ms} ms of lease left");
+            }
+        }
+    }
 
     #[test]
     fn durations_parse_with_units() {

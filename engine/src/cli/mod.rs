@@ -2,6 +2,18 @@
 //! own arguments (clap), calls the library and prints its own output. The
 //! library never depends on anything here.
 
+/// Writes a line to stderr, ignoring a write that fails. `eprintln!`
+/// panics when stderr is a closed pipe (`flashsale lock exec ... 2>&1 |
+/// head`), which turned every exit code that comes with a message into 101
+/// and skipped the cleanup after it.
+macro_rules! say {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        let _ = writeln!(std::io::stderr(), $($arg)*);
+    }};
+}
+pub(crate) use say;
+
 pub mod command_group;
 pub mod config_check;
 pub mod demo;

@@ -46,12 +46,15 @@ pub async fn run(settings: Settings, cmd: OrdersCommand) -> Result<ExitCode> {
             },
         )
         .await?;
-    eprintln!("order writers running; SIGINT or SIGTERM stops them");
+    say!("order writers running; SIGINT or SIGTERM stops them");
     super::shutdown_signal().await;
     let report = handle.shutdown().await?;
-    eprintln!(
+    say!(
         "order writer stopped: written {} acked {} dead-lettered {} claimed {}",
-        report.written, report.acked, report.dead_lettered, report.claimed
+        report.written,
+        report.acked,
+        report.dead_lettered,
+        report.claimed
     );
     Ok(ExitCode::SUCCESS)
 }

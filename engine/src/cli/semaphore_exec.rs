@@ -89,7 +89,7 @@ async fn run_with(
         Waited::Done(Ok(mut p)) if p.len() == 1 => p.remove(0),
         Waited::Done(Ok(_)) => return Err(anyhow!("asked for one permit, got another number")),
         Waited::Done(Err(e @ (LockError::Timeout { .. } | LockError::NoQuorum { .. }))) => {
-            eprintln!("flashsale semaphore exec: {e}");
+            say!("flashsale semaphore exec: {e}");
             return Ok(ExitCode::from(EXIT_NOT_ACQUIRED));
         }
         Waited::Done(Err(e)) => return Err(e.into()),

@@ -259,6 +259,7 @@ impl LockClient {
         let _round = held.lease_set.lock().await;
         self.cap_validity(held, held.ttl);
         let sent = Instant::now();
+        let sent_ms = self.now_ms();
         let replies = self
             .on_all_nodes(
                 held.mode.extend_script(&self.inner.scripts),
@@ -278,15 +279,20 @@ impl LockClient {
                 Ordering::SeqCst,
             );
             metrics::counter!(m::LOCK_RENEWALS).increment(1);
+            // From this round's start, not its end: a round that waited on
+            // a slow node must not push the next one past a third of the
+            // lease (a holder's reaper counts on renewals that keep pace).
             let every = (held.ttl / 3).as_millis() as u64;
-            self.inner.keeper.schedule(held, self.now_ms() + every);
+            self.inner.keeper.schedule(held, sent_ms + every);
             return;
         }
         if held.kept().given_back {
             return;
         }
+        // The loss first: a log line can block (a stderr nobody reads),
+        // and the holder must hear of the loss whatever the log does.
+        let _ = held.lost.send(true);
         tracing::warn!(lock = %held.name, confirmed, "lock lost: renewal not confirmed by a majority");
         metrics::counter!(m::LOCK_LOST).increment(1);
-        let _ = held.lost.send(true);
     }
 }

@@ -38,6 +38,15 @@ impl MultiGuard {
         self.guards.iter().any(|g| g.is_lost())
     }
 
+    /// How much longer every grant is valid (the shortest of them).
+    pub fn valid_for(&self) -> std::time::Duration {
+        self.guards
+            .iter()
+            .map(|g| g.valid_for())
+            .min()
+            .unwrap_or_default()
+    }
+
     /// Resolves when any of the grants is lost.
     pub async fn lost(&self) {
         futures_util::future::select_all(self.guards.iter().map(|g| Box::pin(g.lost()))).await;
