@@ -93,6 +93,8 @@ pub struct CommandGroup {
     ended: bool,
     /// Groups the command's processes made of their own, killed with it.
     escaped: Vec<libc::pid_t>,
+    /// The command's pid, once spawned.
+    command: Option<libc::pid_t>,
 }
 
 /// Highest descriptor the reaper closes (it keeps only its pipe).
@@ -205,6 +207,7 @@ impl CommandGroup {
             lapsed: false,
             ended: false,
             escaped: Vec::new(),
+            command: None,
         };
         Ok(group)
     }
@@ -286,8 +289,9 @@ impl CommandGroup {
     ///   that is stopped while its controlling terminal serves another
     ///   group: stopped by a terminal read or write (the group is never the
     ///   terminal's), or by a SIGSTOP nobody may undo.
-    pub fn scan(&mut self, command: Option<u32>) -> Scan {
+    pub fn scan(&mut self) -> Scan {
         let procs = processes();
+        let command = self.command;
         // A group left empty is forgotten: its id may come back as another's.
         let gone: Vec<libc::pid_t> = self
             .escaped
@@ -299,7 +303,7 @@ impl CommandGroup {
             self.escaped.retain(|g| *g != group);
             self.tell_reaper(MESSAGE_FORGET, group);
         }
-        if let Some(command) = command.and_then(|c| libc::pid_t::try_from(c).ok()) {
+        if let Some(command) = command {
             for group in escaped_groups(&procs, command, self.pgid) {
                 if !self.escaped.contains(&group) && self.escaped.len() < MAX_ESCAPED {
                     self.escaped.push(group);
@@ -341,9 +345,23 @@ impl CommandGroup {
         self.pgid
     }
 
+    /// Names the command (the group's first process) whose descendants'
+    /// own groups [`CommandGroup::scan`] adopts.
+    pub fn set_command(&mut self, pid: Option<u32>) {
+        self.command = pid.and_then(|p| libc::pid_t::try_from(p).ok());
+    }
+
     /// Sends `sig` to the whole group (the reaper ignores all but SIGKILL)
-    /// and to the groups the command made of its own.
-    pub fn signal(&self, sig: libc::c_int) {
+    /// and to the groups the command made of its own, looked for once more
+    /// first: one made since the last scan is not missed.
+    pub fn signal(&mut self, sig: libc::c_int) {
+        if !self.ended {
+            self.scan();
+        }
+        self.signal_known(sig);
+    }
+
+    fn signal_known(&self, sig: libc::c_int) {
         // SAFETY: kill(2) of groups we made or the command's processes
         // made; no memory is involved.
         unsafe {
@@ -364,8 +382,9 @@ impl CommandGroup {
         if self.ended {
             return;
         }
+        self.scan();
         self.ended = true;
-        self.signal(libc::SIGKILL);
+        self.signal_known(libc::SIGKILL);
         let mut status = 0;
         // SAFETY: waits for our own child, the reaper, which SIGKILL ends.
         while unsafe { libc::waitpid(self.reaper, &mut status, 0) } < 0

@@ -491,6 +491,7 @@ impl Supervised<'_> {
         members.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut suspect: Option<(StoppedMember, tokio::time::Instant)> = None;
         let pid = child.id();
+        group.set_command(pid);
         loop {
             let grace_over = async {
                 match kill_at {
@@ -523,7 +524,7 @@ impl Supervised<'_> {
                     }
                 }
                 _ = members.tick() => {
-                    let scan = group.scan(pid);
+                    let scan = group.scan();
                     if terminal_stop.is_some() {
                         continue;
                     }
