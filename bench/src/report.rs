@@ -101,7 +101,8 @@ pub struct Target {
     pub goal: String,
     /// Whether it was met (None when not measured in this run).
     pub met: Option<bool>,
-    /// The figure in each repetition; `measured` is their median.
+    /// The figure in each repetition; `measured` is their worst for a tail,
+    /// else their median.
     pub per_repetition: Vec<f64>,
 }
 
@@ -193,7 +194,7 @@ pub fn markdown(r: &Report) -> String {
     }
     let _ = writeln!(
         s,
-        "\nTargets: the median over repetitions of each figure, each figure taken within one repetition."
+        "\nTargets: a tail (p99, longest wait) on its worst repetition, any other figure on the median over repetitions; each figure taken within one repetition."
     );
     let _ = writeln!(s, "\n| target | measured | goal | met |");
     let _ = writeln!(s, "| --- | ---: | --- | --- |");
