@@ -118,6 +118,9 @@ struct MasterTime {
     forks: std::collections::BTreeMap<String, (u64, bool)>,
     /// Nodes of the slot map that did not answer.
     unanswered: usize,
+    /// Script calls the masters failed or rejected (`failed_calls` and
+    /// `rejected_calls` of EVALSHA and EVAL), summed.
+    script_errors: u64,
 }
 
 /// Reads every master's script calls and CPU time, and every node's fork
@@ -138,8 +141,9 @@ async fn master_time(
         let port: u16 = port.parse()?;
         let stats = info(conn, host, port, "commandstats").await?;
         let cpu = info(conn, host, port, "cpu").await?;
-        out.masters
-            .insert(master, (commandstats(&stats).0, cpu_us(&cpu)));
+        let counts = commandstats(&stats);
+        out.script_errors += counts.script_errors;
+        out.masters.insert(master, (counts.scripts, cpu_us(&cpu)));
     }
     for node in all_nodes(&map) {
         // A node that cannot be reached (a replica being replaced) is
@@ -359,8 +363,19 @@ fn cpu_us(text: &str) -> u64 {
 }
 
 /// (script calls, usec of every command but INFO) from `INFO commandstats`.
-fn commandstats(text: &str) -> (u64, u64) {
-    let (mut scripts, mut usec) = (0u64, 0u64);
+/// What `INFO commandstats` of one node says.
+#[derive(Debug, PartialEq, Eq)]
+struct CommandStats {
+    /// Script calls (EVALSHA and EVAL).
+    scripts: u64,
+    /// Microseconds in every command but INFO.
+    usec: u64,
+    /// Script calls failed (an error reply) or rejected (before running).
+    script_errors: u64,
+}
+
+fn commandstats(text: &str) -> CommandStats {
+    let (mut scripts, mut usec, mut script_errors) = (0u64, 0u64, 0u64);
     for line in text.lines() {
         let Some((name, rest)) = line.trim().split_once(':') else {
             continue;
@@ -376,10 +391,17 @@ fn commandstats(text: &str) -> (u64, u64) {
         }
         usec += field("usec=");
         if matches!(name, "cmdstat_evalsha" | "cmdstat_eval") {
+            // `calls=` and not `rejected_calls=`/`failed_calls=`: each
+            // key is matched at the start of its own pair.
             scripts += field("calls=");
+            script_errors += field("rejected_calls=") + field("failed_calls=");
         }
     }
-    (scripts, usec)
+    CommandStats {
+        scripts,
+        usec,
+        script_errors,
+    }
 }
 
 /// Fills the master-time figures of `row` from snapshots before and after.
@@ -731,13 +753,15 @@ impl Bench {
             queued = sold;
         }
         let oversold = queued.saturating_sub(stock) + below_zero + queued.abs_diff(sold);
-        // With stock left over, every request that did not queue an order
-        // failed (a sold-out answer was impossible); with none left, the
-        // failures cannot be told from sold-out answers.
+        // Measured, never assumed: the script calls the masters failed or
+        // rejected; and with stock left over, every request that did not
+        // queue an order (a sold-out answer was impossible), which also
+        // counts the requests that never reached a master.
+        let failed = after.script_errors.saturating_sub(before.script_errors);
         let errors = if left > 0 {
-            a.requests.saturating_sub(queued)
+            a.requests.saturating_sub(queued).max(failed)
         } else {
-            0
+            failed
         };
         let selling = sold_out_at
             .map(|t| t.saturating_duration_since(a.spawned))
@@ -1608,7 +1632,9 @@ pub async fn measure(b: &mut Bench) -> Result<(Vec<RunResult>, Vec<lockbench::Lo
 
 #[cfg(test)]
 mod tests {
-    use super::{commandstats, cpu_us, orders_errors, row_forks, MasterTime, Persistence};
+    use super::{
+        commandstats, cpu_us, orders_errors, row_forks, CommandStats, MasterTime, Persistence,
+    };
 
     #[test]
     fn cpu_time_adds_system_and_user_seconds() {
@@ -1632,6 +1658,7 @@ mod tests {
                 .map(|(n, t, r)| (n.to_string(), (*t, *r)))
                 .collect(),
             unanswered,
+            script_errors: 0,
         };
         let a = snap(&[("a:1", 5, false), ("b:2", 7, true)], 0);
         // One fork started on a, and the one running on b when it began.
@@ -1696,7 +1723,27 @@ mod tests {
     #[test]
     fn commandstats_sum_every_command_but_info_and_count_script_calls() {
         let text = "# Commandstats\r\ncmdstat_evalsha:calls=10,usec=200,usec_per_call=20.00,rejected_calls=0,failed_calls=0\r\ncmdstat_get:calls=5,usec=5,usec_per_call=1.00\r\ncmdstat_info:calls=3,usec=300,usec_per_call=100.00\r\n";
-        assert_eq!(commandstats(text), (10, 205));
-        assert_eq!(commandstats(""), (0, 0));
+        assert_eq!(
+            commandstats(text),
+            CommandStats {
+                scripts: 10,
+                usec: 205,
+                script_errors: 0
+            }
+        );
+        assert_eq!(
+            commandstats(""),
+            CommandStats {
+                scripts: 0,
+                usec: 0,
+                script_errors: 0
+            }
+        );
+        // From the bench-truth issue: the anchor's errors were set to 0
+        // once its stock ran out; they are read from the failed and
+        // rejected script calls.
+        let failing = "cmdstat_evalsha:calls=10,usec=200,usec_per_call=20.00,rejected_calls=2,failed_calls=3\r\n";
+        assert_eq!(commandstats(failing).script_errors, 5);
+        assert_eq!(commandstats(failing).scripts, 10);
     }
 }
