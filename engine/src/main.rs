@@ -76,16 +76,20 @@ fn main() -> ExitCode {
         Ok(r) => r,
         Err(e) => {
             say!("error: cannot start the runtime: {e}");
+            cli::messages::flush(std::time::Duration::from_millis(500));
             return ExitCode::FAILURE;
         }
     };
-    match runtime.block_on(dispatch(cli)) {
+    let code = match runtime.block_on(dispatch(cli)) {
         Ok(code) => code,
         Err(e) => {
             say!("error: {e:#}");
             ExitCode::FAILURE
         }
-    }
+    };
+    // The last messages out, but never held up by a stderr nobody reads.
+    cli::messages::flush(std::time::Duration::from_millis(500));
+    code
 }
 
 async fn dispatch(cli: Cli) -> Result<ExitCode> {

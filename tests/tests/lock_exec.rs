@@ -1437,3 +1437,48 @@ fn a_command_that_pauses_its_own_worker_for_a_moment_is_let_be() {
     assert_eq!(status.and_then(|s| s.code()), Some(0), "{out:?}");
     assert!(out.contains("finished"), "{out:?}");
 }
+
+/// From the fifth attack: with stderr a pipe nobody reads, a message
+/// blocked the exec in its write before the kill and the release, while
+/// the watchdog renewed the lock: the lock stayed held with its command
+/// dead, and the exec then gave the wrong reason. Messages never block.
+#[test]
+fn a_stderr_nobody_reads_never_holds_the_lock() {
+    let nodes = servers(1);
+    let mut exec = flashsale_cmd(None, None, &urls(&nodes))
+        .args([
+            "lock",
+            "exec",
+            "--name",
+            "blocked",
+            "--ttl",
+            "2s",
+            "--grace",
+            "1s",
+            "--",
+            "sh",
+            "-c",
+            "trap '' TERM; head -c 200000 /dev/zero >&2 & while true; do sleep 0.1; done",
+        ])
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn");
+    // Kept open and never read: the pipe fills and stays full.
+    let _stderr = exec.stderr.take();
+    let key = "flashsale:lock:blocked";
+    wait_for(
+        Duration::from_secs(30),
+        || nodes[0].node.cmd::<i64>(&["EXISTS", key]) == 1,
+        || "the lock was never taken".into(),
+    );
+    signal(exec.id(), "TERM");
+    let status = exit_within(&mut exec, Duration::from_secs(60));
+    let held = nodes[0].node.cmd::<i64>(&["EXISTS", key]);
+    assert!(status.is_some(), "the exec hung on its stderr");
+    assert_ne!(
+        status.and_then(|s| s.code()),
+        Some(79),
+        "neither stopped nor starved, and the lock never lapsed"
+    );
+    assert_eq!(held, 0, "the lock went back at the exec's end");
+}

@@ -15,8 +15,8 @@
 //! dies with the kill -9.)
 //!
 //! The reaper is also a dead man's switch: the exec writes a byte to the
-//! pipe every quarter of the lease, and a reaper that hears nothing for half
-//! the lease kills the group. An exec that is stopped (SIGSTOP, Ctrl-Z) or
+//! pipe every tenth of the lease, and a reaper that hears nothing for 2/5
+//! of the lease kills the group. An exec that is stopped (SIGSTOP, Ctrl-Z) or
 //! hung cannot renew its lease, and its command must not run on into the
 //! next holder's turn: the group dies before the lease can run out. A
 //! reaper that is killed on its own is replaced at the next heartbeat, and
@@ -36,7 +36,7 @@
 //! Why the terminal stays with the exec: the command's group is never the
 //! terminal's foreground, so job control is the shell's, on the exec (Ctrl-Z
 //! stops the exec and the shell gets its prompt; a stopped exec renews
-//! nothing, so the reaper ends the command within half the lease; Ctrl-C
+//! nothing, so the reaper ends the command within 2/5 of the lease; Ctrl-C
 //! reaches the exec, which stops the command). A command that reads (or,
 //! with `tostop`, writes) the terminal is stopped by SIGTTIN/SIGTTOU; the
 //! exec sees the stop and ends it with a clear error rather than hold the
@@ -192,9 +192,13 @@ fn escaped_groups(procs: &[Proc], command: libc::pid_t, group: libc::pid_t) -> V
 impl CommandGroup {
     /// Forks the reaper and makes its group; the command joins it with
     /// [`CommandGroup::pgid`]. `lease` is the grant's: the group is killed
-    /// when the exec has not been heard from for half of it.
+    /// when the exec has not been heard from for 2/5 of it.
     pub fn start(lease: Duration) -> io::Result<CommandGroup> {
-        let patience_ms = libc::c_int::try_from((lease / 2).as_millis())
+        // Two fifths of the lease: the exec beats only while the lease
+        // outlasts the patience by a fifth of it (`lock_exec::may_beat`),
+        // and a lease just before its renewal (due a third of the way in)
+        // still has about two thirds left, which clears that bar with room.
+        let patience_ms = libc::c_int::try_from((lease * 2 / 5).as_millis())
             .unwrap_or(libc::c_int::MAX)
             .max(10);
         let (reaper, alive) = spawn_reaper(None, patience_ms)?;

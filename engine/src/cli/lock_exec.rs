@@ -423,7 +423,7 @@ impl Supervised<'_> {
             }
         };
         let (status, lost, terminal_stop) = self.watch(&mut child, &mut group, &guard, stops).await;
-        // An exec that was stopped or starved past half its lease renewed
+        // An exec that was stopped or starved past 2/5 of its lease renewed
         // nothing meanwhile, and its reaper may have killed the command:
         // the command cannot be known to have run under the lock.
         let lapsed = group.lapsed();
@@ -433,7 +433,7 @@ impl Supervised<'_> {
         if lost || lapsed {
             if lapsed && !lost {
                 say!(
-                    "flashsale: this exec was stopped or starved past half its lease; {} may have lapsed",
+                    "flashsale: this exec was stopped or starved past 2/5 of its lease (its reaper's patience); {} may have lapsed",
                     self.what
                 );
             }
@@ -552,16 +552,16 @@ impl Supervised<'_> {
                 }
                 _ = guard.lost(), if !lost => {
                     lost = true;
-                    say!("flashsale: {} lost; killing the command's group", self.what);
                     group.signal(libc::SIGKILL);
+                    say!("flashsale: {} lost; killed the command's group", self.what);
                 }
                 _ = stops.recv() => {
                     group.signal(libc::SIGTERM);
                     kill_at.get_or_insert(tokio::time::Instant::now() + self.grace);
                 }
                 _ = grace_over => {
-                    say!("flashsale: the command outlived its grace; killing its group");
                     group.signal(libc::SIGKILL);
+                    say!("flashsale: the command outlived its grace; killed its group");
                     // Only the command's end (at once) remains to wait for.
                     kill_at = None;
                 }
