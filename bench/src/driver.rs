@@ -1532,7 +1532,7 @@ pub async fn measure(b: &mut Bench) -> Result<(Vec<RunResult>, Vec<lockbench::Lo
                     ("engine@10%", e.clone(), light),
                     (UNBATCHED_10, u, light),
                 ] {
-                    let paced_ops = (rate * 5.0).min(ops as f64).max(100.0) as u64;
+                    let paced_ops = (rate * b.args.paced_seconds).max(100.0) as u64;
                     let name = format!("hot1-paced-{}", label.replace(['@', '%', ' ', '='], ""));
                     let st = b.sale(&name, paced_ops / 2, 1).await?;
                     results.push(

@@ -105,8 +105,13 @@ where
                         None => Instant::now(),
                     };
                     let outcome = op(i).await;
+                    // Every purchase's latency, an error's or a timeout's
+                    // too (they must reach p99); a sold-out answer is no
+                    // purchase and is left out.
+                    if outcome != Outcome::SoldOut {
+                        h.saturating_record((t0.elapsed().as_micros() as u64).max(1));
+                    }
                     if outcome == Outcome::Confirmed {
-                        let _ = h.record((t0.elapsed().as_micros() as u64).max(1));
                         last_confirmed = started.elapsed();
                     }
                     counts[outcome as usize] += 1;

@@ -70,6 +70,11 @@ struct Args {
     /// Time cap of any one run, seconds.
     #[arg(long, default_value_t = 60)]
     cap_seconds: u64,
+    /// How long each paced row (engine@80%, @10%) sends, seconds: its
+    /// operations are its rate times this, not capped by `--ops` (at 80 %
+    /// of peak that cap made a window of about 0.75 s).
+    #[arg(long, default_value_t = 10.0)]
+    paced_seconds: f64,
     /// Scenarios to run (comma-separated: hot1,hotB,many,door; `none` for the lock benchmark only).
     #[arg(long, default_value = "hot1,hotB,many,door", value_delimiter = ',')]
     scenarios: Vec<String>,

@@ -41,6 +41,8 @@ fn every_strategy_runs_and_the_json_is_complete() {
             "1",
             "--cap-seconds",
             "30",
+            "--paced-seconds",
+            "1",
             "--repeat",
             "2",
             "--quiet",
