@@ -237,6 +237,9 @@ kinds! {
     HoldsNotExpired = "holds_not_expired",
     /// Redis' order record and PostgreSQL's row disagree.
     OrderStateMismatch = "order_state_mismatch",
+    /// An order of a sale with holds whose Redis record is gone, well
+    /// inside its TTL (the request TTL): its state can no longer be kept.
+    RecordMissing = "record_missing",
     /// A buyer's quota differs from the units they keep.
     QuotaMismatch = "quota_mismatch",
     /// Under `leader`, a transition a failover took back.
@@ -1360,7 +1363,24 @@ fn check_hold_records(
                 &[],
             );
         }
-        if let Some((state, version)) = inp.redis_states.get(&r.order_id) {
+        let Some((state, version)) = inp.redis_states.get(&r.order_id) else {
+            // Records live for the request TTL (a day by default; a run
+            // lasts minutes): gone means lost, by a failover under `leader`
+            // (an order in flight while a master was killed or paused) or
+            // by a bug. Never a silent skip.
+            v.add(
+                if leader && risky.contains(r.order_id.as_str()) {
+                    Kind::FailoverLost
+                } else {
+                    Kind::RecordMissing
+                },
+                1,
+                format!("order {}: its record is gone from Redis", r.order_id),
+                &[],
+            );
+            continue;
+        };
+        {
             if *state != r.status || *version != r.version {
                 let kind = if leader && risky.contains(r.order_id.as_str()) {
                     Kind::TransitionFailover

@@ -535,6 +535,10 @@ fn scenario(kind: Kind, w: &mut World) -> Vec<Kind> {
             w.redis.insert("h~0~b".into(), ("held".into(), 1));
             vec![]
         }
+        RecordMissing => {
+            w.redis.remove("h~0~c");
+            vec![]
+        }
         QuotaMismatch => {
             w.end("h").left.quotas.insert("u2".into(), 2);
             vec![]
