@@ -919,3 +919,53 @@ fn a_late_payment_of_an_unswept_hold_takes_no_units_again() {
         v.violations
     );
 }
+
+/// From the recorded leader run of seed 20261128: an order expired at its
+/// deadline, and a cancel sent long after (answered `unknown`, then
+/// `already_final`) made the checker credit its units only at the cancel,
+/// so a sell-out in between looked like an oversell. Units come back once,
+/// when PostgreSQL says they did.
+#[test]
+fn a_late_cancel_of_an_expired_hold_does_not_hide_its_expiry() {
+    let mut w = world();
+    // Sale h down to 2 units: b (paid) and c (expires at 40 + HOLD + 10).
+    w.sales[2].stock = 2;
+    if let Some(end) = w.end.get_mut("h") {
+        end.initial = 2;
+        end.stocks = vec![1];
+    }
+    // After c expired, u4 buys the unit it gave back (and lets it expire).
+    let after: i64 = 40 + HOLD + 100;
+    w.ops.push(rec(
+        8,
+        buy("h", "u4", "r1", 1),
+        order("h~0~d"),
+        after as u64,
+    ));
+    w.rows.push(DbOrder {
+        version: 2,
+        expired_ms: Some(START + after + HOLD + 10),
+        ..hold_row("h~0~d", "u4", "expired", after)
+    });
+    w.events.insert(
+        ("h~0~d".into(), 2),
+        event("expired", START + after + HOLD + 10),
+    );
+    w.redis.insert("h~0~d".into(), ("expired".into(), 2));
+    w.end("h").left.quotas.insert("u4".into(), 0);
+    // A cancel of c sent much later, answered unknown.
+    w.ops.push(rec(
+        9,
+        Op::Cancel {
+            order_id: "h~0~c".into(),
+        },
+        Outcome::unknown("timed out"),
+        after as u64 + 5_000,
+    ));
+    let v = w.verdict();
+    assert!(
+        !fired(&v).contains(&Kind::OversoldInTime),
+        "{:#?}",
+        v.violations
+    );
+}
