@@ -269,6 +269,26 @@ async fn a_lock_lost_while_the_command_drains_after_sigterm_kills_it_and_exits_7
     );
 }
 
+/// Runs `line` under a pseudo-terminal (`script(1)`) against `nodes`, with
+/// its input held open and never written; its exit status within 60 s
+/// (None: it hung, and was killed) and what the terminal showed.
+fn under_a_terminal(nodes: &[RedisServer], line: &str) -> (Option<ExitStatus>, String) {
+    let mut term = Command::new("script")
+        .args(["-qec", line, "/dev/null"])
+        .env_remove("FLASHSALE_CONFIG")
+        .env("FLASHSALE_LOCK_NODES", urls(nodes).join(","))
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("spawn script(1)");
+    let stdin = term.stdin.take().expect("stdin");
+    let status = exit_within(&mut term, Duration::from_secs(60));
+    drop(stdin);
+    let mut out = String::new();
+    let _ = term.stdout.take().map(|mut o| o.read_to_string(&mut out));
+    (status, out)
+}
+
 /// Under a terminal, a command that reads it is stopped by SIGTTIN (its
 /// group is not the terminal's), and the exec held the lock for ever. It is
 /// now ended at once with a clear error, and the lock goes back. (Handing
@@ -281,19 +301,7 @@ fn a_command_that_reads_the_terminal_is_ended_with_a_clear_error_not_left_holdin
         "{} lock exec --name tty --ttl 2s -- sh -c 'read ans </dev/tty; echo got:$ans'",
         flashsale_bin().display()
     );
-    let mut term = Command::new("script")
-        .args(["-qec", &line, "/dev/null"])
-        .env_remove("FLASHSALE_CONFIG")
-        .env("FLASHSALE_LOCK_NODES", urls(&nodes).join(","))
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .spawn()
-        .expect("spawn script(1)");
-    let stdin = term.stdin.take().expect("stdin");
-    let status = exit_within(&mut term, Duration::from_secs(60));
-    drop(stdin);
-    let mut out = String::new();
-    let _ = term.stdout.take().map(|mut o| o.read_to_string(&mut out));
+    let (status, out) = under_a_terminal(&nodes, &line);
     let status = status.unwrap_or_else(|| panic!("the command hung on the terminal: {out:?}"));
     assert!(out.contains("terminal"), "says why: {out:?}");
     assert_eq!(status.code(), Some(128 + libc::SIGTTIN), "{out:?}");
@@ -1260,19 +1268,7 @@ fn a_wrapper_that_hides_a_terminal_read_does_not_hold_the_lock_for_ever() {
             "{} lock exec --name {name} --ttl 2s -- {wrapped}",
             flashsale_bin().display()
         );
-        let mut term = Command::new("script")
-            .args(["-qec", &line, "/dev/null"])
-            .env_remove("FLASHSALE_CONFIG")
-            .env("FLASHSALE_LOCK_NODES", urls(&nodes).join(","))
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .spawn()
-            .expect("spawn script(1)");
-        let stdin = term.stdin.take().expect("stdin");
-        let status = exit_within(&mut term, Duration::from_secs(60));
-        drop(stdin);
-        let mut out = String::new();
-        let _ = term.stdout.take().map(|mut o| o.read_to_string(&mut out));
+        let (status, out) = under_a_terminal(&nodes, &line);
         let status =
             status.unwrap_or_else(|| panic!("{name}: the lock was held for ever: {out:?}"));
         assert!(out.contains("terminal"), "{name} says why: {out:?}");
@@ -1421,19 +1417,7 @@ fn a_command_that_pauses_its_own_worker_for_a_moment_is_let_be() {
         "{} lock exec --name pauses --ttl 2s -- sh -c 'sleep 4 & p=$!; kill -STOP $p; sleep 2; kill -CONT $p; wait $p; echo finished'",
         flashsale_bin().display()
     );
-    let mut term = Command::new("script")
-        .args(["-qec", &line, "/dev/null"])
-        .env_remove("FLASHSALE_CONFIG")
-        .env("FLASHSALE_LOCK_NODES", urls(&nodes).join(","))
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .spawn()
-        .expect("spawn script(1)");
-    let stdin = term.stdin.take().expect("stdin");
-    let status = exit_within(&mut term, Duration::from_secs(60));
-    drop(stdin);
-    let mut out = String::new();
-    let _ = term.stdout.take().map(|mut o| o.read_to_string(&mut out));
+    let (status, out) = under_a_terminal(&nodes, &line);
     assert_eq!(status.and_then(|s| s.code()), Some(0), "{out:?}");
     assert!(out.contains("finished"), "{out:?}");
 }
