@@ -242,6 +242,15 @@ fn world() -> World {
 }
 
 impl World {
+    /// Sale h down to 2 units, so b and c take all of it and one unit
+    /// counted twice over time shows.
+    fn tighten_h(&mut self) {
+        self.sales[2].stock = 2;
+        let end = self.end("h");
+        end.initial = 2;
+        end.stocks = vec![1];
+    }
+
     fn verdict(&self) -> Verdict {
         check(&Inputs {
             ops: &self.ops,
@@ -895,11 +904,7 @@ fn a_multi_bucket_refusal_from_the_scripts_stays_final() {
 fn a_late_payment_of_an_unswept_hold_takes_no_units_again() {
     let mut w = world();
     // Sale h down to 2 units: b and c take both.
-    w.sales[2].stock = 2;
-    if let Some(end) = w.end.get_mut("h") {
-        end.initial = 2;
-        end.stocks = vec![1];
-    }
+    w.tighten_h();
     if let Outcome::Ok {
         value: OkValue::Transition { retaken, .. },
     } = &mut w.ops[4].outcome
@@ -929,11 +934,7 @@ fn a_late_payment_of_an_unswept_hold_takes_no_units_again() {
 fn a_late_cancel_of_an_expired_hold_does_not_hide_its_expiry() {
     let mut w = world();
     // Sale h down to 2 units: b (paid) and c (expires at 40 + HOLD + 10).
-    w.sales[2].stock = 2;
-    if let Some(end) = w.end.get_mut("h") {
-        end.initial = 2;
-        end.stocks = vec![1];
-    }
+    w.tighten_h();
     // After c expired, u4 buys the unit it gave back (and lets it expire).
     let after: i64 = 40 + HOLD + 100;
     w.ops.push(rec(
