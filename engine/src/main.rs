@@ -59,8 +59,8 @@ enum Command {
 }
 
 fn main() -> ExitCode {
-    // A lock exec's reaper runs this binary anew under its own name.
-    cli::command_group::run_if_reaper();
+    // A lock exec's supervisor runs this binary anew under its own name.
+    cli::supervisor::run_if_supervisor();
     let cli = Cli::parse();
     tracing_subscriber::fmt()
         .with_env_filter(

@@ -183,6 +183,142 @@ async fn a_semaphore_exec_killed_with_kill_9_leaves_nothing_of_its_command_runni
     );
 }
 
+/// The pids listed one a line in `file`, once it holds `count` of them.
+fn pids_in(file: &Path, count: usize) -> Vec<u32> {
+    let mut pids = Vec::new();
+    wait_for(
+        Duration::from_secs(60),
+        || {
+            pids = std::fs::read_to_string(file)
+                .unwrap_or_default()
+                .split_whitespace()
+                .filter_map(|p| p.parse().ok())
+                .collect();
+            pids.len() >= count
+        },
+        || format!("the command did not write {count} pids"),
+    );
+    pids
+}
+
+/// Runs `script` under `lock exec --name <name> --ttl 2s`, waits until it
+/// has written `count` pids to `pid_file`, kills the exec with kill -9,
+/// and takes the lock as the next holder: none of those pids may run then.
+async fn none_left_after_kill_9(name: &str, script: &str, pid_file: &Path, count: usize) {
+    let nodes = servers(3);
+    let mut exec = flashsale_cmd(None, None, &urls(&nodes))
+        .args([
+            "lock", "exec", "--name", name, "--ttl", "2s", "--", "sh", "-c",
+        ])
+        .arg(script)
+        .spawn()
+        .expect("spawn exec");
+    let pids = pids_in(pid_file, count);
+    let _ = exec.kill();
+    let _ = exec.wait();
+    let next = client(&nodes)
+        .lock(
+            name,
+            &LockOptions::new("next").wait(Duration::from_secs(60)),
+        )
+        .await
+        .expect("the lease of the killed exec runs out");
+    let running: Vec<u32> = pids.iter().copied().filter(|p| alive(*p)).collect();
+    next.unlock().await;
+    for p in &running {
+        signal(*p, "KILL");
+    }
+    assert!(
+        running.is_empty(),
+        "{} of {count} processes the command started outlived the lock of its killed exec",
+        running.len()
+    );
+}
+
+/// From the fifth attack: a descendant made a group of its own and its
+/// leader left before the exec's next look, so the group was never known,
+/// and its worker (reparented to init) ran on past a kill -9 of the exec.
+/// The supervisor is a child subreaper: orphans come to it, not to init.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_whose_group_leader_left_is_killed_with_its_exec() {
+    let dir = tempfile::TempDir::new().expect("dir");
+    let pid_file = dir.path().join("worker.pid");
+    let script = format!(
+        "setsid sh -c '(while true; do sleep 0.2; done) & echo $! > {}'; sleep 600",
+        pid_file.display()
+    );
+    none_left_after_kill_9("left-group", &script, &pid_file, 1).await;
+}
+
+/// From the fifth attack: the exec followed at most 64 groups the command
+/// made, so the 65th and later ran on past a kill -9 of the exec.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_command_with_seventy_sessions_of_its_own_is_killed_whole_with_its_exec() {
+    let dir = tempfile::TempDir::new().expect("dir");
+    let pid_file = dir.path().join("sessions.pid");
+    let script = format!(
+        "for i in $(seq 70); do setsid sleep 600 & echo $! >> {}; done; wait",
+        pid_file.display()
+    );
+    none_left_after_kill_9("seventy", &script, &pid_file, 70).await;
+}
+
+/// From the fifth attack: with the command's worker out of its group, a
+/// reaper killed on its own could not be replaced where it mattered, and a
+/// kill -9 of the exec then left the worker beside the next holder. Now a
+/// killed supervisor ends the command at once: its orphans come to the
+/// exec (a subreaper too), which kills them all and gives the lock back.
+#[test]
+fn a_killed_supervisor_ends_everything_the_command_started() {
+    let nodes = servers(3);
+    let dir = tempfile::TempDir::new().expect("dir");
+    let pid_file = dir.path().join("worker.pid");
+    let script = format!(
+        "setsid sh -c 'while true; do sleep 0.2; done' & echo $! > {}; wait",
+        pid_file.display()
+    );
+    let mut exec = flashsale_cmd(None, None, &urls(&nodes))
+        .args([
+            "lock", "exec", "--name", "sup", "--ttl", "2s", "--", "sh", "-c",
+        ])
+        .arg(&script)
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn exec");
+    let worker = pid_in(&pid_file);
+    let out = Command::new("pgrep")
+        .args(["-P", &exec.id().to_string(), "-x", "lease-reaper"])
+        .output()
+        .expect("pgrep");
+    let supervisor: u32 = String::from_utf8_lossy(&out.stdout)
+        .split_whitespace()
+        .next()
+        .and_then(|p| p.parse().ok())
+        .expect("the supervisor, named lease-reaper");
+    signal(supervisor, "KILL");
+    let status = exit_within(&mut exec, Duration::from_secs(60));
+    let mut said = String::new();
+    if let Some(mut e) = exec.stderr.take() {
+        let _ = e.read_to_string(&mut said);
+    }
+    let still = alive(worker);
+    if still {
+        signal(worker, "KILL");
+    }
+    assert!(status.is_some(), "the exec ran on without its supervisor");
+    assert!(!still, "the worker outlived the exec and its supervisor");
+    assert!(said.contains("supervisor"), "it says why: {said:?}");
+    assert_ne!(status.and_then(|s| s.code()), Some(0), "{said:?}");
+    assert_eq!(
+        nodes
+            .iter()
+            .map(|n| n.node.cmd::<i64>(&["EXISTS", "flashsale:lock:sup"]))
+            .sum::<i64>(),
+        0,
+        "the lock went back at the exec's end"
+    );
+}
+
 /// A command that ignores SIGTERM: the exec's SIGTERM (or SIGINT, SIGHUP)
 /// gives it `--grace`, then kills its group and gives the lock back.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -693,58 +829,6 @@ fn a_stopped_exec_does_not_leave_its_command_running_into_the_next_turn() {
     assert_eq!(status.and_then(|s| s.code()), Some(79), "it lost the lock");
 }
 
-/// Found by the attack: a reaper killed on its own was not replaced, so a
-/// kill -9 of the exec afterwards left the command's background work
-/// running. The next heartbeat replaces it.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_killed_reaper_is_replaced_before_the_exec_can_die() {
-    let nodes = servers(3);
-    let dir = tempfile::TempDir::new().expect("dir");
-    let pid_file = dir.path().join("loop.pid");
-    let mut exec = flashsale_cmd(None, None, &urls(&nodes))
-        .args([
-            "lock", "exec", "--name", "reaped", "--ttl", "2s", "--", "sh", "-c",
-        ])
-        .arg(background_loop(&pid_file))
-        .spawn()
-        .expect("spawn");
-    let looping = pid_in(&pid_file);
-    let reapers = || -> Vec<u32> {
-        let out = Command::new("pgrep")
-            .args(["-P", &exec.id().to_string(), "-x", "lease-reaper"])
-            .output()
-            .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
-            .unwrap_or_default();
-        out.split_whitespace()
-            .filter_map(|p| p.parse().ok())
-            .collect()
-    };
-    let first: Vec<u32> = reapers();
-    assert_eq!(first.len(), 1, "one reaper: {first:?}");
-    signal(first[0], "KILL");
-    wait_for(
-        Duration::from_secs(30),
-        || reapers().iter().any(|p| !first.contains(p) && alive(*p)),
-        || "no new reaper".into(),
-    );
-    let _ = exec.kill();
-    let _ = exec.wait();
-    let locks = client(&nodes);
-    let next = locks
-        .lock(
-            "reaped",
-            &LockOptions::new("next").wait(Duration::from_secs(60)),
-        )
-        .await
-        .expect("the lease runs out");
-    let still = alive(looping);
-    next.unlock().await;
-    if still {
-        signal(looping, "KILL");
-    }
-    assert!(!still, "the background loop outlived both exec and reaper");
-}
-
 /// Found by the attack: Ctrl-Z stopped the command's group (the terminal's
 /// foreground) while the exec ran on renewing the lock, so the shell never
 /// got its prompt back and the lock was held by a stopped job. Now the exec
@@ -775,11 +859,16 @@ fn ctrl_z_stops_the_exec_and_a_stopped_job_holds_no_lock() {
     stdin.write_all(line.as_bytes()).expect("type");
     stdin.flush().expect("flush");
     let command = pid_in(&pid_file);
-    let exec_pid: u32 = std::fs::read_to_string(format!("/proc/{command}/stat"))
-        .ok()
-        .and_then(|s| s.rsplit_once(") ").map(|(_, r)| r.to_owned()))
-        .and_then(|r| r.split_whitespace().nth(1).and_then(|p| p.parse().ok()))
-        .expect("the command's parent");
+    let parent_of = |pid: u32| -> Option<u32> {
+        std::fs::read_to_string(format!("/proc/{pid}/stat"))
+            .ok()
+            .and_then(|s| s.rsplit_once(") ").map(|(_, r)| r.to_owned()))
+            .and_then(|r| r.split_whitespace().nth(1).and_then(|p| p.parse().ok()))
+    };
+    // The command's parent is its supervisor; the supervisor's, the exec.
+    let exec_pid = parent_of(command)
+        .and_then(parent_of)
+        .expect("the command's supervisor's parent");
     stdin.write_all(b"\x1a").expect("Ctrl-Z");
     stdin.flush().expect("flush");
     let state = |pid: u32| {
@@ -797,12 +886,6 @@ fn ctrl_z_stops_the_exec_and_a_stopped_job_holds_no_lock() {
             std::thread::sleep(Duration::from_millis(50));
         }
         false
-    };
-    let parent_of = |pid: u32| -> Option<u32> {
-        std::fs::read_to_string(format!("/proc/{pid}/stat"))
-            .ok()
-            .and_then(|s| s.rsplit_once(") ").map(|(_, r)| r.to_owned()))
-            .and_then(|r| r.split_whitespace().nth(1).and_then(|p| p.parse().ok()))
     };
     let wrapper = parent_of(exec_pid).expect("the wrapper");
     // The whole job stops, the wrapper with it: that is what gives the
@@ -934,9 +1017,10 @@ fn a_lease_too_short_to_learn_its_loss_in_time_is_refused() {
 /// From the second attack: a command that left its group (setsid), then
 /// a reaper killed on its own: the replacement could not join the empty
 /// group, stayed in the exec's own group, and its kill took the exec's
-/// caller with it. A reaper that cannot join kills nothing.
+/// caller with it. The supervisor's death now ends the command, and the
+/// exec kills only what is below itself.
 #[test]
-fn a_replacement_reaper_never_kills_the_execs_caller() {
+fn a_killed_supervisor_never_kills_the_execs_caller() {
     let nodes = servers(1);
     let dir = tempfile::TempDir::new().expect("dir");
     let survived = dir.path().join("survived");
@@ -955,18 +1039,15 @@ fn a_replacement_reaper_never_kills_the_execs_caller() {
         .spawn()
         .expect("spawn");
     let command = pid_in(&started);
-    // The command's parent is the exec; the reaper is the exec's other
-    // child, named lease-reaper.
-    let exec = std::fs::read_to_string(format!("/proc/{command}/stat"))
-        .ok()
-        .and_then(|s| s.rsplit_once(") ").map(|(_, r)| r.to_owned()))
-        .and_then(|r| r.split_whitespace().nth(1).map(str::to_owned))
-        .expect("the exec");
-    let killed = Command::new("pkill")
-        .args(["-KILL", "-P", &exec, "-x", "lease-reaper"])
-        .status()
-        .expect("pkill");
-    assert!(killed.success(), "the reaper was found and killed");
+    // The command's parent is its supervisor, named lease-reaper.
+    let stat = std::fs::read_to_string(format!("/proc/{command}/stat")).unwrap_or_default();
+    let supervisor = stat
+        .rsplit_once(") ")
+        .and_then(|(_, r)| r.split_whitespace().nth(1).map(str::to_owned))
+        .expect("the supervisor");
+    let name = std::fs::read_to_string(format!("/proc/{supervisor}/comm")).unwrap_or_default();
+    assert_eq!(name.trim(), "lease-reaper", "the command's parent");
+    signal(supervisor.parse().expect("pid"), "KILL");
     let status = exit_within(&mut caller, Duration::from_secs(60));
     assert!(status.is_some(), "the caller never ended");
     assert_eq!(

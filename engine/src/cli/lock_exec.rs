@@ -2,10 +2,10 @@
 //! holding a lock on the lock nodes, watchdog on, with the grant's fencing
 //! token in `FLASHSALE_FENCING_TOKEN`.
 //!
-//! Every way out keeps exclusion: the command and whatever it started run
-//! in one process group ([`super::command_group`]) that is killed whole
-//! before the lock goes back, by the exec or, when the exec itself is killed
-//! with kill -9, stopped or hung, by the group's reaper. SIGTERM, SIGINT
+//! Every way out keeps exclusion: the command runs under a supervisor
+//! ([`super::supervisor`]) that, with the exec, kills it and everything it
+//! started before the lock goes back, by the exec or, when the exec itself
+//! is killed with kill -9, stopped or hung, by the supervisor. SIGTERM, SIGINT
 //! and SIGHUP send the group SIGTERM and give it `--grace` before SIGKILL;
 //! a lost lock kills the group at once (by the time the loss is known the
 //! lease is over, and the next holder may be running) and exits 79.
@@ -18,7 +18,7 @@ use std::time::Duration;
 use anyhow::{anyhow, Result};
 use flashsale::lock::{LockClient, LockConfig, LockError, LockGuard, LockOptions, MultiGuard};
 
-use super::command_group::{CommandGroup, StoppedMember};
+use super::supervisor::{Report, StoppedMember, Supervisor};
 
 /// Exit code when the lock could not be taken within `--wait` (EX_TEMPFAIL).
 pub const EXIT_NOT_ACQUIRED: u8 = 75;
@@ -213,7 +213,7 @@ pub fn stopped_while_waiting(sig: libc::c_int) -> ExitCode {
 /// up (SIGTERM, SIGINT, SIGHUP, and SIGQUIT from Ctrl-\, SIGUSR1, SIGUSR2,
 /// SIGALRM, which the third attack sent), handled from the exec's start:
 /// each stops it the same way (while waiting: give up the wait and leave the
-/// queue; while the command runs: SIGTERM to its group, then SIGKILL after
+/// queue; while the command runs: SIGTERM to the command, then SIGKILL after
 /// the grace).
 pub struct StopSignals {
     handlers: Vec<(libc::c_int, tokio::signal::unix::Signal)>,
@@ -234,7 +234,7 @@ impl StopSignals {
         let mut handlers = Vec::new();
         // Every signal whose default ends the process and that a process
         // is sent, not one a fault raises (SEGV, BUS, ILL, FPE, TRAP, SYS
-        // end it as a kill -9 does: the reaper ends the command, the grant
+        // end it as a kill -9 does: the supervisor ends the command, the grant
         // lapses with its lease), nor SIGKILL, which cannot be caught.
         let mut stops = vec![
             libc::SIGTERM,
@@ -366,74 +366,72 @@ pub struct Supervised<'a> {
     pub command: &'a [String],
     /// How long the command may drain after SIGTERM before SIGKILL.
     pub grace: Duration,
-    /// The grant's lease: the reaper kills the group when the exec has
-    /// been silent for half of it.
+    /// The grant's lease: the supervisor kills the command when the exec has
+    /// been silent for 2/5 of it.
     pub lease: Duration,
 }
 
 impl Supervised<'_> {
     /// Runs the command while `guard` is held and releases the grant
-    /// however it ends; the command's group is gone before the release.
-    /// Exit code: the command's, [`EXIT_LOCK_LOST`] once the grant was lost
-    /// (or found gone at the release), 126/127 when it could not run.
+    /// however it ends; everything the command started is gone before the
+    /// release. Exit code: the command's, [`EXIT_LOCK_LOST`] once the grant
+    /// was lost (or the exec was silent past its supervisor's patience),
+    /// 126/127 when it could not run, 128 + the signal that ended it
+    /// otherwise.
     pub async fn under(&self, guard: impl Grant, stops: &mut StopSignals) -> Result<ExitCode> {
-        let Some((program, rest)) = self.command.split_first() else {
+        if self.command.is_empty() {
             guard.unlock().await;
             return Err(anyhow!("no command given"));
-        };
-        let mut group = match CommandGroup::start(self.lease) {
-            Ok(g) => g,
+        }
+        let mut supervisor = match Supervisor::start(self.lease, self.command, self.env) {
+            Ok(s) => s,
             Err(e) => {
                 guard.unlock().await;
-                return Err(anyhow!("cannot start the command's process group: {e}"));
+                return Err(anyhow!("cannot start the command's supervisor: {e}"));
             }
         };
-        let mut cmd = tokio::process::Command::new(program);
-        cmd.args(rest)
-            .envs(self.env.iter().map(|(k, v)| (*k, v.as_str())))
-            // The reaper's group: signalled whole, killed whole.
-            .process_group(group.pgid());
-        // SAFETY: the closure runs in the child between fork and exec and
-        // only calls prctl(2), getppid(2) and raise(3), which are
-        // async-signal-safe.
-        unsafe {
-            cmd.pre_exec(|| {
-                // If this exec dies (kill -9), the command dies at once; the
-                // reaper ends what it started.
-                libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
-                if libc::getppid() == 1 {
-                    libc::raise(libc::SIGKILL);
-                }
-                Ok(())
-            });
-        }
-        let mut child = match cmd.spawn() {
-            Ok(c) => c,
-            Err(e) => {
+        match supervisor.report().await {
+            Some(Report::Started(_)) => {}
+            Some(Report::NotStarted(errno)) => {
                 // The lock is released now, not left to its TTL, and the
                 // exit code is the shell's: 127 not found, 126 not
                 // executable.
-                group.end();
+                supervisor.end();
                 guard.unlock().await;
-                say!("flashsale: cannot run {program:?}: {e}");
+                let e = std::io::Error::from_raw_os_error(errno);
+                say!("flashsale: cannot run {:?}: {e}", self.command[0]);
                 return Ok(ExitCode::from(match e.kind() {
                     std::io::ErrorKind::NotFound => EXIT_NOT_FOUND,
                     _ => EXIT_NOT_EXECUTABLE,
                 }));
             }
-        };
-        let (status, lost, terminal_stop) = self.watch(&mut child, &mut group, &guard, stops).await;
+            _ => {
+                supervisor.end();
+                guard.unlock().await;
+                return Err(anyhow!(
+                    "the command's supervisor ended before the command started"
+                ));
+            }
+        }
+        let ending = self.watch(&mut supervisor, &guard, stops).await;
         // An exec that was stopped or starved past 2/5 of its lease renewed
-        // nothing meanwhile, and its reaper may have killed the command:
-        // the command cannot be known to have run under the lock.
-        let lapsed = group.lapsed();
-        // Whatever the command left running in its group goes with it,
-        // before the grant is given back.
-        group.end();
-        if lost || lapsed {
-            if lapsed && !lost {
+        // nothing meanwhile, and its supervisor may have killed the
+        // command: the command cannot be known to have run under the lock.
+        let lapsed = supervisor.lapsed();
+        // Whatever the command left running goes with it, before the grant
+        // is given back.
+        if !supervisor.end() {
+            say!(
+                "flashsale: the command's processes forked faster than they could be killed; \
+                 {} is left to lapse with its lease",
+                self.what
+            );
+            return Ok(ExitCode::from(EXIT_LOCK_LOST));
+        }
+        if ending == Ending::Lost || lapsed {
+            if lapsed && ending != Ending::Lost {
                 say!(
-                    "flashsale: this exec was stopped or starved past 2/5 of its lease (its reaper's patience); {} may have lapsed",
+                    "flashsale: this exec was stopped or starved past 2/5 of its lease (its supervisor's patience); {} may have lapsed",
                     self.what
                 );
             }
@@ -448,41 +446,31 @@ impl Supervised<'_> {
                 self.what
             );
         }
-        if let Some(sig) = terminal_stop {
-            return Ok(ExitCode::from(u8::try_from(128 + sig).unwrap_or(1)));
-        }
-        Ok(ExitCode::from(exit_code(status?)))
+        Ok(ExitCode::from(match ending {
+            Ending::Exited(status) => exit_code(status),
+            Ending::TerminalStop(sig) => signal_code(sig),
+            Ending::GraceOver | Ending::SupervisorGone => signal_code(libc::SIGKILL),
+            Ending::Lost => EXIT_LOCK_LOST,
+        }))
     }
 
-    /// Waits for the command's end, telling the reaper the exec lives. A
-    /// stop signal sends the group SIGTERM and starts the grace, after
-    /// which the group gets SIGKILL; the grant's loss kills it at once; a
-    /// command stopped for the terminal (SIGTTIN, SIGTTOU) is ended with a
-    /// clear error. Returns the command's status, whether the grant was
-    /// lost, and the terminal stop that ended it.
+    /// Waits for the command's end, telling the supervisor the exec lives.
+    /// A stop signal sends the command SIGTERM and starts the grace, after
+    /// which it is killed; the grant's loss ends it at once; a command
+    /// stopped for the terminal (SIGTTIN, SIGTTOU) is ended with a clear
+    /// error; a supervisor killed on its own ends it too.
     async fn watch(
         &self,
-        child: &mut tokio::process::Child,
-        group: &mut CommandGroup,
+        supervisor: &mut Supervisor,
         guard: &impl Grant,
         stops: &mut StopSignals,
-    ) -> (
-        std::io::Result<std::process::ExitStatus>,
-        bool,
-        Option<libc::c_int>,
-    ) {
-        let mut lost = false;
-        let mut terminal_stop = None;
+    ) -> Ending {
         let mut kill_at: Option<tokio::time::Instant> = None;
-        let mut heartbeat = tokio::time::interval(group.heartbeat_every());
+        let mut heartbeat = tokio::time::interval(supervisor.heartbeat_every());
         heartbeat.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        // How often a command waiting on the terminal is looked for.
-        let mut stopped = tokio::time::interval(Duration::from_millis(100));
         // How often the command's processes are looked through (a /proc
-        // scan): for one stopped (ended once seen stopped for
-        // STOPPED_FOR, so a command that pauses its own worker for a moment
-        // is let be), and for groups its processes made of their own
-        // (`timeout(1)` makes one), which are killed with the command's.
+        // scan) for one stopped, ended once seen stopped for STOPPED_FOR
+        // (a command that pauses its own worker for a moment is let be).
         // Soon after the start, then once a second.
         let mut members = tokio::time::interval_at(
             tokio::time::Instant::now() + Duration::from_millis(50),
@@ -490,8 +478,6 @@ impl Supervised<'_> {
         );
         members.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut suspect: Option<(StoppedMember, tokio::time::Instant)> = None;
-        let pid = child.id();
-        group.set_command(pid);
         loop {
             let grace_over = async {
                 match kill_at {
@@ -500,37 +486,39 @@ impl Supervised<'_> {
                 }
             };
             tokio::select! {
-                status = child.wait() => return (status, lost, terminal_stop),
-                _ = heartbeat.tick() => {
-                    // Only while the lease outlasts the reaper's patience:
-                    // a beat now lets the command run until now + patience,
-                    // which must end before the lease can (renewals that
-                    // fall behind, on a slow node, stop the beats and the
-                    // reaper ends the command in time).
-                    if may_beat(guard.valid_for(), group.patience()) {
-                        group.beat();
-                    }
-                }
-                _ = stopped.tick(), if terminal_stop.is_none() => {
-                    let sig = pid.and_then(|p| group.stopped_by(p));
-                    if let Some(sig @ (libc::SIGTTIN | libc::SIGTTOU)) = sig {
+                report = supervisor.report() => match report {
+                    Some(Report::Exited(status)) => return Ending::Exited(status),
+                    Some(Report::Stopped(sig @ (libc::SIGTTIN | libc::SIGTTOU))) => {
                         say!(
                             "flashsale: the command stopped to use the terminal; it runs in a \
                              process group of its own, which the terminal does not serve: give it \
                              its input from a file or a pipe. Ending it."
                         );
-                        terminal_stop = Some(sig);
-                        group.signal(libc::SIGKILL);
+                        return Ending::TerminalStop(sig);
+                    }
+                    Some(_) => {}
+                    None => {
+                        say!(
+                            "flashsale: the command's supervisor was killed; ended the command \
+                             and everything it started"
+                        );
+                        return Ending::SupervisorGone;
+                    }
+                },
+                _ = heartbeat.tick() => {
+                    // Only while the lease outlasts the supervisor's
+                    // patience: a beat now lets the command run until now +
+                    // patience, which must end before the lease can
+                    // (renewals that fall behind, on a slow node, stop the
+                    // beats and the supervisor ends the command in time).
+                    if may_beat(guard.valid_for(), supervisor.patience()) {
+                        supervisor.beat();
                     }
                 }
                 _ = members.tick() => {
-                    let scan = group.scan();
-                    if terminal_stop.is_some() {
-                        continue;
-                    }
-                    let found = scan.stopped;
+                    let found = supervisor.scan();
                     let long_stopped = found.as_ref().filter(|m| {
-                        suspect.as_ref().is_some_and(|(s, since): &(StoppedMember, tokio::time::Instant)| {
+                        suspect.as_ref().is_some_and(|(s, since)| {
                             s == *m && since.elapsed() >= STOPPED_FOR
                         })
                     });
@@ -541,8 +529,7 @@ impl Supervised<'_> {
                              its input from a file or a pipe. Ending it.",
                             member.name, member.pid
                         );
-                        terminal_stop = Some(libc::SIGTTIN);
-                        group.signal(libc::SIGKILL);
+                        return Ending::TerminalStop(libc::SIGTTIN);
                     }
                     suspect = match (suspect.take(), found) {
                         (Some((s, since)), Some(f)) if s == f => Some((s, since)),
@@ -550,24 +537,36 @@ impl Supervised<'_> {
                         (_, None) => None,
                     };
                 }
-                _ = guard.lost(), if !lost => {
-                    lost = true;
-                    group.signal(libc::SIGKILL);
-                    say!("flashsale: {} lost; killed the command's group", self.what);
+                _ = guard.lost() => {
+                    say!("flashsale: {} lost; killing the command", self.what);
+                    return Ending::Lost;
                 }
                 _ = stops.recv() => {
-                    group.signal(libc::SIGTERM);
+                    supervisor.signal_command(libc::SIGTERM);
                     kill_at.get_or_insert(tokio::time::Instant::now() + self.grace);
                 }
                 _ = grace_over => {
-                    group.signal(libc::SIGKILL);
-                    say!("flashsale: the command outlived its grace; killed its group");
-                    // Only the command's end (at once) remains to wait for.
-                    kill_at = None;
+                    say!("flashsale: the command outlived its grace; killing it");
+                    return Ending::GraceOver;
                 }
             }
         }
     }
+}
+
+/// How the command's run under the grant ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Ending {
+    /// Its first process ended with this wait status.
+    Exited(libc::c_int),
+    /// The grant was lost.
+    Lost,
+    /// It stopped to use the terminal (the signal that stopped it).
+    TerminalStop(libc::c_int),
+    /// It outlived its grace after a stop signal.
+    GraceOver,
+    /// Its supervisor was killed on its own.
+    SupervisorGone,
 }
 
 /// How long a process of the command's group may stay stopped while the
@@ -575,21 +574,28 @@ impl Supervised<'_> {
 /// the terminal waits for ever, a command pausing its own worker does not.
 const STOPPED_FOR: Duration = Duration::from_secs(5);
 
-/// Whether the exec may tell its reaper it lives: only while the grant's
-/// lease outlasts the reaper's patience by a margin (a fifth of it, for the
-/// reaper's own wake-up and kill), so the reaper, counting from this beat,
+/// Whether the exec may tell its supervisor it lives: only while the grant's
+/// lease outlasts the supervisor's patience by a margin (a fifth of it, for the
+/// supervisor's own wake-up and kill), so the supervisor, counting from this beat,
 /// ends the command before the lease can end.
 fn may_beat(valid_for: Duration, patience: Duration) -> bool {
     valid_for > patience + patience / 5
 }
 
-fn exit_code(status: std::process::ExitStatus) -> u8 {
-    use std::os::unix::process::ExitStatusExt;
-    match (status.code(), status.signal()) {
-        (Some(c), _) => c.clamp(0, 255) as u8,
-        (None, Some(s)) => (128 + s).clamp(0, 255) as u8,
-        _ => 1,
+/// The shell's exit code for a wait status: the code, or 128 + the signal.
+fn exit_code(status: libc::c_int) -> u8 {
+    if libc::WIFEXITED(status) {
+        libc::WEXITSTATUS(status).clamp(0, 255) as u8
+    } else if libc::WIFSIGNALED(status) {
+        signal_code(libc::WTERMSIG(status))
+    } else {
+        1
     }
+}
+
+/// The shell's exit code for a process ended by `sig`.
+fn signal_code(sig: libc::c_int) -> u8 {
+    u8::try_from(128 + sig).unwrap_or(1)
 }
 
 #[cfg(test)]

@@ -59,7 +59,6 @@ pub mod messages {
     }
 }
 
-pub mod command_group;
 pub mod config_check;
 pub mod demo;
 pub mod lock_exec;
@@ -68,6 +67,7 @@ pub mod reconcile;
 pub mod sale;
 pub mod semaphore_exec;
 pub mod serve;
+pub mod supervisor;
 
 /// Resolves on SIGINT or SIGTERM.
 pub async fn shutdown_signal() {

@@ -1,0 +1,776 @@
+//! The supervisor: the process that runs an exec's command and ends it,
+//! with everything it started, when the exec cannot.
+//!
+//! Why a process of its own: `lock exec` promises that nothing the command
+//! started runs on once the lock goes back. While the exec lives it ends
+//! the command itself; a kill -9 of the exec gives it no chance. So the
+//! exec forks a supervisor, the supervisor runs the command as its child,
+//! and it watches a pipe only the exec holds. When the exec dies, however
+//! it dies, the kernel closes the pipe and the supervisor kills every
+//! process below it. It is also a dead man's switch: the exec writes a byte
+//! every quarter of the supervisor's patience (2/5 of the lease), and a
+//! supervisor that hears nothing for its patience kills them all: an exec
+//! that is stopped (SIGSTOP, Ctrl-Z) or hung renews no lease, and its
+//! command must not run into the next holder's turn. The exec beats only
+//! while the grant outlasts the patience (`lock_exec::may_beat`), so a
+//! supervisor counting from the last beat always ends the command before
+//! the lease can end.
+//!
+//! Why "every process below it" is all of them: the supervisor and the
+//! exec are both child subreapers (`PR_SET_CHILD_SUBREAPER`). A process
+//! whose parent dies is handed to its nearest subreaper ancestor instead of
+//! init, so nothing the command starts can leave the tree: not a worker in
+//! a group of its own (`timeout(1)`, `set -m`), not one in a session of its
+//! own (`setsid`), not a double fork. Killing is a loop: kill every
+//! descendant /proc shows, reap, look again, until `waitpid` says no child
+//! is left; orphans of the killed come to the killer, so an empty answer
+//! means an empty tree. (This replaced a design that followed the groups a
+//! command made from the outside; its fifth attack found three ways out of
+//! it, all closed by the subreaper.)
+//!
+//! If the supervisor is killed on its own, its orphans (the command and
+//! all below it) come to the exec, which kills them all, gives the lock
+//! back, and says so. If it is stopped on its own, the exec continues it
+//! at every beat. What no process can cover: the exec and its supervisor
+//! killed together (or the supervisor stopped and then the exec killed),
+//! and work handed to a process outside the tree (a daemon, `at`, ssh).
+//!
+//! Why it runs the binary anew as `lease-reaper`: a forked child shares
+//! the exec's command line, so `pkill -STOP -f 'lock exec'` would stop
+//! both. Run anew from `/proc/self/exe` under a name and command line of
+//! its own (neither says `flashsale` nor `lock exec`, nor names the
+//! command, which it reads from the pipe), it is stopped only when aimed
+//! at. It leads a process group the command joins, and leaves the exec's,
+//! so a shell's `kill -9 %1` of the exec's job does not take it too.
+//!
+//! Why the terminal stays with the exec: the command's group is never the
+//! terminal's foreground, so job control is the shell's, on the exec (Ctrl-Z
+//! stops the exec, whose silence ends the command; Ctrl-C reaches the exec,
+//! which stops the command). A command that reads (or, with `tostop`,
+//! writes) the terminal is stopped by SIGTTIN/SIGTTOU; the supervisor
+//! reports the stop and the exec ends the command with a clear error rather
+//! than hold the lock for a command that waits for ever. A wrapper hides
+//! such a stop (`sh -c 'cat'`, `timeout --foreground`): the exec also looks
+//! through the tree for a process stopped while the terminal serves
+//! another group ([`Supervisor::scan`]) and ends the command once one has
+//! stayed stopped for a few seconds.
+//!
+//! Between the exec's fork and the supervisor's new image only
+//! async-signal-safe calls are made (the exec has many threads); the new
+//! image is a process of its own and may do as it likes.
+
+use std::ffi::{CString, OsStr, OsString};
+use std::fs::File;
+use std::io::{self, Read, Write};
+use std::os::fd::FromRawFd;
+use std::os::unix::ffi::{OsStrExt, OsStringExt};
+use std::os::unix::process::CommandExt;
+use std::time::{Duration, Instant};
+
+/// The supervisor's name (argv[0] and comm) in its new image.
+const SUPERVISOR_NAME: &str = "lease-reaper";
+
+/// The environment variable that marks a supervisor's new image: with the
+/// name, the pipes and leading its own group, it tells a supervisor from a
+/// user's command line.
+const SUPERVISOR_ENV: &str = "FLASHSALE_LEASE_REAPER";
+
+/// Highest descriptor closed before the supervisor's new image.
+const MAX_FD: libc::c_int = 4096;
+
+/// Largest command line and environment the exec hands over (bytes).
+const MAX_SPEC: usize = 16 << 20;
+
+/// How often the supervisor looks at its child when no byte comes.
+const TICK_MS: libc::c_int = 20;
+
+/// How long a kill of the tree may take before it is given up as lost to
+/// a process that forks faster than it is killed.
+const KILL_FOR: Duration = Duration::from_secs(10);
+
+/// The signals the supervisor ignores (they are meant for the exec or the
+/// command: a terminal's, a pipe's), and that the command gets back.
+const IGNORED: [libc::c_int; 8] = [
+    libc::SIGINT,
+    libc::SIGTERM,
+    libc::SIGHUP,
+    libc::SIGQUIT,
+    libc::SIGPIPE,
+    libc::SIGTSTP,
+    libc::SIGTTIN,
+    libc::SIGTTOU,
+];
+
+/// What the supervisor tells the exec, five bytes each on its pipe.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Report {
+    /// The command runs, with this pid.
+    Started(libc::pid_t),
+    /// The command could not be started: the errno.
+    NotStarted(i32),
+    /// The command's first process was stopped by this signal.
+    Stopped(libc::c_int),
+    /// The command's first process ended: its wait status.
+    Exited(libc::c_int),
+}
+
+impl Report {
+    fn encode(self) -> [u8; 5] {
+        let (kind, value) = match self {
+            Report::Started(v) => (1, v),
+            Report::NotStarted(v) => (2, v),
+            Report::Stopped(v) => (3, v),
+            Report::Exited(v) => (4, v),
+        };
+        let mut out = [kind; 5];
+        out[1..].copy_from_slice(&value.to_le_bytes());
+        out
+    }
+
+    fn decode(bytes: [u8; 5]) -> Option<Report> {
+        let value = i32::from_le_bytes([bytes[1], bytes[2], bytes[3], bytes[4]]);
+        Some(match bytes[0] {
+            1 => Report::Started(value),
+            2 => Report::NotStarted(value),
+            3 => Report::Stopped(value),
+            4 => Report::Exited(value),
+            _ => return None,
+        })
+    }
+}
+
+/// A process of the tree found stopped while the terminal serves another
+/// group.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StoppedMember {
+    pub pid: libc::pid_t,
+    pub name: String,
+}
+
+/// The exec's handle on its supervisor; dropped, the whole tree is killed.
+pub struct Supervisor {
+    pid: libc::pid_t,
+    /// The write end of the supervisor's pipe: open as long as the exec
+    /// lives (non-blocking once the command is handed over).
+    control: File,
+    reports: tokio::sync::mpsc::UnboundedReceiver<Report>,
+    patience: Duration,
+    last_beat: Instant,
+    /// The exec was silent longer than the supervisor waits: the command
+    /// may have been killed and the lease may have run out under it.
+    lapsed: bool,
+    ended: bool,
+}
+
+impl Supervisor {
+    /// Makes this process a subreaper, forks the supervisor and hands it
+    /// the command (`argv`, and this process's environment with `env`
+    /// added). `lease` is the grant's: the supervisor kills the command
+    /// when the exec has not been heard from for 2/5 of it.
+    pub fn start(lease: Duration, argv: &[String], env: &[(&str, String)]) -> io::Result<Self> {
+        // Two fifths of the lease: the exec beats only while the lease
+        // outlasts the patience by a fifth of it (`lock_exec::may_beat`),
+        // and a lease just before its renewal (due a third of the way in)
+        // still has about two thirds left, which clears that bar with room.
+        let patience = (lease * 2 / 5).max(Duration::from_millis(10));
+        // SAFETY: prctl on this process's own attributes.
+        if unsafe { libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1) } != 0 {
+            return Err(io::Error::last_os_error());
+        }
+        let (control_read, control_write) = pipe()?;
+        let (report_read, report_write) = match pipe() {
+            Ok(p) => p,
+            Err(e) => {
+                close(control_read);
+                close(control_write);
+                return Err(e);
+            }
+        };
+        // SAFETY: each descriptor was just made and is owned here alone.
+        let (control, reports) = unsafe {
+            (
+                File::from_raw_fd(control_write),
+                File::from_raw_fd(report_read),
+            )
+        };
+        let patience_ms = patience.as_millis().min(i32::MAX as u128) as libc::c_int;
+        // Everything the child's exec needs is made before the fork: it may
+        // not allocate.
+        let image = SupervisorImage::new(control_read, report_write, patience_ms);
+        // SAFETY: the child runs only `become_supervisor`, which makes
+        // async-signal-safe calls and never returns.
+        let pid = unsafe { libc::fork() };
+        if pid == 0 {
+            become_supervisor(control_read, report_write, image.as_ref());
+        }
+        close(control_read);
+        close(report_write);
+        if pid < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        // Both sides set the group (as a shell does), so it exists before
+        // the command joins it whichever runs first.
+        // SAFETY: setpgid on our own child.
+        unsafe { libc::setpgid(pid, pid) };
+        let mut supervisor = Supervisor {
+            pid,
+            control,
+            reports: read_reports(reports),
+            patience,
+            last_beat: Instant::now(),
+            lapsed: false,
+            ended: false,
+        };
+        supervisor.hand_over(argv, env)?;
+        Ok(supervisor)
+    }
+
+    /// Writes the command and its environment down the pipe, then makes
+    /// the pipe non-blocking: a beat never waits on a stopped supervisor.
+    fn hand_over(&mut self, argv: &[String], env: &[(&str, String)]) -> io::Result<()> {
+        let mut vars: Vec<(OsString, OsString)> = std::env::vars_os()
+            .filter(|(k, _)| !env.iter().any(|(e, _)| OsStr::new(e) == k))
+            .collect();
+        vars.extend(env.iter().map(|(k, v)| (k.into(), v.into())));
+        let spec = encode_spec(argv, &vars);
+        self.control.write_all(&(spec.len() as u32).to_le_bytes())?;
+        self.control.write_all(&spec)?;
+        // SAFETY: fcntl on a descriptor this handle owns.
+        unsafe {
+            let fd = std::os::fd::AsRawFd::as_raw_fd(&self.control);
+            let flags = libc::fcntl(fd, libc::F_GETFL);
+            libc::fcntl(fd, libc::F_SETFL, flags | libc::O_NONBLOCK);
+        }
+        Ok(())
+    }
+
+    /// The supervisor's next report; None once it is gone.
+    pub async fn report(&mut self) -> Option<Report> {
+        self.reports.recv().await
+    }
+
+    /// How often the exec calls [`Supervisor::beat`]: a quarter of the
+    /// patience, so beats skipped while a renewal is late do not leave the
+    /// supervisor silent for its whole patience when the renewal lands.
+    pub fn heartbeat_every(&self) -> Duration {
+        (self.patience / 4).max(Duration::from_millis(5))
+    }
+
+    /// How long the supervisor waits for a beat.
+    pub fn patience(&self) -> Duration {
+        self.patience
+    }
+
+    /// Tells the supervisor the exec lives, continuing it first (one
+    /// stopped on its own would kill nothing).
+    pub fn beat(&mut self) {
+        if self.ended {
+            return;
+        }
+        if self.last_beat.elapsed() >= self.patience {
+            self.lapsed = true;
+        }
+        self.last_beat = Instant::now();
+        // SAFETY: kill(2) of our own child, not yet reaped (it is reaped
+        // only in `end`). SIGCONT to a running process changes nothing.
+        unsafe { libc::kill(self.pid, libc::SIGCONT) };
+        // A full pipe (a supervisor stopped for long) or a gone one: the
+        // report channel says which soon enough.
+        let _ = self.control.write(&[1]);
+    }
+
+    /// Whether the exec was ever silent longer than the supervisor waits:
+    /// the command cannot be known to have run under a live lease
+    /// throughout.
+    pub fn lapsed(&self) -> bool {
+        self.lapsed || self.last_beat.elapsed() >= self.patience
+    }
+
+    /// Sends `sig` to every process of the command (not the supervisor).
+    pub fn signal_command(&self, sig: libc::c_int) {
+        let procs = processes();
+        for pid in descendants(&procs, self.pid) {
+            // SAFETY: kill(2) of a process below our own child.
+            unsafe { libc::kill(pid, sig) };
+        }
+    }
+
+    /// A process of the command stopped while its controlling terminal
+    /// serves another group: stopped by a terminal read or write (the
+    /// command's group is never the terminal's), or by a SIGSTOP nobody
+    /// may undo. One /proc scan: about once a second, not at every beat.
+    pub fn scan(&self) -> Option<StoppedMember> {
+        let procs = processes();
+        let below = descendants(&procs, self.pid);
+        procs
+            .iter()
+            .filter(|p| below.contains(&p.pid))
+            .find(|p| p.state == 'T' && p.tty != 0 && p.tpgid != p.pgrp)
+            .map(|p| StoppedMember {
+                pid: p.pid,
+                name: p.name.clone(),
+            })
+    }
+
+    /// Kills the supervisor and everything below this process, and reaps
+    /// them all. False when a process forked faster than it was killed for
+    /// [`KILL_FOR`]. Done before the grant goes back, on every path.
+    pub fn end(mut self) -> bool {
+        self.end_now()
+    }
+
+    fn end_now(&mut self) -> bool {
+        if self.ended {
+            return true;
+        }
+        self.ended = true;
+        // SAFETY: getpid has no failure and no memory.
+        kill_tree(unsafe { libc::getpid() })
+    }
+}
+
+impl Drop for Supervisor {
+    fn drop(&mut self) {
+        self.end_now();
+    }
+}
+
+/// A pipe, both ends close-on-exec.
+fn pipe() -> io::Result<(libc::c_int, libc::c_int)> {
+    let mut fds = [0 as libc::c_int; 2];
+    // SAFETY: pipe2 writes two descriptors into the array it is given.
+    if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok((fds[0], fds[1]))
+}
+
+fn close(fd: libc::c_int) {
+    // SAFETY: closes a descriptor this module opened.
+    unsafe { libc::close(fd) };
+}
+
+/// Reads the supervisor's reports on a thread of their own (a blocking
+/// pipe) into a channel that closes when the supervisor is gone.
+fn read_reports(mut pipe: File) -> tokio::sync::mpsc::UnboundedReceiver<Report> {
+    let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+    std::thread::spawn(move || {
+        let mut bytes = [0u8; 5];
+        while pipe.read_exact(&mut bytes).is_ok() {
+            match Report::decode(bytes) {
+                Some(r) if tx.send(r).is_ok() => {}
+                _ => break,
+            }
+        }
+    });
+    rx
+}
+
+/// The command and its environment as the supervisor reads them: each
+/// argument `A<bytes>\0`, each variable `E<key>=<value>\0`. (Neither may
+/// hold a NUL: the kernel's exec could not pass one.)
+fn encode_spec(argv: &[String], env: &[(OsString, OsString)]) -> Vec<u8> {
+    let mut out = Vec::new();
+    for a in argv {
+        out.push(b'A');
+        out.extend(a.as_bytes().iter().filter(|b| **b != 0));
+        out.push(0);
+    }
+    for (k, v) in env {
+        out.push(b'E');
+        out.extend(k.as_bytes().iter().filter(|b| **b != 0));
+        out.push(b'=');
+        out.extend(v.as_bytes().iter().filter(|b| **b != 0));
+        out.push(0);
+    }
+    out
+}
+
+/// The command as handed over.
+#[derive(Debug, Default, PartialEq)]
+struct Spec {
+    argv: Vec<OsString>,
+    env: Vec<(OsString, OsString)>,
+}
+
+fn decode_spec(bytes: &[u8]) -> Option<Spec> {
+    let mut spec = Spec::default();
+    for item in bytes.split(|b| *b == 0).filter(|i| !i.is_empty()) {
+        let (kind, rest) = item.split_first()?;
+        match kind {
+            b'A' => spec.argv.push(OsString::from_vec(rest.to_vec())),
+            b'E' => {
+                let eq = rest.iter().position(|b| *b == b'=')?;
+                spec.env.push((
+                    OsString::from_vec(rest[..eq].to_vec()),
+                    OsString::from_vec(rest[eq + 1..].to_vec()),
+                ));
+            }
+            _ => return None,
+        }
+    }
+    (!spec.argv.is_empty()).then_some(spec)
+}
+
+/// The command line and environment of the supervisor's new image, made
+/// before the fork: argv `lease-reaper <control fd> <report fd> <patience
+/// ms>`, and [`SUPERVISOR_ENV`].
+struct SupervisorImage {
+    _strings: [CString; 5],
+    argv: [*const libc::c_char; 5],
+    envp: [*const libc::c_char; 2],
+}
+
+impl SupervisorImage {
+    fn new(control: libc::c_int, report: libc::c_int, patience_ms: libc::c_int) -> Option<Self> {
+        let strings = [
+            CString::new(SUPERVISOR_NAME).ok()?,
+            CString::new(control.to_string()).ok()?,
+            CString::new(report.to_string()).ok()?,
+            CString::new(patience_ms.to_string()).ok()?,
+            CString::new(format!("{SUPERVISOR_ENV}=1")).ok()?,
+        ];
+        let argv = [
+            strings[0].as_ptr(),
+            strings[1].as_ptr(),
+            strings[2].as_ptr(),
+            strings[3].as_ptr(),
+            std::ptr::null(),
+        ];
+        let envp = [strings[4].as_ptr(), std::ptr::null()];
+        Some(SupervisorImage {
+            _strings: strings,
+            argv,
+            envp,
+        })
+    }
+}
+
+/// In the forked child: a group of its own, the signals meant for others
+/// ignored, only its two pipes (and the terminal's 0, 1, 2, which the
+/// command inherits) kept, then the new image. Async-signal-safe calls
+/// only; if the new image cannot start, the child exits and the exec sees
+/// its report pipe close before any report.
+fn become_supervisor(
+    control: libc::c_int,
+    report: libc::c_int,
+    image: Option<&SupervisorImage>,
+) -> ! {
+    // SAFETY: async-signal-safe calls on this process's own state only.
+    unsafe {
+        libc::prctl(libc::PR_SET_NAME, c"lease-reaper".as_ptr());
+        libc::setpgid(0, 0);
+        for sig in IGNORED {
+            libc::signal(sig, libc::SIG_IGN);
+        }
+        let mut none: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut none);
+        libc::sigprocmask(libc::SIG_SETMASK, &none, std::ptr::null_mut());
+        // Everything else the exec had open (its connections, the other
+        // ends of these pipes) is the exec's.
+        for fd in 3..MAX_FD {
+            if fd != control && fd != report {
+                libc::close(fd);
+            }
+        }
+        if let Some(image) = image {
+            libc::fcntl(control, libc::F_SETFD, 0);
+            libc::fcntl(report, libc::F_SETFD, 0);
+            libc::execve(
+                c"/proc/self/exe".as_ptr(),
+                image.argv.as_ptr(),
+                image.envp.as_ptr(),
+            );
+        }
+        libc::_exit(1)
+    }
+}
+
+/// Called first thing in `main`. Returns (run the CLI) unless this process
+/// was started as a supervisor by [`Supervisor::start`]: named
+/// [`SUPERVISOR_NAME`], marked by [`SUPERVISOR_ENV`], leading its own group
+/// and holding two pipes; then it supervises and never returns.
+pub fn run_if_supervisor() {
+    if let Some((control, report, patience)) = supervisor_args() {
+        supervise(control, report, patience)
+    }
+}
+
+/// The pipes and patience of a process started as a supervisor, or None.
+fn supervisor_args() -> Option<(libc::c_int, libc::c_int, Duration)> {
+    let args: Vec<OsString> = std::env::args_os().collect();
+    let [name, control, report, patience] = args.as_slice() else {
+        return None;
+    };
+    if name.as_bytes() != SUPERVISOR_NAME.as_bytes() || std::env::var_os(SUPERVISOR_ENV).is_none() {
+        return None;
+    }
+    let control: libc::c_int = control.to_str()?.parse().ok()?;
+    let report: libc::c_int = report.to_str()?.parse().ok()?;
+    let patience: u64 = patience.to_str()?.parse().ok()?;
+    let is_pipe = |fd| {
+        // SAFETY: fstat fills a zeroed struct it is given.
+        unsafe {
+            let mut st: libc::stat = std::mem::zeroed();
+            libc::fstat(fd, &mut st) == 0 && st.st_mode & libc::S_IFMT == libc::S_IFIFO
+        }
+    };
+    // SAFETY: getpid/getpgrp read this process's own state.
+    let leads = unsafe { libc::getpgrp() == libc::getpid() };
+    // A user who names a process lease-reaper by hand gets the CLI.
+    (leads && control != report && is_pipe(control) && is_pipe(report)).then_some((
+        control,
+        report,
+        Duration::from_millis(patience),
+    ))
+}
+
+/// The supervisor's life: reads the command, runs it, reports on it, and
+/// kills the whole tree below itself when the exec's pipe closes or stays
+/// silent for `patience`. Never returns.
+fn supervise(control: libc::c_int, report: libc::c_int, patience: Duration) -> ! {
+    // SAFETY: prctl and fcntl on this process's own state and descriptors.
+    unsafe {
+        libc::prctl(libc::PR_SET_NAME, c"lease-reaper".as_ptr());
+        libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1);
+        // The command must not hold them: the exec learns of the
+        // supervisor's death by its report pipe closing.
+        libc::fcntl(control, libc::F_SETFD, libc::FD_CLOEXEC);
+        libc::fcntl(report, libc::F_SETFD, libc::FD_CLOEXEC);
+    }
+    // SAFETY: both descriptors were handed to this image and are its own.
+    let (mut from_exec, mut to_exec) =
+        unsafe { (File::from_raw_fd(control), File::from_raw_fd(report)) };
+    let Some(spec) = read_spec(&mut from_exec) else {
+        // The exec is gone before the command started: nothing to kill.
+        std::process::exit(0)
+    };
+    let command = match spawn(&spec) {
+        Ok(pid) => pid,
+        Err(e) => {
+            let errno = e.raw_os_error().unwrap_or(libc::ENOENT);
+            let _ = to_exec.write_all(&Report::NotStarted(errno).encode());
+            std::process::exit(0)
+        }
+    };
+    let _ = to_exec.write_all(&Report::Started(command).encode());
+    watch_exec(control, patience, command, &mut to_exec);
+    kill_tree(std::process::id() as libc::pid_t);
+    std::process::exit(0)
+}
+
+fn read_spec(from_exec: &mut File) -> Option<Spec> {
+    let mut len = [0u8; 4];
+    from_exec.read_exact(&mut len).ok()?;
+    let len = u32::from_le_bytes(len) as usize;
+    if len > MAX_SPEC {
+        return None;
+    }
+    let mut bytes = vec![0u8; len];
+    from_exec.read_exact(&mut bytes).ok()?;
+    decode_spec(&bytes)
+}
+
+/// Starts the command in the supervisor's group, the signals the
+/// supervisor ignores given back their defaults, dying with the
+/// supervisor should it be killed.
+fn spawn(spec: &Spec) -> io::Result<libc::pid_t> {
+    let mut cmd = std::process::Command::new(&spec.argv[0]);
+    cmd.args(&spec.argv[1..])
+        .env_clear()
+        .envs(spec.env.iter().map(|(k, v)| (k, v)))
+        .process_group(std::process::id() as i32);
+    // SAFETY: the closure runs between fork and exec in a child of this
+    // single-threaded process and only makes async-signal-safe calls.
+    unsafe {
+        let me = libc::getpid();
+        cmd.pre_exec(move || {
+            for sig in IGNORED {
+                libc::signal(sig, libc::SIG_DFL);
+            }
+            libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
+            if libc::getppid() != me {
+                libc::raise(libc::SIGKILL);
+            }
+            Ok(())
+        });
+    }
+    let child = cmd.spawn()?;
+    // Waited for with waitpid below, with every orphan that comes here.
+    Ok(child.id() as libc::pid_t)
+}
+
+/// Until the exec's pipe closes or stays silent for `patience`: reaps what
+/// ends below, and reports the command's stops and its end.
+fn watch_exec(control: libc::c_int, patience: Duration, command: libc::pid_t, to_exec: &mut File) {
+    let mut last_beat = Instant::now();
+    let mut bytes = [0u8; 64];
+    loop {
+        let mut poll = libc::pollfd {
+            fd: control,
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        // SAFETY: polls one live pollfd.
+        let ready = unsafe { libc::poll(&mut poll, 1, TICK_MS) };
+        if ready > 0 {
+            // SAFETY: reads into a live local buffer.
+            let n = unsafe { libc::read(control, bytes.as_mut_ptr().cast(), bytes.len()) };
+            if n == 0 {
+                return; // the exec is gone
+            }
+            if n > 0 {
+                last_beat = Instant::now();
+            } else if io::Error::last_os_error().kind() != io::ErrorKind::Interrupted {
+                return;
+            }
+        }
+        if last_beat.elapsed() >= patience {
+            return; // silence: the exec is stopped or hung
+        }
+        reap(command, to_exec);
+    }
+}
+
+/// Reaps every child that changed state; tells the exec of the command's.
+fn reap(command: libc::pid_t, to_exec: &mut File) {
+    loop {
+        let mut status = 0;
+        // SAFETY: waitpid writes the status it is given.
+        let pid = unsafe { libc::waitpid(-1, &mut status, libc::WNOHANG | libc::WUNTRACED) };
+        if pid <= 0 {
+            return;
+        }
+        if pid != command {
+            continue;
+        }
+        let report = if libc::WIFSTOPPED(status) {
+            Report::Stopped(libc::WSTOPSIG(status))
+        } else {
+            Report::Exited(status)
+        };
+        let _ = to_exec.write_all(&report.encode());
+    }
+}
+
+/// Kills every process below `root` and reaps them, until `root` has no
+/// child left: `root` is a subreaper, so the orphans of those killed come
+/// to it, and no child means no descendant. False if that took longer
+/// than [`KILL_FOR`].
+fn kill_tree(root: libc::pid_t) -> bool {
+    let started = Instant::now();
+    loop {
+        let procs = processes();
+        for pid in descendants(&procs, root) {
+            // SAFETY: kill(2) of a process below this one.
+            unsafe { libc::kill(pid, libc::SIGKILL) };
+        }
+        loop {
+            let mut status = 0;
+            // SAFETY: waitpid writes the status it is given.
+            let pid = unsafe { libc::waitpid(-1, &mut status, libc::WNOHANG) };
+            if pid > 0 {
+                continue;
+            }
+            if pid < 0 && io::Error::last_os_error().raw_os_error() == Some(libc::ECHILD) {
+                return true;
+            }
+            break;
+        }
+        if started.elapsed() >= KILL_FOR {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
+/// One line of /proc/<pid>/stat, the fields used here.
+struct Proc {
+    pid: libc::pid_t,
+    name: String,
+    state: char,
+    ppid: libc::pid_t,
+    pgrp: libc::pid_t,
+    tty: i64,
+    tpgid: libc::pid_t,
+}
+
+/// Every process /proc shows now (those that vanish meanwhile are skipped).
+fn processes() -> Vec<Proc> {
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    entries
+        .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<libc::pid_t>().ok())
+        .filter_map(|pid| {
+            let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+            let (head, rest) = stat.rsplit_once(") ")?;
+            let name = head.split_once(" (").map_or("", |(_, n)| n).to_owned();
+            // After the name: state ppid pgrp session tty_nr tpgid ...
+            let f: Vec<&str> = rest.split_whitespace().take(6).collect();
+            let [state, ppid, pgrp, _, tty, tpgid] = f.as_slice() else {
+                return None;
+            };
+            Some(Proc {
+                pid,
+                name,
+                state: state.chars().next()?,
+                ppid: ppid.parse().ok()?,
+                pgrp: pgrp.parse().ok()?,
+                tty: tty.parse().ok()?,
+                tpgid: tpgid.parse().ok()?,
+            })
+        })
+        .collect()
+}
+
+/// The pids below `root` (not `root` itself).
+fn descendants(procs: &[Proc], root: libc::pid_t) -> Vec<libc::pid_t> {
+    let mut below = vec![root];
+    let mut i = 0;
+    while i < below.len() {
+        let parent = below[i];
+        below.extend(procs.iter().filter(|p| p.ppid == parent).map(|p| p.pid));
+        i += 1;
+    }
+    below.remove(0);
+    below
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reports_decode_to_what_was_encoded() {
+        for r in [
+            Report::Started(4242),
+            Report::NotStarted(libc::ENOENT),
+            Report::Stopped(libc::SIGTTIN),
+            Report::Exited(-1),
+        ] {
+            assert_eq!(Report::decode(r.encode()), Some(r));
+        }
+        assert_eq!(Report::decode([9, 0, 0, 0, 0]), None);
+    }
+
+    #[test]
+    fn a_command_and_its_environment_cross_the_pipe_whole() {
+        let argv = vec![
+            "sh".to_owned(),
+            "-c".to_owned(),
+            "echo 'a=b' \"\"".to_owned(),
+            String::new(),
+        ];
+        let env = vec![
+            (OsString::from("A"), OsString::from("x=y")),
+            (OsString::from("EMPTY"), OsString::new()),
+        ];
+        let spec = decode_spec(&encode_spec(&argv, &env)).expect("decodes");
+        let given: Vec<OsString> = argv.iter().map(OsString::from).collect();
+        assert_eq!(spec.argv, given, "empty arguments kept");
+        assert_eq!(spec.env, env);
+        assert_eq!(decode_spec(b""), None, "no command");
+        assert_eq!(decode_spec(b"Xjunk\0"), None);
+    }
+}
