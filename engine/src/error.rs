@@ -46,6 +46,16 @@ pub enum PurchaseError {
     /// idempotency key does: send new parameters under a new id.
     #[error("request id was used before with other parameters")]
     RequestMismatch,
+    /// The order this request made was lost with a master that died before
+    /// its replica had it (possible under `ack = leader` once the request
+    /// was confirmed, under `replicated` only before it was): no bucket holds
+    /// it, and this request id will never make another. Final: buy again
+    /// under a new request id.
+    #[error("order {order_id} was lost in a failover; buy again under a new request id")]
+    OrderLost {
+        /// The order the request's record names.
+        order_id: String,
+    },
     /// The inventory cluster could not answer within the retry budget, or
     /// the engine could not confirm the answer safely. A retry with the same
     /// request id is always safe.
@@ -190,6 +200,7 @@ impl PurchaseError {
             PurchaseError::UnknownSale(_) => "unknown_sale",
             PurchaseError::Invalid(_) => "invalid",
             PurchaseError::RequestMismatch => "request_mismatch",
+            PurchaseError::OrderLost { .. } => "order_lost",
             PurchaseError::Unavailable(_) => "unavailable",
         }
     }

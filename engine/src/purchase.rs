@@ -200,7 +200,7 @@ impl Engine {
                 })
             }
             PurchaseReply::Replayed { order_id, bucket } => {
-                self.ack_replay(&sale, home, request, &order_id, bucket, replicated)
+                self.confirm_replay(&sale, home, request, &order_id, bucket, replicated)
                     .await?;
                 self.replayed(&sale, order_id, bucket).await
             }
@@ -283,15 +283,18 @@ impl Engine {
         })
     }
 
-    /// A replay under `ack = replicated` confirms only an order that is on a
-    /// replica: the home record was re-propagated by `purchase.lua`; when
-    /// another bucket served the order, that bucket is asked to confirm it
-    /// still holds it (and re-propagate), then both are waited for. An order
-    /// a failover took back (possible only if the first attempt was never
-    /// confirmed) is reported, never confirmed. `home_replicated`: the
-    /// replay's batch was already acknowledged by a replica of the home
-    /// bucket.
-    async fn ack_replay(
+    /// A replay confirms only an order that still exists: when another
+    /// bucket served it, that bucket is asked to confirm it still holds it.
+    /// An order a failover took back is reported lost, for good
+    /// ([`PurchaseError::OrderLost`]): under `ack = leader` that can follow
+    /// a confirmation (the take's master died before its replica had it,
+    /// the home record on another master lived); under `replicated` only an
+    /// unconfirmed first attempt. Under `replicated` the replay also waits
+    /// until a replica holds both records: the home record was re-propagated
+    /// by `purchase.lua`, the other bucket's by the confirm.
+    /// `home_replicated`: the replay's batch was already acknowledged by a
+    /// replica of the home bucket.
+    async fn confirm_replay(
         &self,
         sale: &SaleHandle,
         home: &BucketHandle,
@@ -300,9 +303,7 @@ impl Engine {
         bucket: u32,
         home_replicated: bool,
     ) -> Result<(), PurchaseError> {
-        if self.config().ack == Ack::Leader {
-            return Ok(());
-        }
+        let leader = self.config().ack == Ack::Leader;
         let Some(taker) = sale.buckets.get(bucket as usize) else {
             return Err(unconfirmed(format!(
                 "request record names bucket {bucket}, the sale has {}",
@@ -311,7 +312,9 @@ impl Engine {
         };
         let confirmed = || Expect::Confirmed(order_id.to_owned());
         if taker.index == home.index {
-            if home_replicated {
+            // The order and the record are one script's writes in one slot:
+            // a failover keeps both or neither.
+            if home_replicated || leader {
                 return Ok(());
             }
             return self.ack(home, request, confirmed()).await;
@@ -323,10 +326,12 @@ impl Engine {
             TakeReply::Taken {
                 order_id: taken, ..
             } if taken == order_id => {
-                tokio::try_join!(
-                    self.ack(home, request, confirmed()),
-                    self.ack(taker, request, confirmed())
-                )?;
+                if !leader {
+                    tokio::try_join!(
+                        self.ack(home, request, confirmed()),
+                        self.ack(taker, request, confirmed())
+                    )?;
+                }
                 Ok(())
             }
             TakeReply::Taken {
@@ -336,10 +341,9 @@ impl Engine {
             ))),
             TakeReply::Lost => {
                 metrics::counter!(m::REDIS_RETRIES, "reason" => "replay_lost").increment(1);
-                Err(unconfirmed(format!(
-                    "the order this request made in bucket {bucket} was lost in a failover \
-                     before it was confirmed; send the purchase under a new request id"
-                )))
+                Err(PurchaseError::OrderLost {
+                    order_id: order_id.to_owned(),
+                })
             }
             other => Err(unconfirmed(format!(
                 "bucket {bucket} answered a replay with {other:?}"

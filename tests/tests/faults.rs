@@ -1075,6 +1075,82 @@ async fn a_retry_on_the_promoted_replica_never_confirms_the_first_attempts_lost_
     assert_eq!(on_master[0].0, retry.order_id);
 }
 
+/// Found by `flashsale-chaos --ack leader --seed 20261128`: under `ack =
+/// leader` a fall-through's take in another bucket was lost when that
+/// bucket's master died before its replica had it, while the home record
+/// (on another master) kept naming the order. Every retry then answered
+/// "unavailable" for the request's whole TTL (a sale that holds orders),
+/// or replayed the order as confirmed although no bucket held it (one that
+/// does not). A retry is told the order is lost, once and for good.
+async fn fall_through_order_lost_in_a_failover(sku: &str, hold_ms: u64) {
+    let mut cluster = RedisCluster::start(3, 1);
+    let engine = flashsale_tests::engine_with(&cluster, |c| {
+        c.ack = flashsale::Ack::Leader;
+        c.retry.deadline = Duration::from_secs(30);
+    })
+    .await;
+    // Stock 1 over 2 buckets: the unit is in bucket 0; the buyer's home is
+    // bucket 1, so the purchase records the request at home, takes in
+    // bucket 0, and settles at home.
+    let status = engine
+        .create_sale(SaleSpec {
+            buckets: 2,
+            hold_ms,
+            ..SaleSpec::new(sku, 1)
+        })
+        .await
+        .expect("create");
+    let buyer = flashsale_tests::user_with_home("lost", 2, 1);
+    let taker = cluster.master_of_slot(status.buckets[0].slot);
+    let home = cluster.master_of_slot(status.buckets[1].slot);
+    assert_ne!(taker, home, "the buckets are on different masters");
+    let replica = cluster.replica_of(taker);
+    cut_off_replica(&cluster, taker, replica);
+    let req = || PurchaseRequest {
+        sku,
+        user: &buyer,
+        qty: 1,
+        request_id: "lost-1",
+    };
+    let first = engine
+        .purchase(req())
+        .await
+        .expect("confirmed by the leader");
+    assert_eq!(first.bucket, 0, "taken in the other bucket");
+    kill_master_and_promote(&mut cluster, taker, replica);
+    // A client retries while it is told to come back.
+    let mut retry = engine.purchase(req()).await;
+    for _ in 0..60 {
+        if !matches!(retry, Err(PurchaseError::Unavailable(_))) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        retry = engine.purchase(req()).await;
+    }
+    match retry {
+        Err(PurchaseError::OrderLost { order_id }) => assert_eq!(order_id, first.order_id),
+        other => panic!(
+            "a retry of order {} (lost with bucket 0's master) got {other:?}",
+            first.order_id
+        ),
+    }
+    let on_promoted = stream_order_ids(&cluster, replica, &status.buckets[0].stream);
+    assert!(
+        on_promoted.is_empty(),
+        "no bucket holds it: {on_promoted:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_held_order_lost_in_a_failover_is_told_lost_not_unavailable_for_a_day() {
+    fall_through_order_lost_in_a_failover("lost-held", 60_000).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_paid_order_lost_in_a_failover_is_never_replayed_as_confirmed() {
+    fall_through_order_lost_in_a_failover("lost-paid", 0).await;
+}
+
 /// The group commit's own script (`lua/ack.lua`) is reloaded after a
 /// SCRIPT FLUSH like every other: replicated purchases keep confirming.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -89,6 +89,7 @@ impl From<PurchaseError> for ApiError {
             PurchaseError::Invalid(_) | PurchaseError::RequestMismatch => {
                 StatusCode::UNPROCESSABLE_ENTITY
             }
+            PurchaseError::OrderLost { .. } => StatusCode::GONE,
             PurchaseError::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
             _ => StatusCode::INTERNAL_SERVER_ERROR,
         };
