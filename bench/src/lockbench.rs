@@ -3,6 +3,13 @@
 //! contended, on 1 and 3 lock nodes, for flashsale's lock module and for the
 //! `rslock` crate on the very same instances; beside them the fair lock and
 //! a semaphore of one permit, under the same scenarios.
+//!
+//! Every row checks what it measures: each holder, once granted, marks the
+//! name held in a witness (an atomic in one process, a file created with
+//! `O_EXCL` across processes) and clears it before it releases; a second
+//! holder inside at once is counted in `overlaps`. A failed acquire and a
+//! release the lock did not confirm are `errors`. A row with either has no
+//! rate to judge (`targets.rs`).
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -29,8 +36,13 @@ pub struct LockResult {
     pub handoff_p50_ms: Option<f64>,
     /// 99th percentile hand-off, ms.
     pub handoff_p99_ms: Option<f64>,
-    /// Pairs that failed.
+    /// Pairs that failed: an acquire that gave up, or a release not
+    /// confirmed.
     pub errors: u64,
+    /// Grants made while another holder was inside (mutual exclusion
+    /// broken), seen by the row's witness.
+    #[serde(default)]
+    pub overlaps: u64,
     /// Cross-process rows: the longest any worker waited for one grant
     /// (a worker still waiting when the window closed counts its wait so
     /// far), ms.
@@ -51,6 +63,96 @@ enum Impl {
     Fair(LockClient),
     Semaphore(LockClient),
     Rslock(Arc<rslock::LockManager>),
+}
+
+/// rslock with its retry tuned: [`RSLOCK_TUNED_TRIES`] tries a call, a
+/// random pause of up to [`RSLOCK_TUNED_DELAY`] between them (its default
+/// is 3 tries and up to 200 ms). The best of a sweep on this machine
+/// (16 workers on one client sharing one name, 3 s each, 1 and 3 nodes;
+/// tries,ms of 1,1 3,1 3,5 3,20 3,50 3,100 3,200 1,100 5,20 5,50 10,2
+/// 10,10 10,50): short pauses made it slower, since its workers then
+/// crowd the node; 10,50 was best or tied on both node counts.
+pub const RSLOCK_TUNED: &str = "rslock-tuned";
+/// Tries per `lock()` call of [`RSLOCK_TUNED`].
+pub const RSLOCK_TUNED_TRIES: u32 = 10;
+/// Longest pause between two tries of [`RSLOCK_TUNED`].
+pub const RSLOCK_TUNED_DELAY: Duration = Duration::from_millis(50);
+
+/// Overrides [`RSLOCK_TUNED`]'s retry for a sweep: `tries,delay_ms`
+/// (inherited by the cross-process children).
+pub const RSLOCK_RETRY_ENV: &str = "FLASHSALE_BENCH_RSLOCK_RETRY";
+
+/// The tuned retry: [`RSLOCK_RETRY_ENV`] when it parses, else the
+/// constants.
+fn tuned_retry() -> (u32, Duration) {
+    std::env::var(RSLOCK_RETRY_ENV)
+        .ok()
+        .and_then(|v| {
+            let (tries, ms) = v.split_once(',')?;
+            let ms: u64 = ms.trim().parse().ok()?;
+            // rslock draws its pause from 0..delay: never an empty range.
+            Some((tries.trim().parse().ok()?, Duration::from_millis(ms.max(1))))
+        })
+        .unwrap_or((RSLOCK_TUNED_TRIES, RSLOCK_TUNED_DELAY))
+}
+
+/// A `LockManager` on `urls`, with the tuned retry when `tuned`.
+fn rslock_manager(urls: &[String], tuned: bool) -> Arc<rslock::LockManager> {
+    let mut m = rslock::LockManager::new(urls.to_vec());
+    if tuned {
+        let (tries, delay) = tuned_retry();
+        m.set_retry(tries, delay);
+    }
+    Arc::new(m)
+}
+
+/// Where holders of one name mark it held: a second mark while one stands
+/// is a break of mutual exclusion.
+#[derive(Clone)]
+enum Witness {
+    /// Holders in one process: how many are inside now.
+    InProcess(Arc<AtomicU64>),
+    /// Holders in several processes: a file that exists while one is
+    /// inside, created with `O_EXCL`.
+    File(Arc<std::path::PathBuf>),
+}
+
+impl Witness {
+    fn in_process() -> Witness {
+        Witness::InProcess(Arc::new(AtomicU64::new(0)))
+    }
+
+    /// The witness of lock `name` shared by every process of a run.
+    fn across_processes(name: &str) -> Witness {
+        Witness::File(Arc::new(std::env::temp_dir().join(format!("{name}.held"))))
+    }
+
+    /// Marks the name held while a holder is inside, yielding once so other
+    /// tasks run meanwhile; true when another holder was inside already.
+    async fn inside(&self) -> bool {
+        match self {
+            Witness::InProcess(n) => {
+                let overlap = n.fetch_add(1, Ordering::SeqCst) != 0;
+                tokio::task::yield_now().await;
+                n.fetch_sub(1, Ordering::SeqCst);
+                overlap
+            }
+            Witness::File(path) => {
+                let made = std::fs::OpenOptions::new()
+                    .write(true)
+                    .create_new(true)
+                    .open(path.as_path());
+                tokio::task::yield_now().await;
+                match made {
+                    Ok(_) => {
+                        let _ = std::fs::remove_file(path.as_path());
+                        false
+                    }
+                    Err(_) => true,
+                }
+            }
+        }
+    }
 }
 
 /// Labels of the flashsale rows beside `flashsale` and `rslock`.
@@ -109,16 +211,17 @@ impl Impl {
         }
     }
 
-    async fn release(&self, held: Held) {
+    /// Gives the grant back; false when the release was not confirmed
+    /// (rslock's `unlock` reports nothing: always true).
+    async fn release(&self, held: Held) -> bool {
         match (self, held) {
-            (_, Held::Flashsale(g)) => {
-                g.unlock().await;
+            (_, Held::Flashsale(g)) => g.unlock().await,
+            (_, Held::Permit(p)) => p.release().await.is_ok(),
+            (Impl::Rslock(m), Held::Rslock(l)) => {
+                m.unlock(&l).await;
+                true
             }
-            (_, Held::Permit(p)) => {
-                let _ = p.release().await;
-            }
-            (Impl::Rslock(m), Held::Rslock(l)) => m.unlock(&l).await,
-            (_, Held::Rslock(_)) => {}
+            (_, Held::Rslock(_)) => false,
         }
     }
 }
@@ -150,12 +253,15 @@ async fn run_one(
     }
     let next = Arc::new(AtomicU64::new(0));
     let released_at = Arc::new(AtomicU64::new(0));
+    let witness = Witness::in_process();
+    let overlaps = Arc::new(AtomicU64::new(0));
     let epoch = Instant::now();
     let workers: Vec<_> = imps
         .into_iter()
         .enumerate()
         .map(|(w, imp)| {
             let (name, next, released_at) = (name.clone(), next.clone(), released_at.clone());
+            let (witness, overlaps) = (witness.clone(), overlaps.clone());
             tokio::spawn(async move {
                 let mut handoff =
                     Histogram::<u64>::new_with_bounds(1, 120_000_000, 3).expect("constant bounds");
@@ -172,8 +278,13 @@ async fn run_one(
                     if tasks > 1 && rel > asked {
                         let _ = handoff.record((got - rel).max(1));
                     }
+                    if witness.inside().await {
+                        overlaps.fetch_add(1, Ordering::Relaxed);
+                    }
                     released_at.store(epoch.elapsed().as_micros() as u64, Ordering::SeqCst);
-                    imp.release(held).await;
+                    if !imp.release(held).await {
+                        errors += 1;
+                    }
                     done += 1;
                 }
                 (done, errors, handoff)
@@ -201,6 +312,7 @@ async fn run_one(
         handoff_p50_ms: pct(0.5),
         handoff_p99_ms: pct(0.99),
         errors,
+        overlaps: overlaps.load(Ordering::Relaxed),
         longest_wait_ms: None,
     }
 }
@@ -219,15 +331,16 @@ fn spec_fields<'a>(spec: &'a str, flag: &str, layout: &str) -> anyhow::Result<[&
 
 impl Impl {
     /// The lock named `implementation` on `urls`: `flashsale` (fixed
-    /// lease), [`WATCHDOG`], [`XPROC_FAIR`] or `rslock`, each on a client
-    /// of its own.
+    /// lease), [`WATCHDOG`], [`XPROC_FAIR`], `rslock` or [`RSLOCK_TUNED`],
+    /// each on a client of its own.
     fn on(implementation: &str, urls: &[String]) -> anyhow::Result<Impl> {
         let client = || LockClient::new(urls, LockConfig::default());
         Ok(match implementation {
             "flashsale" => Impl::Flashsale(client()?),
             WATCHDOG => Impl::Watchdog(client()?),
             XPROC_FAIR => Impl::Fair(client()?),
-            "rslock" => Impl::Rslock(Arc::new(rslock::LockManager::new(urls.to_vec()))),
+            "rslock" => Impl::Rslock(rslock_manager(urls, false)),
+            RSLOCK_TUNED => Impl::Rslock(rslock_manager(urls, true)),
             other => anyhow::bail!("unknown lock implementation {other:?}"),
         })
     }
@@ -235,8 +348,9 @@ impl Impl {
 
 /// One process of the cross-process scenario (`--lock-child SPEC`, SPEC =
 /// `implementation|window_ms|name|url,url...`): [`WORKERS`] tasks on one
-/// client take and release `name` until the window closes. Prints
-/// `acquisitions longest_wait_us`.
+/// client take and release `name` until the window closes, marking it held
+/// in a file every process of the run shares. Prints `acquisitions
+/// longest_wait_us errors overlaps`.
 pub async fn child(spec: &str) -> anyhow::Result<String> {
     let [implementation, window_ms, name, urls] =
         spec_fields(spec, "--lock-child", "implementation|window_ms|name|urls")?;
@@ -250,8 +364,16 @@ pub async fn child(spec: &str) -> anyhow::Result<String> {
     } else {
         Impl::on(implementation, &urls)?
     };
-    let (done, longest) = take_and_release(imp, WORKERS, |_| name.to_owned(), window).await?;
-    Ok(format!("{done} {}", longest.as_micros()))
+    let witness = Witness::across_processes(name);
+    let run =
+        take_and_release(imp, WORKERS, |_| (name.to_owned(), witness.clone()), window).await?;
+    Ok(format!(
+        "{} {} {} {}",
+        run.done,
+        run.longest.as_micros(),
+        run.errors,
+        run.overlaps
+    ))
 }
 
 /// The cross-process contended scenario: [`PROCESSES`] copies of this
@@ -270,7 +392,14 @@ pub async fn cross_process(
             continue;
         }
         let urls = lock_nodes[..n].join(",");
-        for implementation in ["flashsale", WATCHDOG, "rslock", XPROC_FAIR, XPROC_SEMAPHORE] {
+        for implementation in [
+            "flashsale",
+            WATCHDOG,
+            "rslock",
+            RSLOCK_TUNED,
+            XPROC_FAIR,
+            XPROC_SEMAPHORE,
+        ] {
             bar.set_message(format!("lock x-proc {implementation} nodes={n}"));
             let name = format!(
                 "lockbench-xproc-{implementation}-{n}-{}",
@@ -287,16 +416,22 @@ pub async fn cross_process(
                         .spawn()?,
                 );
             }
-            let (mut done, mut longest_us, mut errors) = (0u64, 0u64, 0u64);
+            let (mut done, mut longest_us, mut errors, mut overlaps) = (0u64, 0u64, 0u64, 0u64);
             for c in children {
                 let output = tokio::task::spawn_blocking(move || c.wait_with_output()).await??;
                 let text = String::from_utf8_lossy(&output.stdout);
-                let mut fields = text.split_whitespace().map(|f| f.parse::<u64>());
-                match (output.status.success(), fields.next(), fields.next()) {
-                    (true, Some(Ok(d)), Some(Ok(l))) => {
+                let fields: Vec<u64> = text
+                    .split_whitespace()
+                    .filter_map(|f| f.parse().ok())
+                    .collect();
+                match (output.status.success(), fields.as_slice()) {
+                    (true, [d, l, e, o]) => {
                         done += d;
-                        longest_us = longest_us.max(l);
+                        longest_us = longest_us.max(*l);
+                        errors += e;
+                        overlaps += o;
                     }
+                    // A process that did not report counts as one error.
                     _ => errors += 1,
                 }
             }
@@ -309,6 +444,7 @@ pub async fn cross_process(
                 handoff_p50_ms: None,
                 handoff_p99_ms: None,
                 errors,
+                overlaps,
                 longest_wait_ms: Some(longest_us as f64 / 1000.0),
             });
             bar.inc(1);
@@ -337,24 +473,25 @@ pub async fn shared_client(
         let urls = lock_nodes[..n].to_vec();
         for contended in [false, true] {
             let scenario = if contended { "C" } else { "U" };
-            for implementation in ["flashsale", WATCHDOG, "rslock"] {
+            for implementation in ["flashsale", WATCHDOG, "rslock", RSLOCK_TUNED] {
                 bar.set_message(format!("lock {implementation} {scenario} nodes={n}"));
                 let imp = Impl::on(implementation, &urls)?;
                 let name = format!(
                     "lockbench-shared-{implementation}-{scenario}-{n}-{}",
                     std::process::id()
                 );
-                let (done, longest) = shared_window(imp, &name, contended, window).await?;
+                let run = shared_window(imp, &name, contended, window).await?;
                 out.push(LockResult {
                     implementation: format!("{implementation} {scenario}"),
                     nodes: n,
                     tasks: SHARED_WORKERS,
-                    pairs: done,
-                    pairs_per_second: done as f64 / window.as_secs_f64().max(1e-9),
+                    pairs: run.done,
+                    pairs_per_second: run.done as f64 / window.as_secs_f64().max(1e-9),
                     handoff_p50_ms: None,
                     handoff_p99_ms: None,
-                    errors: 0,
-                    longest_wait_ms: Some(longest.as_secs_f64() * 1000.0),
+                    errors: run.errors,
+                    overlaps: run.overlaps,
+                    longest_wait_ms: Some(run.longest.as_secs_f64() * 1000.0),
                 });
                 bar.inc(1);
             }
@@ -365,7 +502,7 @@ pub async fn shared_client(
 
 /// One scenario of [`shared_client`] alone (`--lock-shared SPEC`, SPEC =
 /// `implementation|U or C|window_ms|url,url...`): prints
-/// `pairs pairs_per_second longest_wait_ms`.
+/// `pairs pairs_per_second longest_wait_ms errors overlaps`.
 pub async fn shared_alone(spec: &str) -> anyhow::Result<String> {
     let [implementation, scenario, window_ms, urls] = spec_fields(
         spec,
@@ -379,72 +516,96 @@ pub async fn shared_alone(spec: &str) -> anyhow::Result<String> {
         "lockbench-alone-{implementation}-{scenario}-{}",
         std::process::id()
     );
-    let (done, longest) = shared_window(imp, &name, scenario == "C", window).await?;
+    let run = shared_window(imp, &name, scenario == "C", window).await?;
     Ok(format!(
-        "{done} {:.0} {:.1}",
-        done as f64 / window.as_secs_f64().max(1e-9),
-        longest.as_secs_f64() * 1000.0
+        "{} {:.0} {:.1} {} {}",
+        run.done,
+        run.done as f64 / window.as_secs_f64().max(1e-9),
+        run.longest.as_secs_f64() * 1000.0,
+        run.errors,
+        run.overlaps
     ))
 }
 
 /// [`SHARED_WORKERS`] workers on `imp` taking and releasing their name
-/// (`name`, or `name-<worker>` when not `contended`) until `window` ends:
-/// pairs done, and the longest wait for one grant.
+/// (`name`, or `name-<worker>` when not `contended`), each name with a
+/// witness of its own, until `window` ends.
 async fn shared_window(
     imp: Impl,
     name: &str,
     contended: bool,
     window: Duration,
-) -> anyhow::Result<(u64, Duration)> {
+) -> anyhow::Result<Window> {
+    let shared = Witness::in_process();
     let name_of = |w: usize| {
         if contended {
-            name.to_owned()
+            (name.to_owned(), shared.clone())
         } else {
-            format!("{name}-{w}")
+            (format!("{name}-{w}"), Witness::in_process())
         }
     };
     take_and_release(imp, SHARED_WORKERS, name_of, window).await
 }
 
-/// `workers` tasks on `imp`, worker `w` taking and releasing the name
-/// `name_of(w)` until `window` ends: pairs done, and the longest any worker
-/// waited for one grant (a wait the window cut off counts as far as it
-/// got).
+/// What a window of takes and releases did.
+#[derive(Default)]
+struct Window {
+    /// Pairs done.
+    done: u64,
+    /// The longest any worker waited for one grant (a wait the window cut
+    /// off counts as far as it got).
+    longest: Duration,
+    /// Acquires that gave up, and releases not confirmed.
+    errors: u64,
+    /// Grants made while the witness saw another holder inside.
+    overlaps: u64,
+}
+
+/// `workers` tasks on `imp`, worker `w` taking and releasing the name and
+/// witness `name_of(w)` until `window` ends.
 async fn take_and_release(
     imp: Impl,
     workers: usize,
-    name_of: impl Fn(usize) -> String,
+    name_of: impl Fn(usize) -> (String, Witness),
     window: Duration,
-) -> anyhow::Result<(u64, Duration)> {
+) -> anyhow::Result<Window> {
     let end = tokio::time::Instant::now() + window;
     let tasks: Vec<_> = (0..workers)
         .map(|w| {
-            let (imp, name) = (imp.clone(), name_of(w));
+            let imp = imp.clone();
+            let (name, witness) = name_of(w);
             tokio::spawn(async move {
-                let (mut done, mut longest) = (0u64, Duration::ZERO);
+                let mut run = Window::default();
                 while tokio::time::Instant::now() < end {
                     let asked = Instant::now();
                     match tokio::time::timeout_at(end, imp.acquire(&name, w)).await {
                         Ok(Some(held)) => {
-                            longest = longest.max(asked.elapsed());
-                            imp.release(held).await;
-                            done += 1;
+                            run.longest = run.longest.max(asked.elapsed());
+                            if witness.inside().await {
+                                run.overlaps += 1;
+                            }
+                            if !imp.release(held).await {
+                                run.errors += 1;
+                            }
+                            run.done += 1;
                         }
-                        Ok(None) => {}
-                        Err(_) => longest = longest.max(asked.elapsed()),
+                        Ok(None) => run.errors += 1,
+                        Err(_) => run.longest = run.longest.max(asked.elapsed()),
                     }
                 }
-                (done, longest)
+                run
             })
         })
         .collect();
-    let (mut done, mut longest) = (0u64, Duration::ZERO);
+    let mut total = Window::default();
     for t in tasks {
-        let (d, l) = t.await?;
-        done += d;
-        longest = longest.max(l);
+        let run = t.await?;
+        total.done += run.done;
+        total.longest = total.longest.max(run.longest);
+        total.errors += run.errors;
+        total.overlaps += run.overlaps;
     }
-    Ok((done, longest))
+    Ok(total)
 }
 
 /// Every combination: {flashsale, rslock} x {1, 3 nodes} x {1, `tasks`}.
@@ -468,6 +629,7 @@ pub async fn run_all(
             let mut fair = Vec::with_capacity(t);
             let mut sem = Vec::with_capacity(t);
             let mut rs = Vec::with_capacity(t);
+            let mut rs_tuned = Vec::with_capacity(t);
             for _ in 0..t {
                 flashsale.push(Impl::Flashsale(LockClient::new(
                     &urls,
@@ -478,13 +640,13 @@ pub async fn run_all(
                     &urls,
                     LockConfig::default(),
                 )?));
-                rs.push(Impl::Rslock(Arc::new(rslock::LockManager::new(
-                    urls.clone(),
-                ))));
+                rs.push(Impl::Rslock(rslock_manager(&urls, false)));
+                rs_tuned.push(Impl::Rslock(rslock_manager(&urls, true)));
             }
             for (label, imps) in [
                 ("flashsale", flashsale),
                 ("rslock", rs),
+                (RSLOCK_TUNED, rs_tuned),
                 (FAIR, fair),
                 (SEMAPHORE, sem),
             ] {
@@ -495,4 +657,23 @@ pub async fn run_all(
         }
     }
     Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Witness;
+
+    /// The witness is what makes a lock row able to fail: two holders
+    /// inside at once (no lock at all here) must be seen, in one process
+    /// and across processes, and one holder after another must not.
+    #[tokio::test(flavor = "current_thread")]
+    async fn the_witness_sees_two_holders_at_once_and_not_one_after_another() {
+        let name = format!("lockbench-witness-test-{}", std::process::id());
+        for witness in [Witness::in_process(), Witness::across_processes(&name)] {
+            let (a, b) = tokio::join!(witness.inside(), witness.inside());
+            assert!(!a && b, "the second holder inside at once is an overlap");
+            assert!(!witness.inside().await, "one after another is not");
+            assert!(!witness.inside().await);
+        }
+    }
 }

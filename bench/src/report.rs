@@ -171,15 +171,15 @@ pub fn markdown(r: &Report) -> String {
         );
     }
     if !r.lock_results.is_empty() {
-        let _ = writeln!(s, "\n| lock | nodes | tasks | pairs | pairs/s | hand-off p50 ms | hand-off p99 ms | longest wait ms | errors |");
+        let _ = writeln!(s, "\n| lock | nodes | tasks | pairs | pairs/s | hand-off p50 ms | hand-off p99 ms | longest wait ms | errors | overlaps |");
         let _ = writeln!(
             s,
-            "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"
+            "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"
         );
         for l in &r.lock_results {
             let _ = writeln!(
                 s,
-                "| {} | {} | {} | {} | {:.0} | {} | {} | {} | {} |",
+                "| {} | {} | {} | {} | {:.0} | {} | {} | {} | {} | {} |",
                 l.implementation,
                 l.nodes,
                 l.tasks,
@@ -188,7 +188,8 @@ pub fn markdown(r: &Report) -> String {
                 opt(l.handoff_p50_ms, 2),
                 opt(l.handoff_p99_ms, 2),
                 opt(l.longest_wait_ms, 1),
-                l.errors
+                l.errors,
+                l.overlaps
             );
         }
     }
