@@ -37,6 +37,8 @@ fn row(
         answers_per_s: stats.answers_per_s(),
         stock,
         redis_us_per_op: None,
+        master_us_per_confirmed: None,
+        client_us_per_confirmed: None,
         projected_ceiling: None,
         batch_p50: None,
         batch_p99: None,
@@ -457,8 +459,21 @@ fn with_master_time(mut row: RunResult, before: &MasterTime, after: &MasterTime)
         }
     }
     row.redis_us_per_op = Some(usec as f64 / row.ops.max(1) as f64);
+    row.master_us_per_confirmed = (row.confirmed > 0).then(|| usec as f64 / row.confirmed as f64);
     row.projected_ceiling = (ceiling > 0.0).then_some(ceiling);
     row
+}
+
+/// CPU time this process has used (user + system, every thread), µs.
+fn process_cpu_us() -> u64 {
+    // SAFETY: getrusage fills the zeroed struct it is given.
+    let usage = unsafe {
+        let mut u: libc::rusage = std::mem::zeroed();
+        libc::getrusage(libc::RUSAGE_SELF, &mut u);
+        u
+    };
+    let us = |t: libc::timeval| t.tv_sec as u64 * 1_000_000 + t.tv_usec as u64;
+    us(usage.ru_utime) + us(usage.ru_stime)
 }
 
 /// A `door` row counts checks, allowed or not: its throughput is answers/s.
@@ -578,6 +593,7 @@ impl Bench {
         );
         self.settle().await?;
         let before = master_time(&self.engine, &mut self.conn).await?;
+        let cpu_before = process_cpu_us();
         let batches_before = engine.stats().purchase_batch_sizes.snapshot();
         let fallthroughs_before = engine.stats().fallthroughs.load(Ordering::Relaxed);
         let batch_sizes = engine.clone();
@@ -586,6 +602,7 @@ impl Bench {
                 strategies::engine_op(engine.clone(), skus_arc.clone(), run.clone(), i)
             })
             .await;
+        let client_us = process_cpu_us().saturating_sub(cpu_before);
         let after = master_time(&self.engine, &mut self.conn).await?;
         let fallthroughs = batch_sizes
             .stats()
@@ -643,6 +660,8 @@ impl Bench {
         );
         r.batch_p50 = targets::size_at(&batches, 0.5);
         r.batch_p99 = targets::size_at(&batches, 0.99);
+        r.client_us_per_confirmed =
+            (r.confirmed > 0).then(|| client_us as f64 / r.confirmed as f64);
         Ok(r)
     }
 
@@ -791,6 +810,8 @@ impl Bench {
             answers_per_s: a.requests as f64 / secs,
             stock,
             redis_us_per_op: None,
+            master_us_per_confirmed: None,
+            client_us_per_confirmed: None,
             projected_ceiling: None,
             batch_p50: None,
             batch_p99: None,
@@ -1006,6 +1027,8 @@ impl Bench {
             errors,
             // Per purchase, not per order written: left out.
             redis_us_per_op: None,
+            master_us_per_confirmed: None,
+            client_us_per_confirmed: None,
             projected_ceiling: None,
             engine_per_s: Some(sold.throughput),
             persistence_forks: forks,

@@ -9,7 +9,7 @@ use serde::Serialize;
 use crate::lockbench::LockResult;
 
 /// One strategy in one scenario.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Default, Serialize)]
 pub struct RunResult {
     /// `hot1`, `hotB`, `many`.
     pub scenario: String,
@@ -35,6 +35,17 @@ pub struct RunResult {
     /// Master CPU time per answered request, µs: the `INFO cpu` deltas
     /// (system + user) of every master, over the requests answered.
     pub redis_us_per_op: Option<f64>,
+    /// Master CPU time per confirmed purchase, µs: the same deltas over the
+    /// purchases confirmed (orders queued, for the anchor). The sold-out
+    /// answers' share is in it, so it bounds the cost of one purchase from
+    /// above; it is the figure that sizes a cluster for a sale.
+    #[serde(default)]
+    pub master_us_per_confirmed: Option<f64>,
+    /// This process's CPU time (getrusage: user + system) per confirmed
+    /// purchase, µs: the engine and the load generator driving it, which
+    /// share the process (engine rows only).
+    #[serde(default)]
+    pub client_us_per_confirmed: Option<f64>,
     /// Requests per second the masters could serve with one core each: the
     /// sum over masters of their requests per second of master time (a
     /// master's requests: its share of the script calls). On 2 shared cores
@@ -137,15 +148,15 @@ pub fn markdown(r: &Report) -> String {
         "Machine: {} cores ({}), Redis {}, cluster {} masters + {} replicas\n",
         m.cores, m.cpu, m.redis_version, m.masters, m.replicas
     );
-    let _ = writeln!(s, "| scenario | strategy | ops | stock | conc | confirmed/s (min-max) | answers/s | master µs/op | 1-core ceiling | batch p50/p99 | p50 ms | p99 ms | p999 ms | oversold | errors | x anchor | note |");
+    let _ = writeln!(s, "| scenario | strategy | ops | stock | conc | confirmed/s (min-max) | answers/s | master µs/op | master µs/confirmed | client µs/confirmed | 1-core ceiling | batch p50/p99 | p50 ms | p99 ms | p999 ms | oversold | errors | x anchor | note |");
     let _ = writeln!(
         s,
-        "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |"
+        "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |"
     );
     for x in &r.results {
         let _ = writeln!(
             s,
-            "| {} | {} | {} | {} | {} | {:.0} ({:.0}-{:.0}) | {:.0} | {} | {} | {} | {:.3} | {:.3} | {} | {} | {} | {} | {} |",
+            "| {} | {} | {} | {} | {} | {:.0} ({:.0}-{:.0}) | {:.0} | {} | {} | {} | {} | {} | {:.3} | {:.3} | {} | {} | {} | {} | {} |",
             x.scenario,
             x.strategy,
             x.ops,
@@ -156,6 +167,8 @@ pub fn markdown(r: &Report) -> String {
             x.throughput_max,
             x.answers_per_s,
             opt(x.redis_us_per_op, 1),
+            opt(x.master_us_per_confirmed, 1),
+            opt(x.client_us_per_confirmed, 1),
             opt(x.projected_ceiling, 0),
             match (x.batch_p50, x.batch_p99) {
                 (Some(a), Some(b)) => format!("{a:.0}/{b:.0}"),
