@@ -12,8 +12,10 @@ use flashsale::{Engine, SaleSpec};
 use indicatif::{MultiProgress, ProgressBar, ProgressStyle};
 use redis::Value;
 
+use crate::args::Args;
 use crate::report::{Machine, RunResult};
-use crate::{anchor, load, lockbench, strategies, targets, Args};
+use crate::strategies::{UNBATCHED, UNBATCHED_10};
+use crate::{anchor, load, lockbench, strategies, targets};
 
 /// A result row from the load generator's figures.
 fn row(
@@ -1490,10 +1492,6 @@ fn orders_errors(selling: u64, confirmed: u64, written: u64, distinct: u64) -> u
         + distinct.saturating_sub(confirmed)
 }
 
-/// The hot1 engine row with `batch_max = 1` (one purchase per call).
-pub const UNBATCHED: &str = "engine batch_max=1";
-/// The same, paced at 10 % of the batched engine's peak.
-pub const UNBATCHED_10: &str = "engine@10% batch_max=1";
 const PURCHASE: anchor::Script = anchor::Script::Purchase;
 
 /// The hot1 anchors: purchase.lua one call at a time per connection, the

@@ -11,6 +11,7 @@
 //! `driver.rs` runs the strategies and `targets.rs` judges the figures.
 
 mod anchor;
+mod args;
 mod driver;
 mod load;
 mod lockbench;
@@ -24,7 +25,6 @@ mod targets;
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
-use std::path::PathBuf;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use anyhow::{Context, Result};
@@ -32,83 +32,10 @@ use clap::Parser;
 use flashsale::{Config, Engine, Settings};
 use indicatif::MultiProgress;
 
+use args::Args;
 use driver::{machine, measure, Bench};
 use report::Report;
 use targets::{find, medians, targets};
-
-#[derive(Parser, Debug, Clone)]
-#[command(
-    name = "flashsale-bench",
-    about = "flashsale against redis-benchmark, the lock-based way, and rslock"
-)]
-struct Args {
-    /// The same TOML config file as `flashsale` (its cluster and lock nodes
-    /// are the ones measured); `FLASHSALE_*` variables override it.
-    #[arg(long, env = "FLASHSALE_CONFIG")]
-    config: Option<PathBuf>,
-    /// Operations per strategy run (engine, anchor, naive).
-    #[arg(long, default_value_t = 50_000)]
-    ops: u64,
-    /// Requests in flight at once (redis-benchmark clients for the anchor).
-    #[arg(long, default_value_t = 64)]
-    concurrency: usize,
-    /// Buckets of the hot SKU in the `hotB` scenario.
-    #[arg(long, default_value_t = 3)]
-    buckets: u32,
-    /// SKUs in the `many` scenario.
-    #[arg(long, default_value_t = 12)]
-    skus: usize,
-    /// Operations of the `lock` strategy (it is slow by design).
-    #[arg(long, default_value_t = 10_000)]
-    lock_ops: u64,
-    /// Acquire+release pairs per lock benchmark run.
-    #[arg(long, default_value_t = 2_000)]
-    lock_pairs: u64,
-    /// Tasks competing in the contended lock runs.
-    #[arg(long, default_value_t = 8)]
-    lock_tasks: usize,
-    /// Time cap of any one run, seconds.
-    #[arg(long, default_value_t = 60)]
-    cap_seconds: u64,
-    /// How long each paced row (engine@80%, @10%) sends, seconds: its
-    /// operations are its rate times this, not capped by `--ops` (at 80 %
-    /// of peak that cap made a window of about 0.75 s).
-    #[arg(long, default_value_t = 10.0)]
-    paced_seconds: f64,
-    /// Scenarios to run (comma-separated: hot1,hotB,many,door; `none` for the lock benchmark only).
-    #[arg(long, default_value = "hot1,hotB,many,door", value_delimiter = ',')]
-    scenarios: Vec<String>,
-    /// Window of each cross-process lock run, seconds.
-    #[arg(long, default_value_t = 10)]
-    lock_window_seconds: u64,
-    /// Internal: run as one process of the cross-process lock scenario.
-    #[arg(long, hide = true)]
-    lock_child: Option<String>,
-    /// Run one scenario of 16 workers on one client alone and print its
-    /// pairs and longest wait (`implementation|U or C|window_ms|url,url...`;
-    /// for A/B runs and profiling).
-    #[arg(long, hide = true)]
-    lock_shared: Option<String>,
-    /// Skip the lock benchmark.
-    #[arg(long)]
-    no_lock_bench: bool,
-    /// Write every figure as JSON here.
-    #[arg(long)]
-    json: Option<PathBuf>,
-    /// Write the plot as SVG here.
-    #[arg(long)]
-    svg: Option<PathBuf>,
-    /// Write results.json, summary.md and plot.svg into this folder.
-    #[arg(long)]
-    out: Option<PathBuf>,
-    /// No progress bars.
-    #[arg(long)]
-    quiet: bool,
-    /// Run everything this many times and report, per row, the run with the
-    /// median throughput (a shared machine is noisy).
-    #[arg(long, default_value_t = 3)]
-    repeat: usize,
-}
 
 /// The cluster and lock nodes, read as the `flashsale` binary reads them
 /// (defaults = the ops/up topology, then the file, then `FLASHSALE_*`).

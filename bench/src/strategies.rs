@@ -12,6 +12,12 @@ use redis::cluster_async::ClusterConnection;
 
 use crate::load::Outcome;
 
+/// The label of the hot1 engine row with `batch_max = 1` (one purchase
+/// per call).
+pub const UNBATCHED: &str = "engine batch_max=1";
+/// The same, paced at 10 % of the batched engine's peak.
+pub const UNBATCHED_10: &str = "engine@10% batch_max=1";
+
 /// One engine purchase for buyer `i` of run `run` on one of `skus`.
 pub async fn engine_op(engine: Engine, skus: Arc<Vec<String>>, run: Arc<str>, i: u64) -> Outcome {
     let sku = &skus[(i as usize) % skus.len()];

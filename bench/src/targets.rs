@@ -1,9 +1,9 @@
 //! The targets a bench run is judged by, and the per-row medians over
 //! repetitions. Pure functions of the figures: nothing here runs anything.
 
-use crate::driver::{UNBATCHED, UNBATCHED_10};
 use crate::lockbench;
 use crate::report::{RunResult, Target};
+use crate::strategies::{UNBATCHED, UNBATCHED_10};
 
 /// The row of `scenario` and `strategy`.
 pub fn find<'a>(rs: &'a [RunResult], scenario: &str, strategy: &str) -> Option<&'a RunResult> {
