@@ -7,8 +7,6 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-use crate::error::ConfigError;
-
 /// Most purchases one batch may hold (`batch_max`'s bound: a batch is one
 /// script run, and Redis serves nobody else while it runs).
 pub const MAX_BATCH: u32 = 1000;
@@ -401,6 +399,26 @@ mod tests {
             assert_eq!(e.field, field);
             assert!(e.problem.contains("TLS"), "{e}");
             assert!(!e.to_string().contains("pw@"), "{e}");
+        }
+    }
+}
+
+/// A configuration value that cannot be right: which field, and why.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{field}: {problem}")]
+pub struct ConfigError {
+    /// The field, as it is spelled in the config file.
+    pub field: String,
+    /// What is wrong with it.
+    pub problem: String,
+}
+
+impl ConfigError {
+    /// `field` is wrong because of `problem`.
+    pub fn new(field: impl Into<String>, problem: impl Into<String>) -> Self {
+        ConfigError {
+            field: field.into(),
+            problem: problem.into(),
         }
     }
 }

@@ -143,13 +143,13 @@ pub enum HoldError {
     #[error("the hold ended ({state}): the unit was not kept")]
     HoldExpired {
         /// `expired` or `cancelled`.
-        state: crate::hold::OrderState,
+        state: crate::order_state::OrderState,
     },
     /// A cancel of an order that is already final (paid, or expired).
     #[error("the order is already {state}")]
     AlreadyFinal {
         /// The state it is in.
-        state: crate::hold::OrderState,
+        state: crate::order_state::OrderState,
     },
     /// A payment of an order already paid under another payment reference.
     #[error("the order was paid with another payment reference")]
@@ -325,25 +325,7 @@ impl ConnectError {
     }
 }
 
-/// A configuration value that cannot be right: which field, and why.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("{field}: {problem}")]
-pub struct ConfigError {
-    /// The field, as it is spelled in the config file.
-    pub field: String,
-    /// What is wrong with it.
-    pub problem: String,
-}
-
-impl ConfigError {
-    /// `field` is wrong because of `problem`.
-    pub fn new(field: impl Into<String>, problem: impl Into<String>) -> Self {
-        ConfigError {
-            field: field.into(),
-            problem: problem.into(),
-        }
-    }
-}
+pub use crate::config::ConfigError;
 
 /// Why [`crate::Engine::readiness`] says the engine is not ready.
 #[derive(Debug, thiserror::Error)]

@@ -29,6 +29,7 @@ use crate::engine::Engine;
 use crate::error::{HoldError, InvalidInput, PurchaseError, Unavailable};
 use crate::metrics as m;
 use crate::order_id;
+pub use crate::order_state::OrderState;
 use crate::replies::{self, TransitionReply};
 use crate::sale::{BucketHandle, SaleHandle};
 use crate::validate;
@@ -43,49 +44,6 @@ const MAX_ROUNDS: usize = 64;
 
 /// Longest payment reference accepted.
 pub const MAX_PAYMENT_REF: usize = 128;
-
-/// Where a held order is in its life.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "lowercase")]
-pub enum OrderState {
-    /// Confirmed, its units taken, waiting for payment until its deadline.
-    Held,
-    /// Paid: final.
-    Paid,
-    /// Cancelled by the shop; its units went back on sale.
-    Cancelled,
-    /// Its deadline passed unpaid; its units went back on sale.
-    Expired,
-}
-
-impl OrderState {
-    /// The state as the scripts and PostgreSQL name it.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            OrderState::Held => "held",
-            OrderState::Paid => "paid",
-            OrderState::Cancelled => "cancelled",
-            OrderState::Expired => "expired",
-        }
-    }
-
-    /// The state named `s`, if it is one.
-    pub fn parse(s: &str) -> Option<OrderState> {
-        Some(match s {
-            "held" => OrderState::Held,
-            "paid" => OrderState::Paid,
-            "cancelled" => OrderState::Cancelled,
-            "expired" => OrderState::Expired,
-            _ => return None,
-        })
-    }
-}
-
-impl std::fmt::Display for OrderState {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
 
 /// The answer to a payment or a cancel.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]

@@ -62,6 +62,7 @@ pub mod ledger;
 pub mod lock;
 pub mod metrics;
 pub mod order_id;
+pub mod order_state;
 #[cfg(feature = "postgres")]
 pub mod orders;
 pub mod placement;
@@ -86,8 +87,9 @@ pub use error::{
     AdminError, ConfigError, ConnectError, HoldError, InvalidInput, NotReady, PurchaseError,
     Unavailable,
 };
-pub use hold::{ExpiryReport, OrderState, OrderView, Transition};
+pub use hold::{ExpiryReport, OrderView, Transition};
 pub use metrics::Stats;
+pub use order_state::OrderState;
 #[cfg(feature = "postgres")]
 pub use orders::{OrderWriter, WriterConfig, WriterHandle, WriterReport};
 pub use purchase::{Confirmed, PurchaseRequest};

@@ -6,7 +6,7 @@
 
 use redis::Value;
 
-use crate::hold::OrderState;
+use crate::order_state::OrderState;
 use crate::scripts::{self, refusal};
 
 /// Why a bucket, or a whole request, was refused. The numbers are the

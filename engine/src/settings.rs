@@ -10,8 +10,8 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
+use crate::config::ConfigError;
 use crate::config::{within, Ack, Config};
-use crate::error::ConfigError;
 
 /// Everything the binary runs with: the engine's config and the service's.
 #[derive(Debug, Clone, Default, PartialEq, Serialize)]

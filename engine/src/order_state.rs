@@ -1,0 +1,49 @@
+//! Where a held order is in its life: the four states the scripts, the
+//! engine's answers and PostgreSQL all name the same way. Its own module so
+//! that the reply decoders and the errors can name a state without
+//! importing the transitions that change it.
+
+use serde::Serialize;
+
+/// Where a held order is in its life.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum OrderState {
+    /// Confirmed, its units taken, waiting for payment until its deadline.
+    Held,
+    /// Paid: final.
+    Paid,
+    /// Cancelled by the shop; its units went back on sale.
+    Cancelled,
+    /// Its deadline passed unpaid; its units went back on sale.
+    Expired,
+}
+
+impl OrderState {
+    /// The state as the scripts and PostgreSQL name it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            OrderState::Held => "held",
+            OrderState::Paid => "paid",
+            OrderState::Cancelled => "cancelled",
+            OrderState::Expired => "expired",
+        }
+    }
+
+    /// The state named `s`, if it is one.
+    pub fn parse(s: &str) -> Option<OrderState> {
+        Some(match s {
+            "held" => OrderState::Held,
+            "paid" => OrderState::Paid,
+            "cancelled" => OrderState::Cancelled,
+            "expired" => OrderState::Expired,
+            _ => return None,
+        })
+    }
+}
+
+impl std::fmt::Display for OrderState {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
