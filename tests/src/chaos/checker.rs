@@ -62,6 +62,9 @@ pub struct EndLedger {
     pub initial: u64,
     /// Each bucket's stock.
     pub stocks: Vec<i64>,
+    /// Units ever put in each bucket (creation plus restocks), by Redis'
+    /// count: `initial` bucket by bucket.
+    pub bucket_initials: Vec<u64>,
     /// Orders still in the buckets' streams: (order id, units).
     pub in_streams: Vec<(String, u64)>,
     /// Transitions still in the buckets' streams: (order id, version).
@@ -663,7 +666,7 @@ fn check_stock(v: &mut Verdict, inp: &Inputs<'_>) {
         // A restock that ended `unknown` and was refused on resend (the
         // sale closed meanwhile) may still have been applied.
         let allowed = plan.stock + maybe;
-        let (initial, stocks) = (end.initial, end.stocks);
+        let (initial, stocks) = (end.initial, end.stocks.clone());
         let existed = allowed.min(initial);
         if initial > allowed {
             v.add(
@@ -761,6 +764,7 @@ fn check_stock(v: &mut Verdict, inp: &Inputs<'_>) {
                 &[],
             );
         }
+        check_buckets(v, sku, &end, &rows, &db_ids);
         let Some(&said) = inp.reconcile.get(sku) else {
             v.add(
                 Kind::ReconcileSilent,
@@ -792,6 +796,88 @@ fn check_stock(v: &mut Verdict, inp: &Inputs<'_>) {
             fault: None,
         });
     }
+}
+
+/// Each bucket's own ledger: units put in it = units left in it + units its
+/// orders keep (an order's id names the bucket that took its units, and a
+/// cancel, an expiry or a retake moves units in that bucket only). The
+/// sale's sums can balance while one bucket sold units it never had and
+/// another lost as many; this cannot. A bucket count missing, or an order
+/// id that names no bucket of the sale, is reported, not skipped.
+fn check_buckets(
+    v: &mut Verdict,
+    sku: &str,
+    end: &EndLedger,
+    rows: &[&DbOrder],
+    db_ids: &HashSet<&str>,
+) {
+    let n = end.stocks.len();
+    if end.bucket_initials.len() != n {
+        v.add(
+            Kind::LedgerUnbalanced,
+            1,
+            format!(
+                "{sku}: units put in are known for {} of its {n} buckets",
+                end.bucket_initials.len()
+            ),
+            &[],
+        );
+        return;
+    }
+    let mut kept = vec![0u64; n];
+    let mut unrouted = Vec::new();
+    let units = rows
+        .iter()
+        .filter(|r| r.keeps_units())
+        .map(|r| (r.order_id.as_str(), r.qty))
+        .chain(
+            end.in_streams
+                .iter()
+                .filter(|(id, _)| !db_ids.contains(id.as_str()))
+                .map(|(id, q)| (id.as_str(), *q)),
+        );
+    for (id, qty) in units {
+        let bucket = bucket_of(id)
+            .filter(|(s, _)| *s == sku)
+            .and_then(|(_, b)| kept.get_mut(b));
+        match bucket {
+            Some(k) => *k += qty,
+            None => unrouted.push(id.to_owned()),
+        }
+    }
+    for id in unrouted {
+        v.add(
+            Kind::LedgerUnbalanced,
+            1,
+            format!("{sku}: order {id} names no bucket of the sale"),
+            &[],
+        );
+    }
+    for (b, ((put, left), sold)) in end
+        .bucket_initials
+        .iter()
+        .zip(&end.stocks)
+        .zip(&kept)
+        .enumerate()
+    {
+        if *put as i64 != left + *sold as i64 {
+            v.add(
+                Kind::LedgerUnbalanced,
+                1,
+                format!("{sku}: bucket {b}: {put} units put in, {left} left, {sold} in its orders"),
+                &[],
+            );
+        }
+    }
+}
+
+/// The sale and bucket an order id names (`<sku>~<bucket>~<nonce>`, see
+/// `flashsale::order_id`; the nonce is not checked here).
+fn bucket_of(order_id: &str) -> Option<(&str, usize)> {
+    let mut parts = order_id.rsplitn(3, '~');
+    let _nonce = parts.next()?;
+    let bucket = parts.next()?.parse().ok()?;
+    Some((parts.next()?, bucket))
 }
 
 /// What the end-of-run sums cannot see: at every confirmation, the units

@@ -174,6 +174,7 @@ fn world() -> World {
         EndLedger {
             initial: 15,
             stocks: vec![14],
+            bucket_initials: vec![15],
             ..EndLedger::default()
         },
     );
@@ -183,6 +184,7 @@ fn world() -> World {
     let mut q_end = EndLedger {
         initial: 10,
         stocks: vec![9],
+        bucket_initials: vec![10],
         ..EndLedger::default()
     };
     q_end.left.quotas.insert("u1".into(), 1);
@@ -228,6 +230,7 @@ fn world() -> World {
     let mut h_end = EndLedger {
         initial: 10,
         stocks: vec![9],
+        bucket_initials: vec![10],
         ..EndLedger::default()
     };
     h_end.left.quotas.insert("u2".into(), 1);
@@ -249,6 +252,7 @@ impl World {
         let end = self.end("h");
         end.initial = 2;
         end.stocks = vec![1];
+        end.bucket_initials = vec![2];
     }
 
     fn verdict(&self) -> Verdict {
@@ -480,11 +484,13 @@ fn scenario(kind: Kind, w: &mut World) -> Vec<Kind> {
         RestockOverapplied => {
             w.end("s").initial = 20;
             w.end("s").stocks = vec![19];
+            w.end("s").bucket_initials = vec![20];
             vec![]
         }
         LostRestocks => {
             w.end("s").initial = 10;
             w.end("s").stocks = vec![9];
+            w.end("s").bucket_initials = vec![10];
             vec![]
         }
         TransitionLost => {
@@ -872,6 +878,7 @@ fn a_multi_bucket_refusal_from_the_scripts_stays_final() {
         w.sales[0].buckets = buckets;
         if let Some(end) = w.end.get_mut("s") {
             end.stocks.resize(buckets as usize, 0);
+            end.bucket_initials.resize(buckets as usize, 0);
         }
         w.ops
             .push(rec(7, buy("s", "u1", "r1", 1), refused(from_scripts), 2));
@@ -893,6 +900,33 @@ fn a_multi_bucket_refusal_from_the_scripts_stays_final() {
             v.violations
         );
     }
+}
+
+/// Issue 33, item 7: the sale's sums balanced while one bucket sold a unit
+/// it never had and another lost one (an oversell covered by a loss). Each
+/// bucket's own ledger shows it, whatever the sale-wide sums say.
+#[test]
+fn an_oversold_bucket_covered_by_a_loss_in_another_is_unbalanced() {
+    let two_buckets = |stocks: Vec<i64>| {
+        let mut w = world();
+        w.sales[0].buckets = 2;
+        let end = w.end("s");
+        end.bucket_initials = vec![8, 7];
+        end.stocks = stocks;
+        w.verdict()
+    };
+    // s~0~a took its unit in bucket 0: 8 - 1 and 7 left.
+    let v = two_buckets(vec![7, 7]);
+    assert_eq!(fired(&v), vec![], "{:#?}", v.violations);
+    // The same sale-wide sums, with bucket 0 untouched and bucket 1 short.
+    let v = two_buckets(vec![8, 6]);
+    assert_eq!(
+        fired(&v),
+        vec![Kind::LedgerUnbalanced],
+        "{:#?}",
+        v.violations
+    );
+    assert_eq!(v.violations.len(), 2, "one per bucket: {:#?}", v.violations);
 }
 
 /// From the recorded run of seed 20261127 (replicated, all faults): a late

@@ -617,6 +617,7 @@ async fn ledger_end(
             checker::EndLedger {
                 initial: status.buckets.iter().map(|b| b.initial).sum(),
                 stocks: status.buckets.iter().map(|b| b.remaining).collect(),
+                bucket_initials: status.buckets.iter().map(|b| b.initial).collect(),
                 in_streams,
                 events_in_streams,
                 left,
