@@ -1,4 +1,4 @@
-//! The README example of the lock module, compiled so it stays true.
+//! The example of the lock module in docs/locks.md, compiled so it stays true.
 
 use flashsale::lock::{LockClient, LockConfig, LockOptions};
 

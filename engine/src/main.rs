@@ -7,7 +7,7 @@ use cli::say;
 
 /// glibc malloc took about a fifth of a selling process's CPU in a profile
 /// of the bench (arena locks between the runtime's threads, consolidating
-/// freed buffers); see the README's benchmarks for what mimalloc changed.
+/// freed buffers); see docs/benchmarks.md for what mimalloc changed.
 #[cfg(feature = "mimalloc")]
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
