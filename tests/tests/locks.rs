@@ -1163,3 +1163,32 @@ async fn a_counter_shorter_or_longer_than_the_clock_term_is_compared_as_a_number
         g.unlock().await;
     }
 }
+
+/// From the sixth attack on `lock exec`: the keeper told a loss with
+/// `watch::Sender::send`, which drops the value when no receiver exists,
+/// and `lost()` subscribes only while it is polled. A loss that came while
+/// nobody was waiting was never told: `lost()` called afterwards waited for
+/// ever, and `is_lost()` saw it only once the lease ran out by the clock.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_loss_nobody_was_waiting_for_is_still_told() {
+    let nodes = servers(3);
+    let locks = client(&nodes, Duration::from_secs(1));
+    let guard = locks
+        .lock("unheard", &LockOptions::new("o"))
+        .await
+        .expect("lock");
+    nodes[1].node.signal("STOP");
+    nodes[2].node.signal("STOP");
+    // No one waits on lost() while the renewal fails.
+    let started = Instant::now();
+    while !guard.is_lost() && started.elapsed() < Duration::from_secs(30) {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    nodes[1].node.signal("CONT");
+    nodes[2].node.signal("CONT");
+    assert!(guard.is_lost(), "the lease ran out under a lost majority");
+    // Asked afterwards, the loss is told at once (bounded only so that the
+    // old behaviour fails instead of hanging).
+    let told = tokio::time::timeout(Duration::from_secs(10), guard.lost()).await;
+    assert!(told.is_ok(), "a loss told to nobody was lost itself");
+}

@@ -238,7 +238,7 @@ impl LockClient {
             } else {
                 drop(kept);
                 metrics::counter!(m::LOCK_LOST).increment(1);
-                let _ = held.lost.send(true);
+                held.lost.send_replace(true);
             }
             return;
         }
@@ -291,7 +291,7 @@ impl LockClient {
         }
         // The loss first: a log line can block (a stderr nobody reads),
         // and the holder must hear of the loss whatever the log does.
-        let _ = held.lost.send(true);
+        held.lost.send_replace(true);
         tracing::warn!(lock = %held.name, confirmed, "lock lost: renewal not confirmed by a majority");
         metrics::counter!(m::LOCK_LOST).increment(1);
     }
