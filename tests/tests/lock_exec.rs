@@ -10,7 +10,7 @@ use std::process::{Child, Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
 use flashsale::lock::{LockClient, LockConfig, LockOptions};
-use flashsale_tests::{flashsale_bin, flashsale_cmd, wait_for, RedisServer};
+use flashsale_tests::{flashsale_bin, flashsale_cmd, kill_9_with_children, wait_for, RedisServer};
 
 fn servers(n: usize) -> Vec<RedisServer> {
     (0..n).map(|_| RedisServer::start()).collect()
@@ -1546,4 +1546,209 @@ fn a_stderr_nobody_reads_never_holds_the_lock() {
         "neither stopped nor starved, and the lock never lapsed"
     );
     assert_eq!(held, 0, "the lock went back at the exec's end");
+}
+
+/// The pids whose parent is `parent`, from /proc.
+fn children(parent: u32) -> Vec<u32> {
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    entries
+        .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|pid| {
+            std::fs::read_to_string(format!("/proc/{pid}/stat"))
+                .ok()
+                .and_then(|s| {
+                    let (_, rest) = s.rsplit_once(") ")?;
+                    rest.split_whitespace().nth(1)?.parse::<u32>().ok()
+                })
+                == Some(parent)
+        })
+        .collect()
+}
+
+/// A child of `parent` among the next 4,096 pids above it, if any.
+fn newer_child(parent: u32) -> Option<u32> {
+    (parent + 1..parent + 4_096).find(|pid| {
+        std::fs::read_to_string(format!("/proc/{pid}/stat"))
+            .ok()
+            .and_then(|s| {
+                let (_, rest) = s.rsplit_once(") ")?;
+                rest.split_whitespace().nth(1)?.parse::<u32>().ok()
+            })
+            == Some(parent)
+    })
+}
+
+/// A command line longer than a pipe holds (64 KiB), so that handing it to
+/// the supervisor takes more than one write.
+fn long_arguments() -> Vec<String> {
+    (0..100_000).map(|i| format!("a{i}")).collect()
+}
+
+/// Starts `lock exec --name <name> --ttl 1s -- sh -c <script> _ <long
+/// arguments>` and stops its supervisor (SIGSTOP) before it has started the
+/// command, retrying a few times when the supervisor was quicker. Returns
+/// the exec and the stopped supervisor.
+fn exec_with_its_supervisor_stopped_early(
+    nodes: &[RedisServer],
+    name: &str,
+    script: &str,
+) -> (Child, u32) {
+    for _ in 0..10 {
+        let mut exec = flashsale_cmd(None, None, &urls(nodes))
+            .args([
+                "lock", "exec", "--name", name, "--ttl", "1s", "--", "sh", "-c",
+            ])
+            .arg(script)
+            .arg("_")
+            .args(long_arguments())
+            .spawn()
+            .expect("spawn");
+        let started = Instant::now();
+        let mut supervisor = None;
+        // A busy look at the pids just above the exec's (the supervisor
+        // is forked right after the grant): it must win the race with the
+        // supervisor's start and its reading of the command.
+        while started.elapsed() < Duration::from_secs(30) {
+            if let Some(s) = newer_child(exec.id()) {
+                // SAFETY: kill(2) of a process this test's exec started.
+                unsafe { libc::kill(s as libc::pid_t, libc::SIGSTOP) };
+                supervisor = Some(s);
+                break;
+            }
+        }
+        let supervisor = supervisor.expect("the exec started a supervisor");
+        // (The exec may continue it at once: it continues a supervisor
+        // stopped on its own.)
+        if children(supervisor).is_empty() {
+            return (exec, supervisor);
+        }
+        // Too late: it had started the command already. Again.
+        signal(supervisor, "CONT");
+        kill_9_with_children(&mut exec);
+        let _ = exec.wait();
+        std::thread::sleep(Duration::from_millis(1500));
+    }
+    panic!("the supervisor started the command every time before it could be stopped");
+}
+
+/// From the sixth attack: an exec stopped (Ctrl-Z) while it handed a long
+/// command to its supervisor let its lease lapse; continued inside the next
+/// holder's turn, it finished the hand-over and the command ran beside the
+/// next holder. The supervisor now gives the hand-over and the word to
+/// start the patience only, and the exec gives that word only while its
+/// grant outlasts the patience.
+#[test]
+fn a_command_handed_over_after_the_lease_lapsed_never_runs_beside_the_next_holder() {
+    let nodes = servers(3);
+    let dir = tempfile::TempDir::new().expect("dir");
+    let (log, pid_file) = (dir.path().join("log"), dir.path().join("a.pid"));
+    let (mut first, supervisor) = exec_with_its_supervisor_stopped_early(
+        &nodes,
+        "handover",
+        &stubborn_logger(&log, &pid_file),
+    );
+    signal(first.id(), "STOP");
+    signal(supervisor, "CONT");
+    let next = {
+        let (nodes_urls, log) = (urls(&nodes), log.clone());
+        std::thread::spawn(move || {
+            let script = format!(
+                "echo B-start >> {log}; sleep 1; echo B-end >> {log}",
+                log = log.display()
+            );
+            flashsale_cmd(None, None, &nodes_urls)
+                .args([
+                    "lock", "exec", "--name", "handover", "--wait", "60s", "--", "sh", "-c",
+                    &script,
+                ])
+                .status()
+                .expect("run the next holder")
+        })
+    };
+    wait_for(
+        Duration::from_secs(60),
+        || {
+            std::fs::read_to_string(&log)
+                .unwrap_or_default()
+                .contains("B-start")
+        },
+        || "the next holder never got in".into(),
+    );
+    signal(first.id(), "CONT");
+    let next = next.join().expect("next holder");
+    let status = exit_within(&mut first, Duration::from_secs(60));
+    if let Ok(pid) = std::fs::read_to_string(&pid_file) {
+        if let Ok(pid) = pid.trim().parse::<u32>() {
+            signal(pid, "KILL");
+        }
+    }
+    assert!(next.success());
+    assert!(
+        !interleaved(&log),
+        "the command handed over late wrote while the next holder was inside"
+    );
+    assert_eq!(status.and_then(|s| s.code()), Some(79), "its lease lapsed");
+}
+
+/// From the sixth attack: a supervisor stopped before it started the
+/// command left the exec blocked in its hand-over (or waiting for the first
+/// report) for ever, renewing the lock with nothing running, deaf to
+/// SIGTERM. The exec continues it and handles signals throughout.
+#[test]
+fn a_supervisor_stopped_before_the_command_starts_does_not_hang_the_exec() {
+    let nodes = servers(1);
+    let (mut exec, _supervisor) =
+        exec_with_its_supervisor_stopped_early(&nodes, "stalled", "sleep 60");
+    // Until the command runs (the exec continued its supervisor), or a
+    // few seconds: SIGTERM must end the exec in either case.
+    let started = Instant::now();
+    while started.elapsed() < Duration::from_secs(5)
+        && !children(exec.id()).iter().any(|s| !children(*s).is_empty())
+    {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    signal(exec.id(), "TERM");
+    let status = exit_within(&mut exec, Duration::from_secs(60));
+    assert!(
+        status.is_some(),
+        "the exec hung with its supervisor stopped"
+    );
+    let rt = tokio::runtime::Runtime::new().expect("runtime");
+    rt.block_on(async {
+        let locks = client(&nodes);
+        let opts = LockOptions::new("next").wait(Duration::from_secs(30));
+        let next = locks
+            .lock("stalled", &opts)
+            .await
+            .expect("the lock comes back");
+        next.unlock().await;
+    });
+}
+
+/// From the sixth attack: the exec killed every child its process already
+/// had (a caller that `exec`s into flashsale, as a container's entry point
+/// does, after starting background work). It kills only what it started.
+#[test]
+fn the_exec_never_kills_what_its_caller_started_before_it() {
+    let nodes = servers(1);
+    let dir = tempfile::TempDir::new().expect("dir");
+    let pid_file = dir.path().join("before.pid");
+    let script = format!(
+        "sleep 300 & echo $! > {pid}; exec {bin} lock exec --name before --ttl 2s -- true",
+        pid = pid_file.display(),
+        bin = flashsale_bin().display()
+    );
+    let status = Command::new("sh")
+        .args(["-c", &script])
+        .env_remove("FLASHSALE_CONFIG")
+        .env("FLASHSALE_LOCK_NODES", urls(&nodes).join(","))
+        .status()
+        .expect("run");
+    let before = pid_in(&pid_file);
+    let still = alive(before);
+    signal(before, "KILL");
+    assert!(status.success(), "{status:?}");
+    assert!(still, "the exec killed a process its caller had started");
 }

@@ -327,6 +327,8 @@ pub trait Grant {
     fn lost(&self) -> impl std::future::Future<Output = ()>;
     /// How much longer the grant is valid by its client's clock.
     fn valid_for(&self) -> Duration;
+    /// Whether the grant is known lost (or its validity ran out).
+    fn is_lost(&self) -> bool;
     /// Gives it back; true when it was still held.
     fn unlock(self) -> impl std::future::Future<Output = bool>;
 }
@@ -337,6 +339,9 @@ impl Grant for LockGuard {
     }
     fn valid_for(&self) -> Duration {
         LockGuard::valid_for(self)
+    }
+    fn is_lost(&self) -> bool {
+        LockGuard::is_lost(self)
     }
     async fn unlock(self) -> bool {
         LockGuard::unlock(self).await
@@ -349,6 +354,9 @@ impl Grant for MultiGuard {
     }
     fn valid_for(&self) -> Duration {
         MultiGuard::valid_for(self)
+    }
+    fn is_lost(&self) -> bool {
+        MultiGuard::is_lost(self)
     }
     async fn unlock(self) -> bool {
         MultiGuard::unlock(self).await
@@ -386,33 +394,19 @@ impl Supervised<'_> {
         let mut supervisor = match Supervisor::start(self.lease, self.command, self.env) {
             Ok(s) => s,
             Err(e) => {
+                // Stopped or starved while handing the command over: the
+                // lease may have lapsed, and the command never ran.
+                if guard.is_lost() || !may_beat(guard.valid_for(), self.lease * 2 / 5) {
+                    say!(
+                        "flashsale: {} ran low before the command could start ({e}); it did not run",
+                        self.what
+                    );
+                    return Ok(ExitCode::from(EXIT_LOCK_LOST));
+                }
                 guard.unlock().await;
                 return Err(anyhow!("cannot start the command's supervisor: {e}"));
             }
         };
-        match supervisor.report().await {
-            Some(Report::Started(_)) => {}
-            Some(Report::NotStarted(errno)) => {
-                // The lock is released now, not left to its TTL, and the
-                // exit code is the shell's: 127 not found, 126 not
-                // executable.
-                supervisor.end();
-                guard.unlock().await;
-                let e = std::io::Error::from_raw_os_error(errno);
-                say!("flashsale: cannot run {:?}: {e}", self.command[0]);
-                return Ok(ExitCode::from(match e.kind() {
-                    std::io::ErrorKind::NotFound => EXIT_NOT_FOUND,
-                    _ => EXIT_NOT_EXECUTABLE,
-                }));
-            }
-            _ => {
-                supervisor.end();
-                guard.unlock().await;
-                return Err(anyhow!(
-                    "the command's supervisor ended before the command started"
-                ));
-            }
-        }
         let ending = self.watch(&mut supervisor, &guard, stops).await;
         // An exec that was stopped or starved past 2/5 of its lease renewed
         // nothing meanwhile, and its supervisor may have killed the
@@ -424,6 +418,13 @@ impl Supervised<'_> {
             say!(
                 "flashsale: the command's processes forked faster than they could be killed; \
                  {} is left to lapse with its lease",
+                self.what
+            );
+            return Ok(ExitCode::from(EXIT_LOCK_LOST));
+        }
+        if ending == Ending::NeverStarted {
+            say!(
+                "flashsale: {} ran low before the command could start (this exec was stopped or starved); it did not run",
                 self.what
             );
             return Ok(ExitCode::from(EXIT_LOCK_LOST));
@@ -450,12 +451,23 @@ impl Supervised<'_> {
             Ending::Exited(status) => exit_code(status),
             Ending::TerminalStop(sig) => signal_code(sig),
             Ending::GraceOver | Ending::SupervisorGone => signal_code(libc::SIGKILL),
-            Ending::Lost => EXIT_LOCK_LOST,
+            Ending::Lost | Ending::NeverStarted => EXIT_LOCK_LOST,
+            Ending::NotStarted(errno) => {
+                // The shell's codes: 127 not found, 126 not executable.
+                let e = std::io::Error::from_raw_os_error(errno);
+                say!("flashsale: cannot run {:?}: {e}", self.command[0]);
+                match e.kind() {
+                    std::io::ErrorKind::NotFound => EXIT_NOT_FOUND,
+                    _ => EXIT_NOT_EXECUTABLE,
+                }
+            }
         }))
     }
 
-    /// Waits for the command's end, telling the supervisor the exec lives.
-    /// A stop signal sends the command SIGTERM and starts the grace, after
+    /// Waits for the command's start and end, telling the supervisor the
+    /// exec lives (the first beat is the word to start the command, given
+    /// only while the grant outlasts the supervisor's patience). A stop
+    /// signal sends the command SIGTERM and starts the grace, after
     /// which it is killed; the grant's loss ends it at once; a command
     /// stopped for the terminal (SIGTTIN, SIGTTOU) is ended with a clear
     /// error; a supervisor killed on its own ends it too.
@@ -478,6 +490,7 @@ impl Supervised<'_> {
         );
         members.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut suspect: Option<(StoppedMember, tokio::time::Instant)> = None;
+        let mut started = false;
         loop {
             let grace_over = async {
                 match kill_at {
@@ -487,6 +500,8 @@ impl Supervised<'_> {
             };
             tokio::select! {
                 report = supervisor.report() => match report {
+                    Some(Report::Started(_)) => started = true,
+                    Some(Report::NotStarted(errno)) => return Ending::NotStarted(errno),
                     Some(Report::Exited(status)) => return Ending::Exited(status),
                     Some(Report::Stopped(sig @ (libc::SIGTTIN | libc::SIGTTOU))) => {
                         say!(
@@ -496,7 +511,9 @@ impl Supervised<'_> {
                         );
                         return Ending::TerminalStop(sig);
                     }
-                    Some(_) => {}
+                    Some(Report::Stopped(_)) => {}
+                    // Never given the word in time to start the command.
+                    None if !started => return Ending::NeverStarted,
                     None => {
                         say!(
                             "flashsale: the command's supervisor was killed; ended the command \
@@ -567,6 +584,11 @@ enum Ending {
     GraceOver,
     /// Its supervisor was killed on its own.
     SupervisorGone,
+    /// It could not be started (the errno).
+    NotStarted(i32),
+    /// Its supervisor ended before it started it: the word to start never
+    /// came within the supervisor's patience.
+    NeverStarted,
 }
 
 /// How long a process of the command's group may stay stopped while the

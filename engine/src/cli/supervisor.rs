@@ -160,6 +160,9 @@ pub struct Supervisor {
     /// may have been killed and the lease may have run out under it.
     lapsed: bool,
     ended: bool,
+    /// The exec's children from before the supervisor (a caller that
+    /// `exec`s into flashsale may have left some): never killed.
+    spared: Vec<libc::pid_t>,
 }
 
 impl Supervisor {
@@ -173,6 +176,9 @@ impl Supervisor {
         // and a lease just before its renewal (due a third of the way in)
         // still has about two thirds left, which clears that bar with room.
         let patience = (lease * 2 / 5).max(Duration::from_millis(10));
+        // SAFETY: getpid has no failure and no memory.
+        let me = unsafe { libc::getpid() };
+        let spared = children_of(&processes(), me);
         // SAFETY: prctl on this process's own attributes.
         if unsafe { libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1) } != 0 {
             return Err(io::Error::last_os_error());
@@ -220,26 +226,58 @@ impl Supervisor {
             last_beat: Instant::now(),
             lapsed: false,
             ended: false,
+            spared,
         };
+        // Dropped on an error, the supervisor is killed.
         supervisor.hand_over(argv, env)?;
         Ok(supervisor)
     }
 
-    /// Writes the command and its environment down the pipe, then makes
-    /// the pipe non-blocking: a beat never waits on a stopped supervisor.
+    /// Writes the command and its environment down the pipe, never
+    /// blocking: a supervisor stopped on its own is continued meanwhile,
+    /// and the hand-over gives up after the patience (the supervisor gives
+    /// up reading as soon, and never starts a command handed over late).
     fn hand_over(&mut self, argv: &[String], env: &[(&str, String)]) -> io::Result<()> {
         let mut vars: Vec<(OsString, OsString)> = std::env::vars_os()
             .filter(|(k, _)| !env.iter().any(|(e, _)| OsStr::new(e) == k))
             .collect();
         vars.extend(env.iter().map(|(k, v)| (k.into(), v.into())));
         let spec = encode_spec(argv, &vars);
-        self.control.write_all(&(spec.len() as u32).to_le_bytes())?;
-        self.control.write_all(&spec)?;
+        let mut bytes = (spec.len() as u32).to_le_bytes().to_vec();
+        bytes.extend(spec);
+        let fd = std::os::fd::AsRawFd::as_raw_fd(&self.control);
         // SAFETY: fcntl on a descriptor this handle owns.
         unsafe {
-            let fd = std::os::fd::AsRawFd::as_raw_fd(&self.control);
             let flags = libc::fcntl(fd, libc::F_GETFL);
             libc::fcntl(fd, libc::F_SETFL, flags | libc::O_NONBLOCK);
+        }
+        let deadline = Instant::now() + self.patience;
+        let mut sent = 0;
+        while sent < bytes.len() {
+            match self.control.write(&bytes[sent..]) {
+                Ok(n) => sent += n,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                    if Instant::now() >= deadline {
+                        return Err(io::Error::new(
+                            io::ErrorKind::TimedOut,
+                            "the supervisor did not read the command in time",
+                        ));
+                    }
+                    // SAFETY: kill(2) of our own child; poll of one live
+                    // pollfd.
+                    unsafe {
+                        libc::kill(self.pid, libc::SIGCONT);
+                        let mut poll = libc::pollfd {
+                            fd,
+                            events: libc::POLLOUT,
+                            revents: 0,
+                        };
+                        libc::poll(&mut poll, 1, 10);
+                    }
+                }
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(e),
+            }
         }
         Ok(())
     }
@@ -262,7 +300,9 @@ impl Supervisor {
     }
 
     /// Tells the supervisor the exec lives, continuing it first (one
-    /// stopped on its own would kill nothing).
+    /// stopped on its own would kill nothing). The first beat after the
+    /// hand-over is also the word to start the command: the exec gives it
+    /// only while the grant outlasts the patience (`lock_exec::may_beat`).
     pub fn beat(&mut self) {
         if self.ended {
             return;
@@ -312,9 +352,10 @@ impl Supervisor {
             })
     }
 
-    /// Kills the supervisor and everything below this process, and reaps
-    /// them all. False when a process forked faster than it was killed for
-    /// [`KILL_FOR`]. Done before the grant goes back, on every path.
+    /// Kills the supervisor and everything below this process but the
+    /// children it had before (and theirs), and reaps them all. False when
+    /// a process forked faster than it was killed for [`KILL_FOR`]. Done
+    /// before the grant goes back, on every path.
     pub fn end(mut self) -> bool {
         self.end_now()
     }
@@ -325,7 +366,7 @@ impl Supervisor {
         }
         self.ended = true;
         // SAFETY: getpid has no failure and no memory.
-        kill_tree(unsafe { libc::getpid() })
+        kill_tree(unsafe { libc::getpid() }, &self.spared)
     }
 }
 
@@ -541,10 +582,18 @@ fn supervise(control: libc::c_int, report: libc::c_int, patience: Duration) -> !
     // SAFETY: both descriptors were handed to this image and are its own.
     let (mut from_exec, mut to_exec) =
         unsafe { (File::from_raw_fd(control), File::from_raw_fd(report)) };
-    let Some(spec) = read_spec(&mut from_exec) else {
-        // The exec is gone before the command started: nothing to kill.
+    // The command, then the word to start it, each within the patience:
+    // an exec stopped or starved meanwhile may have let its lease lapse,
+    // and a command handed over late must not start in another's turn.
+    let deadline = Instant::now() + patience;
+    let Some(spec) = read_spec(&mut from_exec, control, deadline) else {
+        // The exec is gone or stopped before the command started: nothing
+        // to kill.
         std::process::exit(0)
     };
+    if !wait_for_go(control, Instant::now() + patience) {
+        std::process::exit(0)
+    }
     let command = match spawn(&spec) {
         Ok(pid) => pid,
         Err(e) => {
@@ -555,20 +604,64 @@ fn supervise(control: libc::c_int, report: libc::c_int, patience: Duration) -> !
     };
     let _ = to_exec.write_all(&Report::Started(command).encode());
     watch_exec(control, patience, command, &mut to_exec);
-    kill_tree(std::process::id() as libc::pid_t);
+    kill_tree(std::process::id() as libc::pid_t, &[]);
     std::process::exit(0)
 }
 
-fn read_spec(from_exec: &mut File) -> Option<Spec> {
+/// Reads the command from the exec, giving up at `deadline`.
+fn read_spec(from_exec: &mut File, control: libc::c_int, deadline: Instant) -> Option<Spec> {
     let mut len = [0u8; 4];
-    from_exec.read_exact(&mut len).ok()?;
+    read_by(from_exec, control, &mut len, deadline)?;
     let len = u32::from_le_bytes(len) as usize;
     if len > MAX_SPEC {
         return None;
     }
     let mut bytes = vec![0u8; len];
-    from_exec.read_exact(&mut bytes).ok()?;
+    read_by(from_exec, control, &mut bytes, deadline)?;
     decode_spec(&bytes)
+}
+
+/// Fills `buf` from the exec's pipe, or None when it ends or `deadline`
+/// passes first.
+fn read_by(
+    from_exec: &mut File,
+    control: libc::c_int,
+    buf: &mut [u8],
+    deadline: Instant,
+) -> Option<()> {
+    let mut got = 0;
+    while got < buf.len() {
+        let left = deadline.checked_duration_since(Instant::now())?;
+        let mut poll = libc::pollfd {
+            fd: control,
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        let wait = left.as_millis().clamp(1, TICK_MS as u128) as libc::c_int;
+        // SAFETY: polls one live pollfd.
+        if unsafe { libc::poll(&mut poll, 1, wait) } <= 0 {
+            continue;
+        }
+        match from_exec.read(&mut buf[got..]) {
+            Ok(0) => return None,
+            Ok(n) => got += n,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(_) => return None,
+        }
+    }
+    Some(())
+}
+
+/// Waits for the exec's first beat after the command (the word to start
+/// it) until `deadline`; false if the pipe ends or the deadline passes.
+fn wait_for_go(control: libc::c_int, deadline: Instant) -> bool {
+    let mut byte = [0u8; 1];
+    // SAFETY: the descriptor is this image's own; the File is forgotten
+    // below so it is not closed twice.
+    let mut pipe = unsafe { File::from_raw_fd(control) };
+    let go = read_by(&mut pipe, control, &mut byte, deadline).is_some();
+    std::mem::forget(pipe);
+    go
 }
 
 /// Starts the command in the supervisor's group, the signals the
@@ -653,35 +746,53 @@ fn reap(command: libc::pid_t, to_exec: &mut File) {
     }
 }
 
-/// Kills every process below `root` and reaps them, until `root` has no
-/// child left: `root` is a subreaper, so the orphans of those killed come
-/// to it, and no child means no descendant. False if that took longer
-/// than [`KILL_FOR`].
-fn kill_tree(root: libc::pid_t) -> bool {
+/// Kills every process below `root` but `spared` and theirs, and reaps
+/// them, until `root` has no child left but `spared`: `root` is a
+/// subreaper, so the orphans of those killed come to it, and no other
+/// child means no other descendant. False if that took longer than
+/// [`KILL_FOR`].
+fn kill_tree(root: libc::pid_t, spared: &[libc::pid_t]) -> bool {
     let started = Instant::now();
     loop {
         let procs = processes();
-        for pid in descendants(&procs, root) {
-            // SAFETY: kill(2) of a process below this one.
-            unsafe { libc::kill(pid, libc::SIGKILL) };
+        let mut keep: Vec<libc::pid_t> = spared.to_vec();
+        for s in spared {
+            keep.extend(descendants(&procs, *s));
         }
-        loop {
-            let mut status = 0;
-            // SAFETY: waitpid writes the status it is given.
-            let pid = unsafe { libc::waitpid(-1, &mut status, libc::WNOHANG) };
-            if pid > 0 {
-                continue;
+        for pid in descendants(&procs, root) {
+            if !keep.contains(&pid) {
+                // SAFETY: kill(2) of a process below this one.
+                unsafe { libc::kill(pid, libc::SIGKILL) };
             }
-            if pid < 0 && io::Error::last_os_error().raw_os_error() == Some(libc::ECHILD) {
-                return true;
+        }
+        for pid in children_of(&procs, root) {
+            if !spared.contains(&pid) {
+                let mut status = 0;
+                // SAFETY: waitpid writes the status it is given.
+                unsafe { libc::waitpid(pid, &mut status, libc::WNOHANG) };
             }
-            break;
+        }
+        let left = children_of(&processes(), root)
+            .into_iter()
+            .filter(|p| !spared.contains(p))
+            .count();
+        if left == 0 {
+            return true;
         }
         if started.elapsed() >= KILL_FOR {
             return false;
         }
         std::thread::sleep(Duration::from_millis(1));
     }
+}
+
+/// The pids whose parent is `parent`.
+fn children_of(procs: &[Proc], parent: libc::pid_t) -> Vec<libc::pid_t> {
+    procs
+        .iter()
+        .filter(|p| p.ppid == parent)
+        .map(|p| p.pid)
+        .collect()
 }
 
 /// One line of /proc/<pid>/stat, the fields used here.
