@@ -833,7 +833,8 @@ fn a_stopped_exec_does_not_leave_its_command_running_into_the_next_turn() {
 /// foreground) while the exec ran on renewing the lock, so the shell never
 /// got its prompt back and the lock was held by a stopped job. Now the exec
 /// stops with it (job control), and the stopped job's command is ended by
-/// the reaper within half the lease, so no lock is held by a stopped job.
+/// its supervisor within 2/5 of the lease, so no lock is held by a stopped
+/// job.
 /// Run from an interactive bash under a pty, as a user would.
 #[test]
 fn ctrl_z_stops_the_exec_and_a_stopped_job_holds_no_lock() {
@@ -1651,38 +1652,26 @@ fn a_command_handed_over_after_the_lease_lapsed_never_runs_beside_the_next_holde
     );
     signal(first.id(), "STOP");
     signal(supervisor, "CONT");
-    let next = {
-        let (nodes_urls, log) = (urls(&nodes), log.clone());
-        std::thread::spawn(move || {
-            let script = format!(
-                "echo B-start >> {log}; sleep 1; echo B-end >> {log}",
-                log = log.display()
-            );
-            flashsale_cmd(None, None, &nodes_urls)
-                .args([
-                    "lock", "exec", "--name", "handover", "--wait", "60s", "--", "sh", "-c",
-                    &script,
-                ])
-                .status()
-                .expect("run the next holder")
-        })
-    };
-    wait_for(
-        Duration::from_secs(60),
-        || {
-            std::fs::read_to_string(&log)
-                .unwrap_or_default()
-                .contains("B-start")
-        },
-        || "the next holder never got in".into(),
-    );
-    signal(first.id(), "CONT");
-    let next = next.join().expect("next holder");
-    let status = exit_within(&mut first, Duration::from_secs(60));
-    if let Ok(pid) = std::fs::read_to_string(&pid_file) {
-        if let Ok(pid) = pid.trim().parse::<u32>() {
-            signal(pid, "KILL");
-        }
+    let (next, status) = std::thread::scope(|scope| {
+        let next = scope.spawn(|| next_holder(&nodes, "handover", &log));
+        wait_for(
+            Duration::from_secs(60),
+            || {
+                std::fs::read_to_string(&log)
+                    .unwrap_or_default()
+                    .contains("B-start")
+            },
+            || "the next holder never got in".into(),
+        );
+        signal(first.id(), "CONT");
+        let next = next.join().expect("next holder");
+        (next, exit_within(&mut first, Duration::from_secs(60)))
+    });
+    if let Some(pid) = std::fs::read_to_string(&pid_file)
+        .ok()
+        .and_then(|p| p.trim().parse::<u32>().ok())
+    {
+        signal(pid, "KILL");
     }
     assert!(next.success());
     assert!(
