@@ -1059,6 +1059,7 @@ impl Bench {
         );
         self.settle().await?;
         let before = master_time(&self.engine, &mut self.conn).await?;
+        let cpu_before = process_cpu_us();
         let batches_before = self.engine.stats().purchase_batch_sizes.snapshot();
         let (paid, pay_errors) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));
         let counters = (paid.clone(), pay_errors.clone());
@@ -1078,6 +1079,7 @@ impl Bench {
             paid.load(Ordering::Relaxed),
             pay_errors.load(Ordering::Relaxed),
         );
+        let client_us = process_cpu_us().saturating_sub(cpu_before);
         let after = master_time(&self.engine, &mut self.conn).await?;
         let batches: Vec<u64> = self
             .engine
@@ -1156,7 +1158,9 @@ impl Bench {
             + u64::from(!burst_done);
         r.batch_p50 = targets::size_at(&batches, 0.5);
         r.batch_p99 = targets::size_at(&batches, 0.99);
-        // Master time of the selling phase (payments included).
+        // CPU of the selling phase (payments included), per purchase.
+        r.client_us_per_confirmed =
+            (r.confirmed > 0).then(|| client_us as f64 / r.confirmed as f64);
         Ok(with_master_time(r, &before, &after))
     }
 

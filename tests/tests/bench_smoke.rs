@@ -205,11 +205,11 @@ fn every_strategy_runs_and_the_json_is_complete() {
     let locks = report["lock_results"].as_array().expect("lock_results");
     assert_eq!(
         locks.len(),
-        38,
-        "flashsale, rslock, the fair lock and the semaphore, 1 and 3 nodes, 1 and 3 tasks; \
-         flashsale (fixed lease and watchdog) and rslock with 16 workers on one client, \
-         U and C, 1 and 3 nodes; then flashsale (fixed lease and watchdog), rslock, the fair lock and the semaphore \
-         across 4 processes on 1 and 3 nodes"
+        48,
+        "flashsale, rslock, tuned rslock, the fair lock and the semaphore, 1 and 3 nodes, 1 and 3 tasks; \
+         flashsale (fixed lease and watchdog), rslock and tuned rslock with 16 workers on one client, \
+         U and C, 1 and 3 nodes; then flashsale (fixed lease and watchdog), rslock, tuned rslock, the fair lock \
+         and the semaphore across 4 processes on 1 and 3 nodes"
     );
     assert_eq!(
         locks
@@ -220,7 +220,7 @@ fn every_strategy_runs_and_the_json_is_complete() {
                 && l["tasks"] == 16
                 && l["longest_wait_ms"].as_f64().is_some())
             .count(),
-        10,
+        12,
         "the cross-process rows: {locks:?}"
     );
     assert_eq!(
@@ -232,13 +232,26 @@ fn every_strategy_runs_and_the_json_is_complete() {
                 && l["tasks"] == 16
                 && l["longest_wait_ms"].as_f64().is_some())
             .count(),
-        12,
+        16,
         "the rows of 16 workers on one client: {locks:?}"
     );
+    // Every lock row checked exclusion with its witness, and was clean.
     assert!(locks
         .iter()
-        .all(|l| l["pairs"].as_u64().unwrap_or(0) > 0 && l["errors"] == 0));
-    assert_eq!(report["targets"].as_array().map(Vec::len), Some(23));
+        .all(|l| l["pairs"].as_u64().unwrap_or(0) > 0 && l["errors"] == 0 && l["overlaps"] == 0));
+    assert_eq!(report["targets"].as_array().map(Vec::len), Some(19));
+    // Cost per confirmed purchase on every engine row that confirmed any:
+    // the masters' and the bench process's.
+    for r in results.iter().filter(|r| {
+        r["strategy"]
+            .as_str()
+            .is_some_and(|s| s.starts_with("engine"))
+            && r["confirmed"].as_u64().unwrap_or(0) > 0
+    }) {
+        for field in ["master_us_per_confirmed", "client_us_per_confirmed"] {
+            assert!(r[field].as_f64().is_some_and(|x| x > 0.0), "{field}: {r}");
+        }
+    }
     // Batch sizes on every engine row, and never on an anchor's; one call
     // per purchase where batch_max = 1.
     for r in results.iter().filter(|r| {
