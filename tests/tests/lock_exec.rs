@@ -1741,3 +1741,114 @@ fn the_exec_never_kills_what_its_caller_started_before_it() {
     assert!(status.success(), "{status:?}");
     assert!(still, "the exec killed a process its caller had started");
 }
+
+/// Starts `lock exec --name <name> --ttl 2s --grace 20s -- <command>` and
+/// sends the exec's supervisor-to-be `sig` (to the exec, or with
+/// `to_supervisor` to the supervisor) the moment the supervisor appears,
+/// before it can start the command. Returns the exec's exit status and
+/// what it said.
+fn signalled_at_start(
+    nodes: &[RedisServer],
+    name: &str,
+    command: &[&str],
+    sig: libc::c_int,
+    to_supervisor: bool,
+) -> (Option<ExitStatus>, String) {
+    let mut exec = flashsale_cmd(None, None, &urls(nodes))
+        .args([
+            "lock", "exec", "--name", name, "--ttl", "2s", "--grace", "20s", "--",
+        ])
+        .args(command)
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn");
+    let started = Instant::now();
+    while started.elapsed() < Duration::from_secs(30) {
+        if let Some(s) = newer_child(exec.id()) {
+            let target = if to_supervisor { s } else { exec.id() };
+            // SAFETY: kill(2) of a process this test started (or its child).
+            unsafe { libc::kill(target as libc::pid_t, sig) };
+            break;
+        }
+    }
+    let status = exit_within(&mut exec, Duration::from_secs(60));
+    let mut said = String::new();
+    if let Some(mut e) = exec.stderr.take() {
+        let _ = e.read_to_string(&mut said);
+    }
+    (status, said)
+}
+
+/// From the seventh attack: SIGTERM as the supervisor started was sent to
+/// no command (none ran yet), the command started afterwards, never saw
+/// it, and was killed when the grace ran out (exit 137 after 20 s). A stop
+/// signal before the command runs now ends the exec as one while waiting
+/// does: the command never starts, exit 128 + the signal.
+#[test]
+fn a_stop_signal_as_the_command_starts_is_not_lost() {
+    let nodes = servers(1);
+    let (status, said) = signalled_at_start(
+        &nodes,
+        "stop-at-start",
+        &["sh", "-c", "trap 'exit 3' TERM; sleep 30 & wait"],
+        libc::SIGTERM,
+        false,
+    );
+    let code = status.and_then(|s| s.code());
+    assert!(
+        matches!(code, Some(143) | Some(3)),
+        "stopped at once, as the command's own answer to SIGTERM or 128 + 15: {code:?} {said:?}"
+    );
+    assert_eq!(
+        nodes[0]
+            .node
+            .cmd::<i64>(&["EXISTS", "flashsale:lock:stop-at-start"]),
+        0,
+        "the lock went back"
+    );
+}
+
+/// From the seventh attack: a supervisor killed before it started the
+/// command made the exec exit 79 saying it had been stopped or starved; it
+/// says the supervisor was killed and exits 137, as the docs' table has it.
+#[test]
+fn a_supervisor_killed_before_the_command_starts_is_told_as_killed() {
+    let nodes = servers(1);
+    let (status, said) = signalled_at_start(
+        &nodes,
+        "killed-at-start",
+        &["sh", "-c", "echo started"],
+        libc::SIGKILL,
+        true,
+    );
+    assert_eq!(status.and_then(|s| s.code()), Some(137), "{said:?}");
+    assert!(said.contains("supervisor was killed"), "{said:?}");
+}
+
+/// From the seventh attack: the exec, a subreaper, took in the orphans of
+/// children its caller had started before `exec`ing into flashsale, and
+/// killed them with the command's. With children of its own from before,
+/// it is no subreaper: their orphans go where they would have gone.
+#[test]
+fn the_exec_never_kills_what_its_callers_children_leave_behind() {
+    let nodes = servers(1);
+    let dir = tempfile::TempDir::new().expect("dir");
+    let pid_file = dir.path().join("orphan.pid");
+    let script = format!(
+        "sh -c 'sleep 0.5; sleep 300 & echo $! > {pid}; exit 0' & \
+         exec {bin} lock exec --name orphans --ttl 2s -- sleep 2",
+        pid = pid_file.display(),
+        bin = flashsale_bin().display()
+    );
+    let status = Command::new("sh")
+        .args(["-c", &script])
+        .env_remove("FLASHSALE_CONFIG")
+        .env("FLASHSALE_LOCK_NODES", urls(&nodes).join(","))
+        .status()
+        .expect("run");
+    let orphan = pid_in(&pid_file);
+    let still = alive(orphan);
+    signal(orphan, "KILL");
+    assert!(status.success(), "{status:?}");
+    assert!(still, "the exec killed what its caller's child left behind");
+}

@@ -449,7 +449,7 @@ impl Supervised<'_> {
         }
         Ok(ExitCode::from(match ending {
             Ending::Exited(status) => exit_code(status),
-            Ending::TerminalStop(sig) => signal_code(sig),
+            Ending::TerminalStop(sig) | Ending::StoppedBeforeStart(sig) => signal_code(sig),
             Ending::GraceOver | Ending::SupervisorGone => signal_code(libc::SIGKILL),
             Ending::Lost | Ending::NeverStarted => EXIT_LOCK_LOST,
             Ending::NotStarted(errno) => {
@@ -512,8 +512,17 @@ impl Supervised<'_> {
                         return Ending::TerminalStop(sig);
                     }
                     Some(Report::Stopped(_)) => {}
-                    // Never given the word in time to start the command.
-                    None if !started => return Ending::NeverStarted,
+                    // Killed before it started the command, or never given
+                    // the word in time to start it.
+                    None if !started => {
+                        if supervisor.was_killed() {
+                            say!(
+                                "flashsale: the command's supervisor was killed before the command started; it did not run"
+                            );
+                            return Ending::SupervisorGone;
+                        }
+                        return Ending::NeverStarted;
+                    }
                     None => {
                         say!(
                             "flashsale: the command's supervisor was killed; ended the command \
@@ -558,7 +567,15 @@ impl Supervised<'_> {
                     say!("flashsale: {} lost; killing the command", self.what);
                     return Ending::Lost;
                 }
-                _ = stops.recv() => {
+                sig = stops.recv() => {
+                    if !started {
+                        // As while waiting: the command never runs (the
+                        // supervisor may be starting it: the end kills it).
+                        say!(
+                            "flashsale: stopped by signal {sig} before the command started; it did not run"
+                        );
+                        return Ending::StoppedBeforeStart(sig);
+                    }
                     supervisor.signal_command(libc::SIGTERM);
                     kill_at.get_or_insert(tokio::time::Instant::now() + self.grace);
                 }
@@ -589,6 +606,8 @@ enum Ending {
     /// Its supervisor ended before it started it: the word to start never
     /// came within the supervisor's patience.
     NeverStarted,
+    /// A stop signal came before it started (the signal).
+    StoppedBeforeStart(libc::c_int),
 }
 
 /// How long a process of the command's group may stay stopped while the

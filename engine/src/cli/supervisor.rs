@@ -84,6 +84,16 @@ const MAX_SPEC: usize = 16 << 20;
 /// How often the supervisor looks at its child when no byte comes.
 const TICK_MS: libc::c_int = 20;
 
+/// A beat's tag. A beat is the tag and when the exec sent it (ns of
+/// `CLOCK_MONOTONIC`, one clock for every process of the host, little
+/// endian): [`BEAT_LEN`] bytes, below `PIPE_BUF`, so written whole. The
+/// supervisor counts its patience from the sending, not from its reading:
+/// a beat read late (the supervisor stopped or starved meanwhile) gives
+/// the command no time the exec's lease did not cover.
+const BEAT: u8 = 2;
+/// Bytes of a beat.
+const BEAT_LEN: usize = 9;
+
 /// How long a kill of the tree may take before it is given up as lost to
 /// a process that forks faster than it is killed.
 const KILL_FOR: Duration = Duration::from_secs(10);
@@ -179,8 +189,14 @@ impl Supervisor {
         // SAFETY: getpid has no failure and no memory.
         let me = unsafe { libc::getpid() };
         let spared = children_of(&processes(), me);
+        // A subreaper only when this process started nothing before: the
+        // orphans a caller's children leave (a caller that `exec`s into
+        // flashsale) would come here too, and could not be told from the
+        // command's. Without it, a supervisor killed on its own leaves the
+        // command's background work to init (its first process dies with
+        // the supervisor, by PR_SET_PDEATHSIG).
         // SAFETY: prctl on this process's own attributes.
-        if unsafe { libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1) } != 0 {
+        if spared.is_empty() && unsafe { libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1) } != 0 {
             return Err(io::Error::last_os_error());
         }
         let (control_read, control_write) = pipe()?;
@@ -316,7 +332,27 @@ impl Supervisor {
         unsafe { libc::kill(self.pid, libc::SIGCONT) };
         // A full pipe (a supervisor stopped for long) or a gone one: the
         // report channel says which soon enough.
-        let _ = self.control.write(&[1]);
+        let _ = self.control.write(&encode_beat(monotonic_ns()));
+    }
+
+    /// Whether the supervisor, gone, was killed by a signal (not ended on
+    /// its own: it ends on its own only when the word to start the command
+    /// did not come in time). Waits up to a second for its end.
+    pub fn was_killed(&mut self) -> bool {
+        let until = Instant::now() + Duration::from_secs(1);
+        while Instant::now() < until {
+            let mut status = 0;
+            // SAFETY: waits without blocking for our own child.
+            let pid = unsafe { libc::waitpid(self.pid, &mut status, libc::WNOHANG) };
+            if pid == self.pid {
+                return libc::WIFSIGNALED(status);
+            }
+            if pid < 0 {
+                return false;
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        false
     }
 
     /// Whether the exec was ever silent longer than the supervisor waits:
@@ -374,6 +410,38 @@ impl Drop for Supervisor {
     fn drop(&mut self) {
         self.end_now();
     }
+}
+
+/// `CLOCK_MONOTONIC` now, ns.
+fn monotonic_ns() -> u64 {
+    // SAFETY: clock_gettime fills the zeroed timespec it is given.
+    let t = unsafe {
+        let mut t: libc::timespec = std::mem::zeroed();
+        libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut t);
+        t
+    };
+    (t.tv_sec as u64)
+        .saturating_mul(1_000_000_000)
+        .saturating_add(t.tv_nsec as u64)
+}
+
+fn encode_beat(sent_ns: u64) -> [u8; BEAT_LEN] {
+    let mut out = [BEAT; BEAT_LEN];
+    out[1..].copy_from_slice(&sent_ns.to_le_bytes());
+    out
+}
+
+/// When the exec sent the beat `frame`, or None if it is not a beat.
+fn decode_beat(frame: &[u8]) -> Option<u64> {
+    let (tag, sent) = frame.split_first()?;
+    (*tag == BEAT).then_some(())?;
+    Some(u64::from_le_bytes(sent.try_into().ok()?))
+}
+
+/// The moment (ns of `CLOCK_MONOTONIC`) by which the command must have been
+/// ended, counting from a beat the exec sent at `sent_ns`.
+fn beat_deadline(sent_ns: u64, patience: Duration) -> u64 {
+    sent_ns.saturating_add(u64::try_from(patience.as_nanos()).unwrap_or(u64::MAX))
 }
 
 /// A pipe, both ends close-on-exec.
@@ -591,9 +659,9 @@ fn supervise(control: libc::c_int, report: libc::c_int, patience: Duration) -> !
         // to kill.
         std::process::exit(0)
     };
-    if !wait_for_go(control, Instant::now() + patience) {
+    let Some(deadline) = wait_for_go(control, Instant::now() + patience, patience) else {
         std::process::exit(0)
-    }
+    };
     let command = match spawn(&spec) {
         Ok(pid) => pid,
         Err(e) => {
@@ -603,7 +671,7 @@ fn supervise(control: libc::c_int, report: libc::c_int, patience: Duration) -> !
         }
     };
     let _ = to_exec.write_all(&Report::Started(command).encode());
-    watch_exec(control, patience, command, &mut to_exec);
+    watch_exec(control, patience, deadline, command, &mut to_exec);
     kill_tree(std::process::id() as libc::pid_t, &[]);
     std::process::exit(0)
 }
@@ -653,15 +721,19 @@ fn read_by(
 }
 
 /// Waits for the exec's first beat after the command (the word to start
-/// it) until `deadline`; false if the pipe ends or the deadline passes.
-fn wait_for_go(control: libc::c_int, deadline: Instant) -> bool {
-    let mut byte = [0u8; 1];
+/// it) until `deadline`; the moment the command must end by, counted from
+/// the beat's sending, or None if the pipe ends, the deadline passes, or
+/// the beat is already older than the patience.
+fn wait_for_go(control: libc::c_int, deadline: Instant, patience: Duration) -> Option<u64> {
+    let mut frame = [0u8; BEAT_LEN];
     // SAFETY: the descriptor is this image's own; the File is forgotten
     // below so it is not closed twice.
     let mut pipe = unsafe { File::from_raw_fd(control) };
-    let go = read_by(&mut pipe, control, &mut byte, deadline).is_some();
+    let read = read_by(&mut pipe, control, &mut frame, deadline);
     std::mem::forget(pipe);
-    go
+    read?;
+    let ends = beat_deadline(decode_beat(&frame)?, patience);
+    (monotonic_ns() < ends).then_some(ends)
 }
 
 /// Starts the command in the supervisor's group, the signals the
@@ -693,10 +765,17 @@ fn spawn(spec: &Spec) -> io::Result<libc::pid_t> {
     Ok(child.id() as libc::pid_t)
 }
 
-/// Until the exec's pipe closes or stays silent for `patience`: reaps what
+/// Until the exec's pipe closes or no beat sent in the last `patience`
+/// has come (the first deadline is `deadline`, from the go): reaps what
 /// ends below, and reports the command's stops and its end.
-fn watch_exec(control: libc::c_int, patience: Duration, command: libc::pid_t, to_exec: &mut File) {
-    let mut last_beat = Instant::now();
+fn watch_exec(
+    control: libc::c_int,
+    patience: Duration,
+    mut deadline: u64,
+    command: libc::pid_t,
+    to_exec: &mut File,
+) {
+    let mut pending: Vec<u8> = Vec::with_capacity(BEAT_LEN * 8);
     let mut bytes = [0u8; 64];
     loop {
         let mut poll = libc::pollfd {
@@ -713,16 +792,31 @@ fn watch_exec(control: libc::c_int, patience: Duration, command: libc::pid_t, to
                 return; // the exec is gone
             }
             if n > 0 {
-                last_beat = Instant::now();
+                pending.extend_from_slice(&bytes[..n as usize]);
+                deadline = deadline.max(latest_deadline(&mut pending, patience));
             } else if io::Error::last_os_error().kind() != io::ErrorKind::Interrupted {
                 return;
             }
         }
-        if last_beat.elapsed() >= patience {
+        if monotonic_ns() >= deadline {
             return; // silence: the exec is stopped or hung
         }
         reap(command, to_exec);
     }
+}
+
+/// Takes every whole beat off the front of `pending`; the latest deadline
+/// they give (0 for none).
+fn latest_deadline(pending: &mut Vec<u8>, patience: Duration) -> u64 {
+    let whole = pending.len() / BEAT_LEN * BEAT_LEN;
+    let latest = pending[..whole]
+        .chunks(BEAT_LEN)
+        .filter_map(decode_beat)
+        .map(|sent| beat_deadline(sent, patience))
+        .max()
+        .unwrap_or(0);
+    pending.drain(..whole);
+    latest
 }
 
 /// Reaps every child that changed state; tells the exec of the command's.
@@ -851,6 +945,31 @@ fn descendants(procs: &[Proc], root: libc::pid_t) -> Vec<libc::pid_t> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// From the seventh attack: the supervisor counted its patience from
+    /// reading a beat, so a beat read late (the supervisor stopped or
+    /// starved while the exec was stopped) gave the command a full patience
+    /// more, past the lease, beside the next holder. It counts from the
+    /// sending.
+    #[test]
+    fn a_beat_read_late_gives_the_command_no_more_time() {
+        let patience = Duration::from_millis(400);
+        let now = monotonic_ns();
+        let stale = now - 6_000_000_000;
+        let mut pending = encode_beat(stale).to_vec();
+        assert!(latest_deadline(&mut pending, patience) < now);
+        assert!(pending.is_empty());
+        // Several beats, a half one left for the next read.
+        let mut pending = encode_beat(stale).to_vec();
+        pending.extend(encode_beat(now));
+        pending.extend(&encode_beat(now)[..4]);
+        assert_eq!(
+            latest_deadline(&mut pending, patience),
+            beat_deadline(now, patience)
+        );
+        assert_eq!(pending.len(), 4);
+        assert_eq!(decode_beat(&[1, 0, 0, 0, 0, 0, 0, 0, 0]), None);
+    }
 
     #[test]
     fn reports_decode_to_what_was_encoded() {
