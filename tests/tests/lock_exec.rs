@@ -1852,3 +1852,74 @@ fn the_exec_never_kills_what_its_callers_children_leave_behind() {
     assert!(status.success(), "{status:?}");
     assert!(still, "the exec killed what its caller's child left behind");
 }
+
+/// From the seventh attack: twenty lines of processes that each fork their
+/// successor and exit outran the kill that walks /proc, and ran on beside
+/// the next holder. With `--pid-namespace` the command's first process is
+/// the init of a PID namespace of its own, and its death makes the kernel
+/// end every process of the namespace at once. (Needs CAP_SYS_ADMIN, which
+/// the suite has: it runs as root.)
+#[test]
+fn a_command_in_its_own_pid_namespace_is_ended_whole_however_fast_it_forks() {
+    let nodes = servers(3);
+    let dir = tempfile::TempDir::new().expect("dir");
+    let log = dir.path().join("log");
+    // Each line: a process that logs, forks its successor and exits, for
+    // at most 3,000 generations.
+    let script = format!(
+        "c() {{ [ \"$1\" -gt 0 ] || exit 0; echo A >> {log}; (c $(($1 - 1)) &); }}; \
+         for i in $(seq 20); do c 3000 & done; sleep 600",
+        log = log.display()
+    );
+    let mut exec = flashsale_cmd(None, None, &urls(&nodes))
+        .args([
+            "lock",
+            "exec",
+            "--name",
+            "forks",
+            "--ttl",
+            "2s",
+            "--pid-namespace",
+            "--",
+            "sh",
+            "-c",
+            &script,
+        ])
+        .spawn()
+        .expect("spawn");
+    wait_for(
+        Duration::from_secs(30),
+        || std::fs::read_to_string(&log).unwrap_or_default().len() > 200,
+        || "the command never forked".into(),
+    );
+    // The namespace's init (the supervisor's child) sees two pids of its
+    // own: the host's and its namespace's.
+    let supervisor = children(exec.id()).first().copied().expect("supervisor");
+    let init = children(supervisor)
+        .first()
+        .copied()
+        .expect("namespace init");
+    let nspid = std::fs::read_to_string(format!("/proc/{init}/status"))
+        .unwrap_or_default()
+        .lines()
+        .find(|l| l.starts_with("NSpid:"))
+        .map(|l| l.split_whitespace().count() - 1);
+    assert_eq!(
+        nspid,
+        Some(2),
+        "the command runs in a PID namespace of its own"
+    );
+    let _ = exec.kill();
+    let _ = exec.wait();
+    let status = next_holder(&nodes, "forks", &log);
+    assert!(status.success());
+    let text = std::fs::read_to_string(&log).unwrap_or_default();
+    let after_b = text
+        .split_once("B-start")
+        .map(|(_, rest)| rest.lines().filter(|l| *l == "A").count())
+        .unwrap_or(0);
+    assert_eq!(
+        after_b, 0,
+        "a process of the command wrote after the next holder got in"
+    );
+}

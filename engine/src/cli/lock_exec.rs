@@ -59,6 +59,13 @@ pub struct LockExecArgs {
     /// lost), how long it may drain before its whole group is killed.
     #[arg(long, default_value = "10s", value_parser = parse_duration)]
     pub grace: Duration,
+    /// Run the command in a PID namespace of its own: when it ends, or the
+    /// lock is lost, the kernel ends every process it started at once,
+    /// however fast they fork. Needs CAP_SYS_ADMIN; the command then sees
+    /// the namespace's pids (a pid file it writes names them, not the
+    /// host's).
+    #[arg(long)]
+    pub pid_namespace: bool,
     /// The command and its arguments, after `--`.
     #[arg(last = true, required = true)]
     pub command: Vec<String>,
@@ -175,6 +182,7 @@ async fn run_with(
             command: &args.command,
             grace: args.grace,
             lease: args.ttl,
+            pid_namespace: args.pid_namespace,
         };
         return run.under(guard, stops).await;
     }
@@ -198,6 +206,7 @@ async fn run_with(
         command: &args.command,
         grace: args.grace,
         lease: args.ttl,
+        pid_namespace: args.pid_namespace,
     };
     run.under(guard, stops).await
 }
@@ -377,6 +386,8 @@ pub struct Supervised<'a> {
     /// The grant's lease: the supervisor kills the command when the exec has
     /// been silent for 2/5 of it.
     pub lease: Duration,
+    /// Run the command in a PID namespace of its own (`--pid-namespace`).
+    pub pid_namespace: bool,
 }
 
 impl Supervised<'_> {
@@ -391,7 +402,12 @@ impl Supervised<'_> {
             guard.unlock().await;
             return Err(anyhow!("no command given"));
         }
-        let mut supervisor = match Supervisor::start(self.lease, self.command, self.env) {
+        let mut supervisor = match Supervisor::start(
+            self.lease,
+            self.command,
+            self.env,
+            self.pid_namespace,
+        ) {
             Ok(s) => s,
             Err(e) => {
                 // Stopped or starved while handing the command over: the
@@ -452,6 +468,13 @@ impl Supervised<'_> {
             Ending::TerminalStop(sig) | Ending::StoppedBeforeStart(sig) => signal_code(sig),
             Ending::GraceOver | Ending::SupervisorGone => signal_code(libc::SIGKILL),
             Ending::Lost | Ending::NeverStarted => EXIT_LOCK_LOST,
+            Ending::NoNamespace(errno) => {
+                let e = std::io::Error::from_raw_os_error(errno);
+                say!(
+                    "flashsale: --pid-namespace: cannot make a PID namespace ({e}); it needs CAP_SYS_ADMIN. The command did not run"
+                );
+                EXIT_NOT_EXECUTABLE
+            }
             Ending::NotStarted(errno) => {
                 // The shell's codes: 127 not found, 126 not executable.
                 let e = std::io::Error::from_raw_os_error(errno);
@@ -502,6 +525,7 @@ impl Supervised<'_> {
                 report = supervisor.report() => match report {
                     Some(Report::Started(_)) => started = true,
                     Some(Report::NotStarted(errno)) => return Ending::NotStarted(errno),
+                    Some(Report::NoNamespace(errno)) => return Ending::NoNamespace(errno),
                     Some(Report::Exited(status)) => return Ending::Exited(status),
                     Some(Report::Stopped(sig @ (libc::SIGTTIN | libc::SIGTTOU))) => {
                         say!(
@@ -608,6 +632,8 @@ enum Ending {
     NeverStarted,
     /// A stop signal came before it started (the signal).
     StoppedBeforeStart(libc::c_int),
+    /// `--pid-namespace` was asked for and none could be made (the errno).
+    NoNamespace(i32),
 }
 
 /// How long a process of the command's group may stay stopped while the

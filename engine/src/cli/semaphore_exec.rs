@@ -41,6 +41,10 @@ pub struct SemaphoreExecArgs {
     /// lost), how long it may drain before its whole group is killed.
     #[arg(long, default_value = "10s", value_parser = parse_duration)]
     pub grace: Duration,
+    /// Run the command in a PID namespace of its own (see `lock exec
+    /// --pid-namespace`; needs CAP_SYS_ADMIN).
+    #[arg(long)]
+    pub pid_namespace: bool,
     /// The command and its arguments, after `--`.
     #[arg(last = true, required = true)]
     pub command: Vec<String>,
@@ -111,6 +115,7 @@ async fn run_with(
         command: &args.command,
         grace: args.grace,
         lease: args.lease,
+        pid_namespace: args.pid_namespace,
     };
     run.under(permit.into_guard(), stops).await
 }

@@ -122,6 +122,8 @@ pub enum Report {
     Stopped(libc::c_int),
     /// The command's first process ended: its wait status.
     Exited(libc::c_int),
+    /// No PID namespace could be made for it: the errno.
+    NoNamespace(i32),
 }
 
 impl Report {
@@ -131,6 +133,7 @@ impl Report {
             Report::NotStarted(v) => (2, v),
             Report::Stopped(v) => (3, v),
             Report::Exited(v) => (4, v),
+            Report::NoNamespace(v) => (5, v),
         };
         let mut out = [kind; 5];
         out[1..].copy_from_slice(&value.to_le_bytes());
@@ -144,6 +147,7 @@ impl Report {
             2 => Report::NotStarted(value),
             3 => Report::Stopped(value),
             4 => Report::Exited(value),
+            5 => Report::NoNamespace(value),
             _ => return None,
         })
     }
@@ -178,9 +182,14 @@ pub struct Supervisor {
 impl Supervisor {
     /// Makes this process a subreaper, forks the supervisor and hands it
     /// the command (`argv`, and this process's environment with `env`
-    /// added). `lease` is the grant's: the supervisor kills the command
+    /// added; in a PID namespace of its own with `pid_namespace`). `lease` is the grant's: the supervisor kills the command
     /// when the exec has not been heard from for 2/5 of it.
-    pub fn start(lease: Duration, argv: &[String], env: &[(&str, String)]) -> io::Result<Self> {
+    pub fn start(
+        lease: Duration,
+        argv: &[String],
+        env: &[(&str, String)],
+        pid_namespace: bool,
+    ) -> io::Result<Self> {
         // Two fifths of the lease: the exec beats only while the lease
         // outlasts the patience by a fifth of it (`lock_exec::may_beat`),
         // and a lease just before its renewal (due a third of the way in)
@@ -245,7 +254,7 @@ impl Supervisor {
             spared,
         };
         // Dropped on an error, the supervisor is killed.
-        supervisor.hand_over(argv, env)?;
+        supervisor.hand_over(argv, env, pid_namespace)?;
         Ok(supervisor)
     }
 
@@ -253,12 +262,17 @@ impl Supervisor {
     /// blocking: a supervisor stopped on its own is continued meanwhile,
     /// and the hand-over gives up after the patience (the supervisor gives
     /// up reading as soon, and never starts a command handed over late).
-    fn hand_over(&mut self, argv: &[String], env: &[(&str, String)]) -> io::Result<()> {
+    fn hand_over(
+        &mut self,
+        argv: &[String],
+        env: &[(&str, String)],
+        pid_namespace: bool,
+    ) -> io::Result<()> {
         let mut vars: Vec<(OsString, OsString)> = std::env::vars_os()
             .filter(|(k, _)| !env.iter().any(|(e, _)| OsStr::new(e) == k))
             .collect();
         vars.extend(env.iter().map(|(k, v)| (k.into(), v.into())));
-        let spec = encode_spec(argv, &vars);
+        let spec = encode_spec(argv, &vars, pid_namespace);
         let mut bytes = (spec.len() as u32).to_le_bytes().to_vec();
         bytes.extend(spec);
         let fd = std::os::fd::AsRawFd::as_raw_fd(&self.control);
@@ -478,8 +492,11 @@ fn read_reports(mut pipe: File) -> tokio::sync::mpsc::UnboundedReceiver<Report> 
 /// The command and its environment as the supervisor reads them: each
 /// argument `A<bytes>\0`, each variable `E<key>=<value>\0`. (Neither may
 /// hold a NUL: the kernel's exec could not pass one.)
-fn encode_spec(argv: &[String], env: &[(OsString, OsString)]) -> Vec<u8> {
+fn encode_spec(argv: &[String], env: &[(OsString, OsString)], pid_namespace: bool) -> Vec<u8> {
     let mut out = Vec::new();
+    if pid_namespace {
+        out.extend(b"N\0");
+    }
     for a in argv {
         out.push(b'A');
         out.extend(a.as_bytes().iter().filter(|b| **b != 0));
@@ -500,6 +517,8 @@ fn encode_spec(argv: &[String], env: &[(OsString, OsString)]) -> Vec<u8> {
 struct Spec {
     argv: Vec<OsString>,
     env: Vec<(OsString, OsString)>,
+    /// Run the command in a PID namespace of its own (`--pid-namespace`).
+    pid_namespace: bool,
 }
 
 fn decode_spec(bytes: &[u8]) -> Option<Spec> {
@@ -508,6 +527,7 @@ fn decode_spec(bytes: &[u8]) -> Option<Spec> {
         let (kind, rest) = item.split_first()?;
         match kind {
             b'A' => spec.argv.push(OsString::from_vec(rest.to_vec())),
+            b'N' => spec.pid_namespace = true,
             b'E' => {
                 let eq = rest.iter().position(|b| *b == b'=')?;
                 spec.env.push((
@@ -662,7 +682,74 @@ fn supervise(control: libc::c_int, report: libc::c_int, patience: Duration) -> !
     let Some(deadline) = wait_for_go(control, Instant::now() + patience, patience) else {
         std::process::exit(0)
     };
-    let command = match spawn(&spec) {
+    // With `--pid-namespace`, a PID namespace of the command's own: its
+    // first process (`ns_init`) is the namespace's init, and when it dies,
+    // killed or done, the kernel kills every process left in the namespace
+    // at once, however fast they fork (the seventh attack outran the kill
+    // that walks /proc with twenty lines of processes that each fork their
+    // successor and exit). It needs CAP_SYS_ADMIN, and the command sees
+    // pids of its namespace, not the host's: so it is asked for, not
+    // assumed. Without it, the walk in `kill_tree` is all there is.
+    if spec.pid_namespace {
+        // SAFETY: unshare affects only the children this process makes next.
+        if unsafe { libc::unshare(libc::CLONE_NEWPID) } != 0 {
+            let errno = io::Error::last_os_error()
+                .raw_os_error()
+                .unwrap_or(libc::EPERM);
+            let _ = to_exec.write_all(&Report::NoNamespace(errno).encode());
+            std::process::exit(0)
+        }
+    }
+    let (first, reports_here) = if spec.pid_namespace {
+        // SAFETY: this image is single-threaded; the child runs `ns_init`,
+        // which never returns.
+        match unsafe { libc::fork() } {
+            0 => ns_init(&spec, &mut to_exec),
+            pid if pid > 0 => (pid, false),
+            _ => {
+                let errno = io::Error::last_os_error()
+                    .raw_os_error()
+                    .unwrap_or(libc::EAGAIN);
+                let _ = to_exec.write_all(&Report::NotStarted(errno).encode());
+                std::process::exit(0)
+            }
+        }
+    } else {
+        match spawn(&spec, true) {
+            Ok(pid) => {
+                let _ = to_exec.write_all(&Report::Started(pid).encode());
+                (pid, true)
+            }
+            Err(e) => {
+                let errno = e.raw_os_error().unwrap_or(libc::ENOENT);
+                let _ = to_exec.write_all(&Report::NotStarted(errno).encode());
+                std::process::exit(0)
+            }
+        }
+    };
+    let reported = reports_here.then_some(first);
+    watch_exec(control, patience, deadline, reported, &mut to_exec);
+    // SAFETY: kill(2) of our own child: as the namespace's init, its death
+    // takes every process of the namespace with it.
+    unsafe { libc::kill(first, libc::SIGKILL) };
+    kill_tree(std::process::id() as libc::pid_t, &[]);
+    std::process::exit(0)
+}
+
+/// The init of the command's PID namespace, in a fork of the supervisor:
+/// starts the command, reports its start, stops and end to the exec, reaps
+/// the orphans that come to it, and exits when the command's first process
+/// ends, which kills whatever the command left in the namespace. As init it
+/// gets no signal it has no handler for (it sets none), so the exec's
+/// SIGTERM to the command's processes reaches the command, not it; SIGKILL
+/// from the supervisor (or the supervisor's death) ends it and the
+/// namespace.
+fn ns_init(spec: &Spec, to_exec: &mut File) -> ! {
+    // SAFETY: prctl on this process's own state.
+    unsafe {
+        libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
+    }
+    let command = match spawn(spec, false) {
         Ok(pid) => pid,
         Err(e) => {
             let errno = e.raw_os_error().unwrap_or(libc::ENOENT);
@@ -671,9 +758,26 @@ fn supervise(control: libc::c_int, report: libc::c_int, patience: Duration) -> !
         }
     };
     let _ = to_exec.write_all(&Report::Started(command).encode());
-    watch_exec(control, patience, deadline, command, &mut to_exec);
-    kill_tree(std::process::id() as libc::pid_t, &[]);
-    std::process::exit(0)
+    loop {
+        let mut status = 0;
+        // SAFETY: waitpid writes the status it is given.
+        let pid = unsafe { libc::waitpid(-1, &mut status, libc::WUNTRACED) };
+        if pid < 0 {
+            if io::Error::last_os_error().kind() == io::ErrorKind::Interrupted {
+                continue;
+            }
+            std::process::exit(0)
+        }
+        if pid != command {
+            continue;
+        }
+        if libc::WIFSTOPPED(status) {
+            let _ = to_exec.write_all(&Report::Stopped(libc::WSTOPSIG(status)).encode());
+            continue;
+        }
+        let _ = to_exec.write_all(&Report::Exited(status).encode());
+        std::process::exit(0)
+    }
 }
 
 /// Reads the command from the exec, giving up at `deadline`.
@@ -736,15 +840,18 @@ fn wait_for_go(control: libc::c_int, deadline: Instant, patience: Duration) -> O
     (monotonic_ns() < ends).then_some(ends)
 }
 
-/// Starts the command in the supervisor's group, the signals the
-/// supervisor ignores given back their defaults, dying with the
-/// supervisor should it be killed.
-fn spawn(spec: &Spec) -> io::Result<libc::pid_t> {
+/// Starts the command in the supervisor's group (the group it is in
+/// already, inherited; `join` names it from outside a namespace, where its
+/// id is visible), the signals the supervisor ignores given back their
+/// defaults, dying with its parent should it be killed.
+fn spawn(spec: &Spec, join: bool) -> io::Result<libc::pid_t> {
     let mut cmd = std::process::Command::new(&spec.argv[0]);
     cmd.args(&spec.argv[1..])
         .env_clear()
-        .envs(spec.env.iter().map(|(k, v)| (k, v)))
-        .process_group(std::process::id() as i32);
+        .envs(spec.env.iter().map(|(k, v)| (k, v)));
+    if join {
+        cmd.process_group(std::process::id() as i32);
+    }
     // SAFETY: the closure runs between fork and exec in a child of this
     // single-threaded process and only makes async-signal-safe calls.
     unsafe {
@@ -772,7 +879,7 @@ fn watch_exec(
     control: libc::c_int,
     patience: Duration,
     mut deadline: u64,
-    command: libc::pid_t,
+    command: Option<libc::pid_t>,
     to_exec: &mut File,
 ) {
     let mut pending: Vec<u8> = Vec::with_capacity(BEAT_LEN * 8);
@@ -819,8 +926,9 @@ fn latest_deadline(pending: &mut Vec<u8>, patience: Duration) -> u64 {
     latest
 }
 
-/// Reaps every child that changed state; tells the exec of the command's.
-fn reap(command: libc::pid_t, to_exec: &mut File) {
+/// Reaps every child that changed state; tells the exec of the command's
+/// (`command`: None where the namespace's init tells it).
+fn reap(command: Option<libc::pid_t>, to_exec: &mut File) {
     loop {
         let mut status = 0;
         // SAFETY: waitpid writes the status it is given.
@@ -828,7 +936,7 @@ fn reap(command: libc::pid_t, to_exec: &mut File) {
         if pid <= 0 {
             return;
         }
-        if pid != command {
+        if Some(pid) != command {
             continue;
         }
         let report = if libc::WIFSTOPPED(status) {
@@ -978,6 +1086,7 @@ mod tests {
             Report::NotStarted(libc::ENOENT),
             Report::Stopped(libc::SIGTTIN),
             Report::Exited(-1),
+            Report::NoNamespace(libc::EPERM),
         ] {
             assert_eq!(Report::decode(r.encode()), Some(r));
         }
@@ -996,7 +1105,8 @@ mod tests {
             (OsString::from("A"), OsString::from("x=y")),
             (OsString::from("EMPTY"), OsString::new()),
         ];
-        let spec = decode_spec(&encode_spec(&argv, &env)).expect("decodes");
+        let spec = decode_spec(&encode_spec(&argv, &env, true)).expect("decodes");
+        assert!(spec.pid_namespace);
         let given: Vec<OsString> = argv.iter().map(OsString::from).collect();
         assert_eq!(spec.argv, given, "empty arguments kept");
         assert_eq!(spec.env, env);
