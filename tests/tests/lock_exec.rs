@@ -1784,15 +1784,29 @@ fn signalled_at_start(
 /// it, and was killed when the grace ran out (exit 137 after 20 s). A stop
 /// signal before the command runs now ends the exec as one while waiting
 /// does: the command never starts, exit 128 + the signal.
+///
+/// From the eighth attack: "it did not run" was said of a command that
+/// had started (its start not yet told): said only when the word to start
+/// was never given.
 #[test]
 fn a_stop_signal_as_the_command_starts_is_not_lost() {
     let nodes = servers(1);
+    let dir = tempfile::TempDir::new().expect("dir");
+    let ran = dir.path().join("ran");
+    let script = format!(
+        "touch {}; trap 'exit 3' TERM; sleep 30 & wait",
+        ran.display()
+    );
     let (status, said) = signalled_at_start(
         &nodes,
         "stop-at-start",
-        &["sh", "-c", "trap 'exit 3' TERM; sleep 30 & wait"],
+        &["sh", "-c", &script],
         libc::SIGTERM,
         false,
+    );
+    assert!(
+        !(said.contains("did not run") && ran.exists()),
+        "said the command did not run, and it ran: {said:?}"
     );
     let code = status.and_then(|s| s.code());
     assert!(
@@ -1921,5 +1935,94 @@ fn a_command_in_its_own_pid_namespace_is_ended_whole_however_fast_it_forks() {
     assert_eq!(
         after_b, 0,
         "a process of the command wrote after the next holder got in"
+    );
+}
+
+/// The exec's supervisor and the init of the command's PID namespace (the
+/// supervisor's child), once both run.
+fn supervisor_and_namespace_init(exec: u32) -> (u32, u32) {
+    let mut found = None;
+    wait_for(
+        Duration::from_secs(30),
+        || {
+            found = children(exec)
+                .first()
+                .and_then(|s| children(*s).first().map(|i| (*s, *i)));
+            found.is_some()
+        },
+        || "no supervisor with a namespace init".into(),
+    );
+    found.unwrap_or_default()
+}
+
+/// From the eighth attack: the init of the command's PID namespace killed
+/// on its own took the command with it, and nothing told the exec, which
+/// held the lock for ever with nothing running. The supervisor tells the
+/// command's end.
+#[test]
+fn a_namespace_init_killed_on_its_own_ends_the_exec_and_frees_the_lock() {
+    let nodes = servers(1);
+    let mut exec = flashsale_cmd(None, None, &urls(&nodes))
+        .args([
+            "lock",
+            "exec",
+            "--name",
+            "ns-killed",
+            "--ttl",
+            "2s",
+            "--pid-namespace",
+            "--",
+            "sleep",
+            "60",
+        ])
+        .spawn()
+        .expect("spawn");
+    let (_, init) = supervisor_and_namespace_init(exec.id());
+    signal(init, "KILL");
+    let status = exit_within(&mut exec, Duration::from_secs(60));
+    assert_eq!(
+        status.and_then(|s| s.code()),
+        Some(137),
+        "killed, as the command was"
+    );
+    assert_eq!(
+        nodes[0]
+            .node
+            .cmd::<i64>(&["EXISTS", "flashsale:lock:ns-killed"]),
+        0,
+        "the lock went back"
+    );
+}
+
+/// From the eighth attack: `pkill -STOP lease-reaper` stopped the
+/// namespace's init as well as the supervisor; the exec continues the
+/// supervisor, but nothing continued the init, so the command's end was
+/// never told and the lock stayed held. The supervisor continues it.
+#[test]
+fn a_stopped_namespace_init_is_continued_and_tells_the_command_s_end() {
+    let nodes = servers(1);
+    let mut exec = flashsale_cmd(None, None, &urls(&nodes))
+        .args([
+            "lock",
+            "exec",
+            "--name",
+            "ns-stopped",
+            "--ttl",
+            "2s",
+            "--pid-namespace",
+            "--",
+            "sh",
+            "-c",
+            "sleep 1; exit 5",
+        ])
+        .spawn()
+        .expect("spawn");
+    let (_, init) = supervisor_and_namespace_init(exec.id());
+    signal(init, "STOP");
+    let status = exit_within(&mut exec, Duration::from_secs(60));
+    assert_eq!(
+        status.and_then(|s| s.code()),
+        Some(5),
+        "the command's own code"
     );
 }

@@ -438,6 +438,13 @@ impl Supervised<'_> {
             );
             return Ok(ExitCode::from(EXIT_LOCK_LOST));
         }
+        if ending == Ending::Silenced {
+            say!(
+                "flashsale: this exec was stopped or starved past 2/5 of its lease (its supervisor's patience); the supervisor ended the command, and {} may have lapsed",
+                self.what
+            );
+            return Ok(ExitCode::from(EXIT_LOCK_LOST));
+        }
         if ending == Ending::NeverStarted {
             say!(
                 "flashsale: {} ran low before the command could start (this exec was stopped or starved); it did not run",
@@ -467,7 +474,7 @@ impl Supervised<'_> {
             Ending::Exited(status) => exit_code(status),
             Ending::TerminalStop(sig) | Ending::StoppedBeforeStart(sig) => signal_code(sig),
             Ending::GraceOver | Ending::SupervisorGone => signal_code(libc::SIGKILL),
-            Ending::Lost | Ending::NeverStarted => EXIT_LOCK_LOST,
+            Ending::Lost | Ending::NeverStarted | Ending::Silenced => EXIT_LOCK_LOST,
             Ending::NoNamespace(errno) => {
                 let e = std::io::Error::from_raw_os_error(errno);
                 say!(
@@ -514,6 +521,9 @@ impl Supervised<'_> {
         members.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut suspect: Option<(StoppedMember, tokio::time::Instant)> = None;
         let mut started = false;
+        // A stop signal came after the word to start, before the start was
+        // told: SIGTERM goes to the command once it is.
+        let mut term_when_started = false;
         loop {
             let grace_over = async {
                 match kill_at {
@@ -523,7 +533,12 @@ impl Supervised<'_> {
             };
             tokio::select! {
                 report = supervisor.report() => match report {
-                    Some(Report::Started(_)) => started = true,
+                    Some(Report::Started(_)) => {
+                        started = true;
+                        if term_when_started {
+                            supervisor.signal_command(libc::SIGTERM);
+                        }
+                    }
                     Some(Report::NotStarted(errno)) => return Ending::NotStarted(errno),
                     Some(Report::NoNamespace(errno)) => return Ending::NoNamespace(errno),
                     Some(Report::Exited(status)) => return Ending::Exited(status),
@@ -536,23 +551,28 @@ impl Supervised<'_> {
                         return Ending::TerminalStop(sig);
                     }
                     Some(Report::Stopped(_)) => {}
-                    // Killed before it started the command, or never given
-                    // the word in time to start it.
-                    None if !started => {
-                        if supervisor.was_killed() {
-                            say!(
-                                "flashsale: the command's supervisor was killed before the command started; it did not run"
-                            );
-                            return Ending::SupervisorGone;
-                        }
-                        return Ending::NeverStarted;
-                    }
+                    // Gone: killed on its own, or ended by itself (the word
+                    // to start never came in time, or the exec went silent
+                    // past its patience and it ended the command).
                     None => {
-                        say!(
-                            "flashsale: the command's supervisor was killed; ended the command \
-                             and everything it started"
-                        );
-                        return Ending::SupervisorGone;
+                        let killed = supervisor.was_killed();
+                        return match (killed, started, supervisor.went()) {
+                            (true, false, false) => {
+                                say!(
+                                    "flashsale: the command's supervisor was killed before the command started; it did not run"
+                                );
+                                Ending::SupervisorGone
+                            }
+                            (true, _, _) => {
+                                say!(
+                                    "flashsale: the command's supervisor was killed; ended the command \
+                                     and everything it started"
+                                );
+                                Ending::SupervisorGone
+                            }
+                            (false, false, _) => Ending::NeverStarted,
+                            (false, true, _) => Ending::Silenced,
+                        };
                     }
                 },
                 _ = heartbeat.tick() => {
@@ -592,15 +612,21 @@ impl Supervised<'_> {
                     return Ending::Lost;
                 }
                 sig = stops.recv() => {
-                    if !started {
-                        // As while waiting: the command never runs (the
-                        // supervisor may be starting it: the end kills it).
+                    if !supervisor.went() {
+                        // As while waiting: the word to start was never
+                        // given, so the command never ran.
                         say!(
                             "flashsale: stopped by signal {sig} before the command started; it did not run"
                         );
                         return Ending::StoppedBeforeStart(sig);
                     }
-                    supervisor.signal_command(libc::SIGTERM);
+                    // Given: the command runs or is starting; it gets
+                    // SIGTERM now, or as soon as its start is told.
+                    if started {
+                        supervisor.signal_command(libc::SIGTERM);
+                    } else {
+                        term_when_started = true;
+                    }
                     kill_at.get_or_insert(tokio::time::Instant::now() + self.grace);
                 }
                 _ = grace_over => {
@@ -634,6 +660,9 @@ enum Ending {
     StoppedBeforeStart(libc::c_int),
     /// `--pid-namespace` was asked for and none could be made (the errno).
     NoNamespace(i32),
+    /// Its supervisor ended it on its own: this exec was silent past the
+    /// supervisor's patience (stopped or starved).
+    Silenced,
 }
 
 /// How long a process of the command's group may stay stopped while the

@@ -174,6 +174,8 @@ pub struct Supervisor {
     /// may have been killed and the lease may have run out under it.
     lapsed: bool,
     ended: bool,
+    /// The word to start the command was given (the first beat was sent).
+    went: bool,
     /// The exec's children from before the supervisor (a caller that
     /// `exec`s into flashsale may have left some): never killed.
     spared: Vec<libc::pid_t>,
@@ -251,6 +253,7 @@ impl Supervisor {
             last_beat: Instant::now(),
             lapsed: false,
             ended: false,
+            went: false,
             spared,
         };
         // Dropped on an error, the supervisor is killed.
@@ -346,7 +349,15 @@ impl Supervisor {
         unsafe { libc::kill(self.pid, libc::SIGCONT) };
         // A full pipe (a supervisor stopped for long) or a gone one: the
         // report channel says which soon enough.
-        let _ = self.control.write(&encode_beat(monotonic_ns()));
+        if self.control.write(&encode_beat(monotonic_ns())).is_ok() {
+            self.went = true;
+        }
+    }
+
+    /// Whether the word to start the command was given: until then the
+    /// command cannot have run.
+    pub fn went(&self) -> bool {
+        self.went
     }
 
     /// Whether the supervisor, gone, was killed by a signal (not ended on
@@ -727,8 +738,12 @@ fn supervise(control: libc::c_int, report: libc::c_int, patience: Duration) -> !
             }
         }
     };
-    let reported = reports_here.then_some(first);
-    watch_exec(control, patience, deadline, reported, &mut to_exec);
+    let watched = if reports_here {
+        Watched::Command(first)
+    } else {
+        Watched::NamespaceInit(first)
+    };
+    watch_exec(control, patience, deadline, watched, &mut to_exec);
     // SAFETY: kill(2) of our own child: as the namespace's init, its death
     // takes every process of the namespace with it.
     unsafe { libc::kill(first, libc::SIGKILL) };
@@ -879,7 +894,7 @@ fn watch_exec(
     control: libc::c_int,
     patience: Duration,
     mut deadline: u64,
-    command: Option<libc::pid_t>,
+    watched: Watched,
     to_exec: &mut File,
 ) {
     let mut pending: Vec<u8> = Vec::with_capacity(BEAT_LEN * 8);
@@ -908,7 +923,7 @@ fn watch_exec(
         if monotonic_ns() >= deadline {
             return; // silence: the exec is stopped or hung
         }
-        reap(command, to_exec);
+        reap(watched, to_exec);
     }
 }
 
@@ -926,9 +941,20 @@ fn latest_deadline(pending: &mut Vec<u8>, patience: Duration) -> u64 {
     latest
 }
 
-/// Reaps every child that changed state; tells the exec of the command's
-/// (`command`: None where the namespace's init tells it).
-fn reap(command: Option<libc::pid_t>, to_exec: &mut File) {
+/// The supervisor's child: the command itself, or the init of the
+/// command's PID namespace, which tells the exec of the command itself.
+#[derive(Clone, Copy)]
+enum Watched {
+    Command(libc::pid_t),
+    NamespaceInit(libc::pid_t),
+}
+
+/// Reaps every child that changed state and tells the exec of the
+/// command's. A namespace init that stopped is continued (a `pkill -STOP
+/// lease-reaper` stops it too, and a stopped init tells nothing); one that
+/// was killed took the command with it, and the exec is told so (one that
+/// ended on its own has told the command's end itself).
+fn reap(watched: Watched, to_exec: &mut File) {
     loop {
         let mut status = 0;
         // SAFETY: waitpid writes the status it is given.
@@ -936,15 +962,28 @@ fn reap(command: Option<libc::pid_t>, to_exec: &mut File) {
         if pid <= 0 {
             return;
         }
-        if Some(pid) != command {
-            continue;
-        }
-        let report = if libc::WIFSTOPPED(status) {
-            Report::Stopped(libc::WSTOPSIG(status))
-        } else {
-            Report::Exited(status)
+        let report = match watched {
+            Watched::Command(c) if c == pid => Some(if libc::WIFSTOPPED(status) {
+                Report::Stopped(libc::WSTOPSIG(status))
+            } else {
+                Report::Exited(status)
+            }),
+            Watched::NamespaceInit(i) if i == pid => {
+                if libc::WIFSTOPPED(status) {
+                    // SAFETY: kill(2) of our own child, stopped, not reaped.
+                    unsafe { libc::kill(i, libc::SIGCONT) };
+                    None
+                } else if libc::WIFSIGNALED(status) {
+                    Some(Report::Exited(status))
+                } else {
+                    None
+                }
+            }
+            _ => None,
         };
-        let _ = to_exec.write_all(&report.encode());
+        if let Some(report) = report {
+            let _ = to_exec.write_all(&report.encode());
+        }
     }
 }
 
