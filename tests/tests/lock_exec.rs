@@ -1754,11 +1754,26 @@ fn signalled_at_start(
     sig: libc::c_int,
     to_supervisor: bool,
 ) -> (Option<ExitStatus>, String) {
+    signalled_at_start_with(nodes, name, command, sig, to_supervisor, &[])
+}
+
+/// [`signalled_at_start`] with `env` added to the exec's environment (a
+/// large one keeps the exec handing the command over when the signal
+/// lands).
+fn signalled_at_start_with(
+    nodes: &[RedisServer],
+    name: &str,
+    command: &[&str],
+    sig: libc::c_int,
+    to_supervisor: bool,
+    env: &[(String, String)],
+) -> (Option<ExitStatus>, String) {
     let mut exec = flashsale_cmd(None, None, &urls(nodes))
         .args([
             "lock", "exec", "--name", name, "--ttl", "2s", "--grace", "20s", "--",
         ])
         .args(command)
+        .envs(env.iter().map(|(k, v)| (k, v)))
         .stderr(Stdio::piped())
         .spawn()
         .expect("spawn");
@@ -1837,6 +1852,41 @@ fn a_supervisor_killed_before_the_command_starts_is_told_as_killed() {
     );
     assert_eq!(status.and_then(|s| s.code()), Some(137), "{said:?}");
     assert!(said.contains("supervisor was killed"), "{said:?}");
+}
+
+/// From CI at 51697ae: the supervisor killed while the exec was still
+/// writing the command down to it broke the pipe, and the exec exited 1
+/// with "cannot start the command's supervisor: Broken pipe" instead of
+/// telling the kill. An environment larger than a pipe holds keeps the
+/// hand-over going when the kill lands, so the race is not left to luck;
+/// tried several times, as each try may still land after it.
+#[test]
+fn a_supervisor_killed_while_the_command_is_handed_over_is_told_as_killed() {
+    let nodes = servers(1);
+    // Twelve variables of 100 KiB: 1.2 MiB, about twenty pipe buffers,
+    // each variable under the kernel's 128 KiB limit for one string.
+    let env: Vec<(String, String)> = (0..12)
+        .map(|i| (format!("FLASHSALE_TEST_BULK_{i}"), "x".repeat(100 * 1024)))
+        .collect();
+    for round in 0..5 {
+        let (status, said) = signalled_at_start_with(
+            &nodes,
+            "killed-in-hand-over",
+            &["sh", "-c", "echo started"],
+            libc::SIGKILL,
+            true,
+            &env,
+        );
+        assert_eq!(
+            status.and_then(|s| s.code()),
+            Some(137),
+            "round {round}: {said:?}"
+        );
+        assert!(
+            said.contains("supervisor was killed"),
+            "round {round}: {said:?}"
+        );
+    }
 }
 
 /// From the seventh attack: the exec, a subreaper, took in the orphans of

@@ -309,6 +309,12 @@ impl Supervisor {
                     }
                 }
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                // Only the supervisor reads this pipe: a broken one means
+                // it is gone (killed, most likely, as it started). Its
+                // report channel ends too, and `was_killed` tells the
+                // caller how it went; no command ran, as none was handed
+                // over whole.
+                Err(e) if e.kind() == io::ErrorKind::BrokenPipe => return Ok(()),
                 Err(e) => return Err(e),
             }
         }
