@@ -14,7 +14,7 @@ use tokio::sync::watch;
 
 use super::client::*;
 use super::fence;
-use super::gate::{Baton, Gate, Pass};
+use super::gate::{Gate, Pass};
 use super::mode::Mode;
 use super::{LockClient, LockError, LockGuard, LockOptions};
 use crate::metrics as m;
@@ -291,7 +291,7 @@ impl LockClient {
         // on the nodes, in its own arrival order) nor a read-write lock
         // (readers of one process share it).
         let mut request = request;
-        let mut permit: Option<Pass> = None;
+        let mut permit: Option<Pass<Baton>> = None;
         let mut others_first = false;
         let mut line = None;
         if mode == Mode::Exclusive && !opts.fair {
@@ -530,7 +530,7 @@ impl LockClient {
     }
 
     /// The gate of `name`, created on first use.
-    pub(super) fn gate(&self, name: &str) -> Arc<Gate> {
+    pub(super) fn gate(&self, name: &str) -> Arc<Gate<Baton>> {
         let mut gates = self.inner.gates.lock().unwrap_or_else(|p| p.into_inner());
         gates.entry(name.to_owned()).or_default().clone()
     }

@@ -13,8 +13,8 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
 use super::gate::{Gate, Pass};
-use super::keeper::Keeper;
-use super::mode::Mode;
+use super::keeper::{Keepable, Keeper, Kept};
+use super::mode::{lock_key, Mode};
 use super::node::{LockNode, NodeError};
 use super::waiters::Waiters;
 use super::{LockConfig, LockError};
@@ -43,13 +43,69 @@ pub(super) struct Held {
     pub(super) valid_until_ms: AtomicU64,
     pub(super) lost: watch::Sender<bool>,
     /// Its entry in the client's keeper, and its lease round in flight.
-    pub(super) kept: Mutex<super::keeper::Kept>,
+    pub(super) kept: Mutex<Kept>,
     /// This process's pass for the name, held as long as the grant: other
     /// tasks of the process queue for it instead of on Redis.
-    pub(super) gate: Mutex<Option<Pass>>,
+    pub(super) gate: Mutex<Option<Pass<Baton>>>,
     /// Held while a lease is set on the nodes; true once the holder set its
     /// own (`extend`), which a lease set behind a hand-off must not undo.
     pub(super) lease_set: tokio::sync::Mutex<bool>,
+}
+
+/// A live grant on its way from one task of this process to the next.
+/// Dropped untaken, it is released on the nodes.
+pub(super) struct Baton {
+    client: LockClient,
+    held: Option<Arc<Held>>,
+}
+
+impl Baton {
+    pub(super) fn new(client: LockClient, held: Arc<Held>) -> Baton {
+        Baton {
+            client,
+            held: Some(held),
+        }
+    }
+
+    /// The grant being handed over.
+    pub(super) fn held(&self) -> Option<&Arc<Held>> {
+        self.held.as_ref()
+    }
+
+    /// The grant is the receiver's now: nothing to release on drop.
+    pub(super) fn taken(mut self) {
+        self.held = None;
+    }
+
+    /// The grant back, to be released by the caller (nobody took it).
+    pub(super) fn into_held(mut self) -> Option<Arc<Held>> {
+        self.held.take()
+    }
+}
+
+impl Drop for Baton {
+    fn drop(&mut self) {
+        let Some(held) = self.held.take() else {
+            return;
+        };
+        // Drop cannot wait; without a runtime (shutting down) the lease is
+        // the way back, as for a crashed process.
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let client = self.client.clone();
+        runtime.spawn(async move {
+            client
+                .release_token(held.mode, &held.name, &held.token, None)
+                .await;
+        });
+    }
+}
+
+impl Keepable for Held {
+    fn kept(&self) -> std::sync::MutexGuard<'_, Kept> {
+        self.kept.lock().unwrap_or_else(|p| p.into_inner())
+    }
 }
 
 pub(super) struct Inner {
@@ -64,9 +120,9 @@ pub(super) struct Inner {
     pub(super) held: Mutex<HashMap<String, Vec<Arc<Held>>>>,
     /// One gate per lock name: tasks of this process wait here, in FIFO
     /// order, so only one of them at a time asks the lock nodes.
-    pub(super) gates: Mutex<HashMap<String, Arc<Gate>>>,
+    pub(super) gates: Mutex<HashMap<String, Arc<Gate<Baton>>>>,
     /// When each live grant must be renewed, or its fixed lease runs out.
-    pub(super) keeper: Keeper,
+    pub(super) keeper: Keeper<Held>,
     /// The keeper's timer task.
     pub(super) timer: Mutex<Option<JoinHandle<()>>>,
     pub(super) epoch: Instant,
@@ -93,18 +149,6 @@ impl Drop for Inner {
 #[derive(Clone)]
 pub struct LockClient {
     pub(super) inner: Arc<Inner>,
-}
-
-pub(super) fn lock_key(name: &str) -> String {
-    format!("flashsale:lock:{name}")
-}
-
-pub(super) fn waiters_key(name: &str) -> String {
-    format!("flashsale:waiters:{name}")
-}
-
-pub(super) fn fence_key(name: &str) -> String {
-    format!("flashsale:fence:{name}")
 }
 
 /// Longest lease a grant may ask for: a day. Redis takes leases in
@@ -195,8 +239,8 @@ impl LockClient {
                 distinct: AtomicBool::new(urls.len() == 1),
             }),
         };
-        let timer = tokio::spawn(Keeper::run(&client.inner));
-        *client.inner.timer.lock().unwrap_or_else(|p| p.into_inner()) = Some(timer);
+        // The keeper's timer task starts with the first grant it keeps
+        // (`renewal.rs`), on the runtime that took it.
         Ok(client)
     }
 

@@ -16,21 +16,30 @@ use std::sync::{Arc, Mutex};
 
 use tokio::sync::oneshot;
 
-use super::client::Held;
-use super::LockClient;
-
-/// The waiting line of one lock name in this process.
-#[derive(Default)]
-pub(super) struct Gate {
-    state: Mutex<Line>,
+/// The waiting line of one lock name in this process. `G` is the grant a
+/// pass may carry (the lock client's baton): the gate only moves it on,
+/// and a grant nobody takes is dropped, which releases it.
+pub(super) struct Gate<G> {
+    state: Mutex<Line<G>>,
 }
 
-#[derive(Default)]
-struct Line {
+impl<G> Default for Gate<G> {
+    fn default() -> Self {
+        Gate {
+            state: Mutex::new(Line {
+                taken: false,
+                waiting: VecDeque::new(),
+                no_yield_until_ms: 0,
+            }),
+        }
+    }
+}
+
+struct Line<G> {
     /// A task holds the pass (it asks the nodes, or holds the lock).
     taken: bool,
     /// Tasks waiting for the pass, first come first served.
-    waiting: VecDeque<oneshot::Sender<Pass>>,
+    waiting: VecDeque<oneshot::Sender<Pass<G>>>,
     /// Until when (ms since client start) letting clients elsewhere go first
     /// is not worth it: the last time, nobody came (a waiter count left by
     /// a client that died, say), and the lock sat free for the whole pause.
@@ -39,29 +48,22 @@ struct Line {
 
 /// The right, for one task of this process at a time, to ask the lock
 /// nodes for the name or to hold it; perhaps with a grant already held.
-pub(super) struct Pass {
+pub(super) struct Pass<G> {
     /// `None` once the pass has been moved on by hand (no second hand-on).
-    gate: Option<Arc<Gate>>,
-    grant: Option<Baton>,
+    gate: Option<Arc<Gate<G>>>,
+    grant: Option<G>,
     /// The holder before released to the nodes while clients elsewhere
     /// waited: let them go first (see `acquire.rs`).
     pub(super) others_first: bool,
 }
 
-/// A live grant on its way from one task of this process to the next.
-/// Dropped untaken, it is released on the nodes.
-pub(super) struct Baton {
-    client: LockClient,
-    held: Option<Arc<Held>>,
-}
-
-impl Gate {
-    fn line(&self) -> std::sync::MutexGuard<'_, Line> {
+impl<G> Gate<G> {
+    fn line(&self) -> std::sync::MutexGuard<'_, Line<G>> {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     /// The pass if nobody has it now.
-    pub(super) fn try_enter(self: &Arc<Self>) -> Option<Pass> {
+    pub(super) fn try_enter(self: &Arc<Self>) -> Option<Pass<G>> {
         let mut line = self.line();
         if line.taken {
             return None;
@@ -72,7 +74,7 @@ impl Gate {
 
     /// Waits for the pass, in arrival order. Cancel-safe: a pass sent to a
     /// waiter that is gone goes on to the next one.
-    pub(super) async fn enter(self: &Arc<Self>) -> Pass {
+    pub(super) async fn enter(self: &Arc<Self>) -> Pass<G> {
         loop {
             let rx = {
                 let mut line = self.line();
@@ -123,7 +125,7 @@ impl Gate {
 
     /// Gives the pass and `grant` to the first waiter still there; the
     /// grant back when there is none (the pass stays with the caller).
-    fn try_hand(self: &Arc<Self>, mut grant: Baton) -> Result<(), Baton> {
+    fn try_hand(self: &Arc<Self>, mut grant: G) -> Result<(), G> {
         loop {
             let Some(next) = self.line().waiting.pop_front() else {
                 return Err(grant);
@@ -141,7 +143,7 @@ impl Gate {
         }
     }
 
-    fn pass(self: &Arc<Self>, grant: Option<Baton>) -> Pass {
+    fn pass(self: &Arc<Self>, grant: Option<G>) -> Pass<G> {
         Pass {
             gate: Some(self.clone()),
             grant,
@@ -151,7 +153,7 @@ impl Gate {
 
     /// Gives the pass (and `grant`) to the first waiter still there, or
     /// frees the gate; a grant nobody takes is released on the nodes.
-    fn hand_on(self: &Arc<Self>, mut grant: Option<Baton>, others_first: bool) {
+    fn hand_on(self: &Arc<Self>, mut grant: Option<G>, others_first: bool) {
         loop {
             let next = {
                 let mut line = self.line();
@@ -177,16 +179,16 @@ impl Gate {
     }
 }
 
-impl Pass {
+impl<G> Pass<G> {
     /// The grant handed over with this pass, if any.
-    pub(super) fn take_grant(&mut self) -> Option<Baton> {
+    pub(super) fn take_grant(&mut self) -> Option<G> {
         self.grant.take()
     }
 
     /// Hands `grant` to the next waiting task with the pass; gives it back
     /// (and keeps the pass) when no waiter is left to take it, so the caller
     /// can release it on the nodes itself.
-    pub(super) fn hand_over(&mut self, grant: Baton) -> Result<(), Baton> {
+    pub(super) fn hand_over(&mut self, grant: G) -> Result<(), G> {
         let Some(gate) = self.gate.clone() else {
             return Err(grant);
         };
@@ -209,54 +211,11 @@ impl Pass {
     }
 }
 
-impl Drop for Pass {
+impl<G> Drop for Pass<G> {
     fn drop(&mut self) {
         if let Some(gate) = self.gate.take() {
             gate.hand_on(self.grant.take(), self.others_first);
         }
-    }
-}
-
-impl Baton {
-    pub(super) fn new(client: LockClient, held: Arc<Held>) -> Baton {
-        Baton {
-            client,
-            held: Some(held),
-        }
-    }
-
-    /// The grant being handed over.
-    pub(super) fn held(&self) -> Option<&Arc<Held>> {
-        self.held.as_ref()
-    }
-
-    /// The grant is the receiver's now: nothing to release on drop.
-    pub(super) fn taken(mut self) {
-        self.held = None;
-    }
-
-    /// The grant back, to be released by the caller (nobody took it).
-    pub(super) fn into_held(mut self) -> Option<Arc<Held>> {
-        self.held.take()
-    }
-}
-
-impl Drop for Baton {
-    fn drop(&mut self) {
-        let Some(held) = self.held.take() else {
-            return;
-        };
-        // Drop cannot wait; without a runtime (shutting down) the lease is
-        // the way back, as for a crashed process.
-        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
-            return;
-        };
-        let client = self.client.clone();
-        runtime.spawn(async move {
-            client
-                .release_token(held.mode, &held.name, &held.token, None)
-                .await;
-        });
     }
 }
 
@@ -266,7 +225,7 @@ mod tests {
 
     #[tokio::test]
     async fn the_pass_goes_in_arrival_order_and_skips_waiters_that_left() {
-        let gate = Arc::new(Gate::default());
+        let gate = Arc::new(Gate::<()>::default());
         let first = gate.try_enter().expect("free gate");
         assert!(gate.try_enter().is_none(), "one pass at a time");
         let (g1, g2, g3) = (gate.clone(), gate.clone(), gate.clone());

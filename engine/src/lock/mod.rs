@@ -21,8 +21,8 @@
 //! The files: `client.rs` the client, its nodes and the quorum call;
 //! `acquire.rs` reentry, attempts, the grant and hand-offs inside a
 //! process; `gate.rs` the FIFO line of a process's tasks for one name;
-//! `keeper.rs` one timer per client for the watchdog renewals and fixed
-//! leases of every grant; `watchdog.rs` extend, the lease round and release; `guard.rs` what a
+//! `keeper.rs` the schedule of every grant's renewal or lease end, one
+//! per client; `renewal.rs` its timer task and the renewal round; `watchdog.rs` extend, the lease round and release; `guard.rs` what a
 //! holder keeps; `mode.rs` the keys and scripts of the lock and of a
 //! read-write lock's two sides (fair locks and writers queue on the nodes);
 //! `semaphore.rs` leased permits as slots of locks; `latch.rs` a count-down latch; `multi.rs` several names all or none; `fence.rs` the tokens; `waiters.rs` the pub/sub wake-ups.
@@ -38,6 +38,7 @@ mod mode;
 pub mod multi;
 mod node;
 mod options;
+mod renewal;
 pub mod semaphore;
 mod waiters;
 mod watchdog;

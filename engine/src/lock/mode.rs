@@ -5,8 +5,23 @@
 
 use std::borrow::Cow;
 
-use super::client::{fence_key, lock_key, waiters_key};
 use crate::scripts::{LockScripts, LuaScript};
+
+/// The key that records a lock's holder on a node (also the key of each
+/// slot of a semaphore, which is a set of locks).
+pub(super) fn lock_key(name: &str) -> String {
+    format!("flashsale:lock:{name}")
+}
+
+/// The counter of clients waiting for a lock on a node.
+fn waiters_key(name: &str) -> String {
+    format!("flashsale:waiters:{name}")
+}
+
+/// A lock's fencing counter on a node.
+fn fence_key(name: &str) -> String {
+    format!("flashsale:fence:{name}")
+}
 
 /// The kind of hold a grant is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]

@@ -432,7 +432,7 @@ impl Semaphore {
     /// per node): the only ones worth a lock attempt.
     async fn free_slots(&self, total: u32) -> Result<Vec<u32>, LockError> {
         let keys: Vec<String> = (0..total)
-            .map(|s| super::client::lock_key(&self.slot_name(s)))
+            .map(|s| super::mode::lock_key(&self.slot_name(s)))
             .collect();
         let key_refs: Vec<&str> = keys.iter().map(String::as_str).collect();
         let replies = self

@@ -8,7 +8,6 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use super::client::*;
-use super::gate::Baton;
 use super::mode::Mode;
 use super::waiters::CHANNEL;
 use super::{LockClient, LockError};
