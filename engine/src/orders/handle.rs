@@ -6,14 +6,12 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use deadpool_postgres::Pool;
 use tokio::sync::Notify;
 use tokio::task::JoinHandle;
 
-use super::{OrderWriter, WriterConfig, WriterError, WriterReport};
-use crate::engine::Engine;
+use super::{WriterError, WriterReport};
 
-/// The writers of one [`Engine::spawn_order_writer`], each on its own tokio
+/// The writers of one [`crate::Engine::spawn_order_writer`], each on its own tokio
 /// task, stopped together (they share one stop flag); stop them with
 /// [`WriterHandle::shutdown`]. Reports are the sum over the writers.
 pub struct WriterHandle {
@@ -110,36 +108,5 @@ impl Stop {
 
     pub(super) fn draining(&self) -> bool {
         self.drain.load(Ordering::SeqCst)
-    }
-}
-
-impl Engine {
-    /// Starts the order writers inside this process (`config.writers` of
-    /// them, at least one), draining into `pool`.
-    pub async fn spawn_order_writer(
-        &self,
-        pool: Pool,
-        config: WriterConfig,
-    ) -> Result<WriterHandle, WriterError> {
-        let stop = Arc::new(Stop::default());
-        let n = config.writers.max(1);
-        // Every writer is made before any starts: a failure half-way leaves
-        // none running that nothing could stop.
-        let mut made = Vec::with_capacity(n);
-        for i in 0..n {
-            let mut c = config.clone();
-            if n > 1 {
-                c.consumer = format!("{}-{i}", config.consumer);
-            }
-            if i > 0 {
-                // One sweeper per process is enough (any number is safe).
-                c.sweep_every = Duration::ZERO;
-            }
-            let mut w = OrderWriter::new(self.clone(), pool.clone(), c).await?;
-            w.stop = stop.clone();
-            made.push(w);
-        }
-        let writers = made.into_iter().map(OrderWriter::spawn_task).collect();
-        Ok(WriterHandle { stop, writers })
     }
 }

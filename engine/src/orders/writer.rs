@@ -1,7 +1,9 @@
 //! The writer loop: find every sale's streams, read a batch from each,
 //! insert it into PostgreSQL in one transaction, acknowledge only after
 //! COMMIT, take over entries a silent consumer left pending, and move
-//! malformed entries to a dead-letter stream.
+//! malformed entries to a dead-letter stream. Also where an engine starts
+//! its writers (`Engine::spawn_order_writer`), so the handle that stops
+//! them (`handle.rs`) needs nothing of the writer.
 
 use std::collections::BTreeMap;
 use std::future::Future;
@@ -459,5 +461,36 @@ impl OrderWriter {
             tokio::time::sleep(self.config.backoff.delay(attempt)).await;
             attempt = attempt.saturating_add(1);
         }
+    }
+}
+
+impl Engine {
+    /// Starts the order writers inside this process (`config.writers` of
+    /// them, at least one), draining into `pool`.
+    pub async fn spawn_order_writer(
+        &self,
+        pool: Pool,
+        config: WriterConfig,
+    ) -> Result<WriterHandle, WriterError> {
+        let stop = Arc::new(Stop::default());
+        let n = config.writers.max(1);
+        // Every writer is made before any starts: a failure half-way leaves
+        // none running that nothing could stop.
+        let mut made = Vec::with_capacity(n);
+        for i in 0..n {
+            let mut c = config.clone();
+            if n > 1 {
+                c.consumer = format!("{}-{i}", config.consumer);
+            }
+            if i > 0 {
+                // One sweeper per process is enough (any number is safe).
+                c.sweep_every = Duration::ZERO;
+            }
+            let mut w = OrderWriter::new(self.clone(), pool.clone(), c).await?;
+            w.stop = stop.clone();
+            made.push(w);
+        }
+        let writers = made.into_iter().map(OrderWriter::spawn_task).collect();
+        Ok(WriterHandle { stop, writers })
     }
 }
