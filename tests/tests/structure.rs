@@ -409,7 +409,7 @@ fn arrows(krate: &Crate, sources: &BTreeMap<PathBuf, String>) -> Vec<Arrow> {
     for file in &krate.files {
         let (uses, inline) = paths_in(&sources[file]);
         let here = module_of(&krate.root, file);
-        let uses = uses.into_iter().map(|(public, p)| (public, p));
+        let uses = uses.into_iter();
         for (public, path) in uses.chain(inline.into_iter().map(|p| (false, p))) {
             if let Some(to) = modules.resolve(file, &path, 0) {
                 // A module handing on a name of its own submodule is its
