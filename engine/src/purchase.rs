@@ -200,7 +200,8 @@ impl Engine {
                 })
             }
             PurchaseReply::Replayed { order_id, bucket } => {
-                self.confirm_replay(&sale, home, request, &order_id, bucket, replicated)
+                let (order_id, bucket) = self
+                    .confirm_replay(&sale, home, request, order_id, bucket, replicated)
                     .await?;
                 self.replayed(&sale, order_id, bucket).await
             }
@@ -285,24 +286,27 @@ impl Engine {
 
     /// A replay confirms only an order that still exists: when another
     /// bucket served it, that bucket is asked to confirm it still holds it.
-    /// An order a failover took back is reported lost, for good
-    /// ([`PurchaseError::OrderLost`]): under `ack = leader` that can follow
-    /// a confirmation (the take's master died before its replica had it,
-    /// the home record on another master lived); under `replicated` only an
-    /// unconfirmed first attempt. Under `replicated` the replay also waits
-    /// until a replica holds both records: the home record was re-propagated
-    /// by `purchase.lua`, the other bucket's by the confirm.
-    /// `home_replicated`: the replay's batch was already acknowledged by a
-    /// replica of the home bucket.
+    /// Returns the order to answer with and its bucket: the one the home
+    /// record names, or, when its bucket no longer holds it (see
+    /// [`Engine::find_taken`]), the one a bucket does hold for the request.
+    /// An order a failover took back, with no other in its place, is
+    /// reported lost, for good ([`PurchaseError::OrderLost`]): under `ack =
+    /// leader` that can follow a confirmation (the take's master died before
+    /// its replica had it, the home record on another master lived); under
+    /// `replicated` only an unconfirmed first attempt. Under `replicated` the
+    /// replay also waits until a replica holds both records: the home record
+    /// was re-propagated by `purchase.lua`, the other bucket's by the
+    /// confirm. `home_replicated`: the replay's batch was already
+    /// acknowledged by a replica of the home bucket.
     async fn confirm_replay(
         &self,
         sale: &SaleHandle,
         home: &BucketHandle,
         request: RequestKey<'_>,
-        order_id: &str,
+        order_id: String,
         bucket: u32,
         home_replicated: bool,
-    ) -> Result<(), PurchaseError> {
+    ) -> Result<(String, u32), PurchaseError> {
         let leader = self.config().ack == Ack::Leader;
         let Some(taker) = sale.buckets.get(bucket as usize) else {
             return Err(unconfirmed(format!(
@@ -310,17 +314,17 @@ impl Engine {
                 sale.buckets.len()
             )));
         };
-        let confirmed = || Expect::Confirmed(order_id.to_owned());
+        let confirmed = || Expect::Confirmed(order_id.clone());
         if taker.index == home.index {
             // The order and the record are one script's writes in one slot:
             // a failover keeps both or neither.
-            if home_replicated || leader {
-                return Ok(());
+            if !(home_replicated || leader) {
+                self.ack(home, request, confirmed()).await?;
             }
-            return self.ack(home, request, confirmed()).await;
+            return Ok((order_id, bucket));
         }
         match self
-            .take(sale, taker, home, request, order_id, TakeMode::Confirm)
+            .take(sale, taker, home, request, &order_id, TakeMode::Confirm)
             .await?
         {
             TakeReply::Taken {
@@ -332,23 +336,80 @@ impl Engine {
                         self.ack(taker, request, confirmed())
                     )?;
                 }
-                Ok(())
+                Ok((order_id, bucket))
             }
-            TakeReply::Taken {
-                order_id: taken, ..
-            } => Err(unconfirmed(format!(
-                "bucket {bucket} holds order {taken} for this request, its home record names {order_id}"
-            ))),
-            TakeReply::Lost => {
-                metrics::counter!(m::REDIS_RETRIES, "reason" => "replay_lost").increment(1);
-                Err(PurchaseError::OrderLost {
-                    order_id: order_id.to_owned(),
-                })
+            TakeReply::Taken { .. } | TakeReply::Lost | TakeReply::Refused { .. } => {
+                self.answer_for_moved_order(sale, home, request, order_id)
+                    .await
             }
             other => Err(unconfirmed(format!(
                 "bucket {bucket} answered a replay with {other:?}"
             ))),
         }
+    }
+
+    /// The bucket the home record names no longer holds its order `named`:
+    /// a failover took the take back (under `ack = leader`), and a
+    /// concurrent attempt may since have taken again, there or, after a
+    /// refusal there, further on. The order that exists is the answer;
+    /// none is [`PurchaseError::OrderLost`]. Under `replicated` the new
+    /// order's bucket is acknowledged first (the home record, which still
+    /// names the old one, cannot be).
+    async fn answer_for_moved_order(
+        &self,
+        sale: &SaleHandle,
+        home: &BucketHandle,
+        request: RequestKey<'_>,
+        named: String,
+    ) -> Result<(String, u32), PurchaseError> {
+        let found = self.find_taken(sale, home, request, &named).await?;
+        match found.as_slice() {
+            [] => {
+                metrics::counter!(m::REDIS_RETRIES, "reason" => "replay_lost").increment(1);
+                Err(PurchaseError::OrderLost { order_id: named })
+            }
+            [(order_id, bucket)] => {
+                metrics::counter!(m::REDIS_RETRIES, "reason" => "replay_moved").increment(1);
+                if self.config().ack != Ack::Leader {
+                    if let Some(b) = sale.buckets.get(*bucket as usize) {
+                        self.ack(b, request, Expect::Confirmed(order_id.clone()))
+                            .await?;
+                    }
+                }
+                Ok((order_id.clone(), *bucket))
+            }
+            more => Err(unconfirmed(format!(
+                "buckets hold {} orders for this request ({more:?}), its home record names {named}",
+                more.len()
+            ))),
+        }
+    }
+
+    /// Every order a bucket other than `home` holds for the request, asked
+    /// of each with a confirm (which never takes and never refuses).
+    async fn find_taken(
+        &self,
+        sale: &SaleHandle,
+        home: &BucketHandle,
+        request: RequestKey<'_>,
+        named: &str,
+    ) -> Result<Vec<(String, u32)>, PurchaseError> {
+        let mut found = Vec::new();
+        for b in sale.buckets.iter().filter(|b| b.index != home.index) {
+            match self
+                .take(sale, b, home, request, named, TakeMode::Confirm)
+                .await?
+            {
+                TakeReply::Taken { order_id, .. } => found.push((order_id, b.index)),
+                TakeReply::Lost | TakeReply::Refused { .. } => {}
+                TakeReply::UnknownSale => return Err(PurchaseError::UnknownSale(sale.sku.clone())),
+                TakeReply::Mismatch => return Err(PurchaseError::RequestMismatch),
+                TakeReply::BadArgs => {
+                    return Err(unconfirmed("take.lua refused the engine's arguments"))
+                }
+            }
+        }
+        Ok(found)
     }
 
     /// True when Redis holds a record of this request (any outcome).
@@ -398,6 +459,16 @@ impl Engine {
                         expires_at_ms: walk.expires_ms,
                     })
                 } else {
+                    // Another attempt's order. Under `leader` its take may
+                    // have been lost since (this walk may even have taken
+                    // again where it was): answer only what a bucket holds.
+                    // Under `replicated` the acks below check it.
+                    let (order_id, bucket) = if self.config().ack == Ack::Leader {
+                        self.confirm_replay(sale, home, request, order_id, bucket, true)
+                            .await?
+                    } else {
+                        (order_id, bucket)
+                    };
                     self.replayed(sale, order_id, bucket).await
                 }
             }

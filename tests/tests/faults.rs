@@ -1310,3 +1310,166 @@ async fn a_replicated_close_closes_every_bucket_even_when_one_cannot_be_confirme
     }
     cluster.node(replica).signal("CONT");
 }
+
+/// A sale of 1 unit over 2 buckets (the unit in bucket 0) under `ack =
+/// leader`, a buyer whose home is bucket 1, and each bucket's record key
+/// for the buyer's request `request_id` with the master that holds it.
+async fn leader_sale_with_a_fall_through_buyer(
+    cluster: &RedisCluster,
+    sku: &str,
+    request_id: &str,
+) -> (Engine, String, [(u16, String); 2]) {
+    let engine = flashsale_tests::engine_with(cluster, |c| {
+        c.ack = flashsale::Ack::Leader;
+        c.retry.deadline = Duration::from_secs(30);
+    })
+    .await;
+    let status = engine
+        .create_sale(SaleSpec {
+            buckets: 2,
+            ..SaleSpec::new(sku, 1)
+        })
+        .await
+        .expect("create");
+    let buyer = flashsale_tests::user_with_home("moved", 2, 1);
+    let record = |b: usize| {
+        let keys = flashsale::keys::BucketKeys::new(&status.buckets[b].tag);
+        (
+            cluster.master_of_slot(status.buckets[b].slot),
+            keys.request(&buyer, request_id),
+        )
+    };
+    (engine.clone(), buyer.clone(), [record(0), record(1)])
+}
+
+/// From the attack on the chaos checker's round: under `ack = leader` a
+/// home record can name an order (O1) its taking bucket no longer holds
+/// while that bucket holds another order (O2) for the same request: O1's
+/// take was lost with its master, and a concurrent attempt's take reached
+/// the promoted replica. Every replay answered "unavailable" until the
+/// record expired, naming an order that does not exist. A replay answers
+/// the order that exists, from the bucket that holds it. The state after
+/// the race is written as the race leaves it (the failover itself is
+/// tested above).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replay_answers_the_order_its_taking_bucket_holds_not_one_a_failover_took_back() {
+    let cluster = RedisCluster::start(3, 0);
+    let sku = "moved-replay";
+    let (engine, buyer, [(taker, taker_rec), (home, home_rec)]) =
+        leader_sale_with_a_fall_through_buyer(&cluster, sku, "r1").await;
+    let lost = format!("{sku}~0~{:032x}", 1);
+    let held = format!("{sku}~0~{:032x}", 2);
+    let home_says = format!("C:1:0:{lost}");
+    let taker_says = format!("C:1:0:{held}");
+    let _: String = cluster
+        .node(home)
+        .cmd(&["SET", &home_rec, &home_says, "EX", "600"]);
+    let _: String = cluster
+        .node(taker)
+        .cmd(&["SET", &taker_rec, &taker_says, "EX", "600"]);
+    let replay = engine
+        .purchase(PurchaseRequest {
+            sku,
+            user: &buyer,
+            qty: 1,
+            request_id: "r1",
+        })
+        .await;
+    match replay {
+        Ok(c) => {
+            assert_eq!(c.order_id, held, "the order bucket 0 holds");
+            assert_eq!(c.bucket, 0);
+            assert!(c.replayed);
+        }
+        other => panic!("home names {lost}, bucket 0 holds {held}: got {other:?}"),
+    }
+}
+
+/// The same race when the concurrent attempt found the promoted replica
+/// sold out and recorded a refusal there: no bucket holds an order for the
+/// request, and the replay says the named one is lost, not "unavailable"
+/// until the record expires.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replay_whose_taking_bucket_refused_after_a_failover_is_told_lost() {
+    let cluster = RedisCluster::start(3, 0);
+    let sku = "moved-refused";
+    let (engine, buyer, [(taker, taker_rec), (home, home_rec)]) =
+        leader_sale_with_a_fall_through_buyer(&cluster, sku, "r1").await;
+    let lost = format!("{sku}~0~{:032x}", 1);
+    let home_says = format!("C:1:0:{lost}");
+    let _: String = cluster
+        .node(home)
+        .cmd(&["SET", &home_rec, &home_says, "EX", "600"]);
+    let _: String = cluster
+        .node(taker)
+        .cmd(&["SET", &taker_rec, "X:1:-1", "EX", "600"]);
+    let replay = engine
+        .purchase(PurchaseRequest {
+            sku,
+            user: &buyer,
+            qty: 1,
+            request_id: "r1",
+        })
+        .await;
+    match replay {
+        Err(PurchaseError::OrderLost { order_id }) => assert_eq!(order_id, lost),
+        other => panic!("bucket 0 refused the request after losing {lost}: got {other:?}"),
+    }
+}
+
+/// The first attempt that loses that race: its walk took O2 in bucket 0
+/// (the take of O1 lost), and its settle found the home record already
+/// naming O1. It answered "confirmed O1, replayed" for an order no bucket
+/// holds, while O2 went to PostgreSQL under an id nobody was told. It
+/// answers O2. Bucket 0's master is paused for writes while the attempt's
+/// take waits there, and the home record is settled meanwhile, as the
+/// other attempt's settle would have.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_walk_that_took_after_a_lost_take_answers_its_own_order_not_the_lost_one() {
+    let cluster = RedisCluster::start(3, 0);
+    let sku = "moved-walk";
+    let (engine, buyer, [(taker, _), (home, home_rec)]) =
+        leader_sale_with_a_fall_through_buyer(&cluster, sku, "r1").await;
+    let lost = format!("{sku}~0~{:032x}", 1);
+    let _: String = cluster
+        .node(taker)
+        .cmd(&["CLIENT", "PAUSE", "30000", "WRITE"]);
+    let attempt = {
+        let (engine, buyer) = (engine.clone(), buyer.clone());
+        tokio::spawn(async move {
+            engine
+                .purchase(PurchaseRequest {
+                    sku: "moved-walk",
+                    user: &buyer,
+                    qty: 1,
+                    request_id: "r1",
+                })
+                .await
+        })
+    };
+    flashsale_tests::wait_for(
+        Duration::from_secs(20),
+        || {
+            cluster
+                .node(home)
+                .cmd::<Option<String>>(&["GET", &home_rec])
+                .is_some_and(|r| r.starts_with('P'))
+        },
+        || "the attempt recorded the request as pending at home".into(),
+    );
+    let home_says = format!("C:1:0:{lost}");
+    let _: String = cluster
+        .node(home)
+        .cmd(&["SET", &home_rec, &home_says, "EX", "600"]);
+    let _: String = cluster.node(taker).cmd(&["CLIENT", "UNPAUSE"]);
+    let answer = attempt.await.expect("task");
+    let status = engine.sale_status(sku).await.expect("status");
+    let in_stream = stream_order_ids(&cluster, taker, &status.buckets[0].stream);
+    match answer {
+        Ok(c) => {
+            assert_ne!(c.order_id, lost, "answered an order no bucket holds");
+            assert_eq!(in_stream, vec![c.order_id.clone()], "the order it took");
+        }
+        other => panic!("the walk took {in_stream:?} in bucket 0: got {other:?}"),
+    }
+}
