@@ -208,6 +208,11 @@ kinds! {
     Unresolved = "unresolved",
     /// A purchase confirmed after its sale's close had completed.
     SoldAfterClose = "sold_after_close",
+    /// A request first answered "sold out" while more units surely
+    /// remained than its sale's buckets could hold in pieces too small for
+    /// it (an undersell: a stock check off by one, a sold-out flag that a
+    /// restock never clears).
+    SoldOutWithStock = "sold_out_with_stock",
     /// A grant of a lock whose token is not above a grant of the same lock
     /// that ended before it began.
     LockTokenRegressed = "lock_token_regressed",
@@ -477,6 +482,7 @@ pub fn check(inp: &Inputs<'_>) -> Verdict {
     }
     check_stock(&mut v, inp);
     check_over_time(&mut v, inp, &in_db, &in_streams);
+    check_sold_out_refusals(&mut v, inp, &by_key, &in_db);
     check_transitions(&mut v, inp, &in_db);
     check_locks(&mut v, inp.ops);
     v
@@ -1064,6 +1070,162 @@ fn check_over_time(
             check_limit_refusals(v, inp, plan);
         }
     }
+}
+
+/// How long an engine answers "sold out" from its own flag after it saw
+/// its sale sold out: `sold_out_recheck_ms`, the default the chaos workers
+/// run with, and a margin for the workers' clocks.
+const SOLD_OUT_FLAG_MS: u64 = 500 + 100;
+
+/// Refusal codes that say the purchase took nothing, for sure.
+const TOOK_NOTHING: &[&str] = &[
+    "sold_out",
+    "limit_exceeded",
+    "not_started",
+    "ended",
+    "closed",
+    "unknown_sale",
+    "invalid",
+    "request_mismatch",
+];
+
+/// No request is first answered "sold out" while its sale surely had the
+/// units. A request's answer is decided once (a replay after a restock
+/// rightly repeats it), so only its first answer is judged, and only when
+/// that answer came to its first attempt (an attempt that timed out may
+/// leave the request to the sweeper, which closes it as refused whatever
+/// the stock). Surely there: the units created, plus restocks answered
+/// `ok` before the request was first sent (less the engine's sold-out flag
+/// time; under `ack = leader` not one sent in a failover, which may be
+/// lost). Surely not taken: every request of the sale first sent before
+/// the refusal was answered counts whole unless it was refused for good,
+/// and late payments that took units again count too; units given back
+/// (cancels, expiries) are not counted, so the check can only err towards
+/// silence. A sale of n buckets may hold up to n * (qty - 1) units in
+/// pieces too small for a purchase of qty: only more than that is a
+/// violation.
+fn check_sold_out_refusals(
+    v: &mut Verdict,
+    inp: &Inputs<'_>,
+    by_key: &BTreeMap<Key<'_>, Vec<&OpRecord>>,
+    in_db: &HashMap<&str, &DbOrder>,
+) {
+    let leader = inp.ack == flashsale::Ack::Leader;
+    for plan in inp.sales {
+        let sku = plan.sku.as_str();
+        // Restocks surely applied, by when they were answered.
+        let mut restocks: Vec<(u64, u64)> = Vec::new();
+        let mut restock_ids = HashSet::new();
+        for o in inp.ops {
+            if let (Op::Restock { sku: s, qty, op_id }, Outcome::Ok { .. }) = (&o.op, &o.outcome) {
+                if s == sku && !(leader && at_risk(o)) && restock_ids.insert(op_id) {
+                    restocks.push((o.complete_ms, *qty));
+                }
+            }
+        }
+        // Each request of the sale: when first sent, its units, and
+        // whether it surely took nothing.
+        let requests: Vec<(u64, u64, bool)> = by_key
+            .iter()
+            .filter(|((s, _, _), _)| *s == sku)
+            .map(|(_, ops)| {
+                let first = ops.iter().map(|o| o.invoke_ms).min().unwrap_or(0);
+                let nothing = ops
+                    .iter()
+                    .all(|o| fail_code(o).is_some_and(|c| TOOK_NOTHING.contains(&c)));
+                (first, u64::from(qty_of(ops[0])), nothing)
+            })
+            .collect();
+        let retakes: Vec<(u64, u64)> = inp
+            .ops
+            .iter()
+            .filter_map(|o| match (&o.op, pay_ok(o)) {
+                (Op::Pay { order_id, .. }, Some((_, true))) => in_db
+                    .get(order_id.as_str())
+                    .filter(|r| r.sku == sku)
+                    .map(|r| (o.invoke_ms, r.qty)),
+                _ => None,
+            })
+            .collect();
+        let mut worst: Option<(u64, &OpRecord)> = None;
+        for ((s, _, _), ops) in by_key.iter() {
+            if *s != sku {
+                continue;
+            }
+            let Some(first) = ops.iter().min_by_key(|o| o.invoke_ms) else {
+                continue;
+            };
+            if fail_code(first) != Some("sold_out") {
+                continue;
+            }
+            let qty = u64::from(qty_of(first));
+            let horizon = sold_out_horizon(inp.ops, sku, first);
+            let put_in = plan.stock
+                + restocks
+                    .iter()
+                    .filter(|(t, _)| *t < horizon)
+                    .map(|(_, q)| q)
+                    .sum::<u64>();
+            let taken: u64 = requests
+                .iter()
+                .filter(|(sent, _, nothing)| *sent < first.complete_ms && !nothing)
+                .map(|(_, q, _)| q)
+                .sum::<u64>()
+                + retakes
+                    .iter()
+                    .filter(|(t, _)| *t < first.complete_ms)
+                    .map(|(_, q)| q)
+                    .sum::<u64>();
+            let in_pieces = plan.buckets as u64 * qty.saturating_sub(1);
+            let spare = put_in.saturating_sub(taken);
+            if spare > in_pieces && worst.is_none_or(|(w, _)| spare > w) {
+                worst = Some((spare, first));
+            }
+        }
+        if let Some((spare, o)) = worst {
+            v.add(
+                Kind::SoldOutWithStock,
+                1,
+                format!(
+                    "{sku}: a request was first answered sold out while at least {spare} units \
+                     surely remained ({} buckets)",
+                    plan.buckets
+                ),
+                &[o],
+            );
+        }
+    }
+}
+
+/// Restocks answered before this time were in Redis when `refusal` was
+/// decided. From the scripts: when it was sent (less the flag time, as a
+/// margin). From the engine's sold-out flag (not marked as from the
+/// scripts): the flag was set by a purchase of the same process that was
+/// refused for stock and ended at most the flag time before; what that
+/// purchase saw is the horizon, from when it was sent. No such purchase:
+/// the flag was stale, and the refusal is judged as one from the scripts.
+fn sold_out_horizon(ops: &[OpRecord], sku: &str, refusal: &OpRecord) -> u64 {
+    let own = refusal.invoke_ms.saturating_sub(SOLD_OUT_FLAG_MS);
+    if matches!(
+        refusal.outcome,
+        Outcome::Fail {
+            from_scripts: true,
+            ..
+        }
+    ) {
+        return own;
+    }
+    ops.iter()
+        .filter(|p| {
+            p.process == refusal.process
+                && matches!(&p.op, Op::Purchase { sku: s, .. } if s == sku)
+                && fail_code(p) == Some("sold_out")
+                && p.invoke_ms <= refusal.complete_ms
+                && p.complete_ms + SOLD_OUT_FLAG_MS >= refusal.invoke_ms
+        })
+        .map(|p| p.invoke_ms)
+        .min()
+        .map_or(own, |setter| own.min(setter))
 }
 
 /// A purchase refused for the per-user limit although every request of

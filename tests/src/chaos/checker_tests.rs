@@ -439,6 +439,18 @@ fn scenario(kind: Kind, w: &mut World) -> Vec<Kind> {
                 Outcome::unknown("timeout"),
                 70,
             ));
+            // The refusal at 60 came with 9 units there.
+            vec![SoldOutWithStock]
+        }
+        SoldOutWithStock => {
+            // Sale s had 9 units left when u8's first attempt was told
+            // it was sold out.
+            w.ops.push(rec(
+                8,
+                buy("s", "u8", "r1", 1),
+                Outcome::fail("sold_out"),
+                60,
+            ));
             vec![]
         }
         SoldAfterClose => {
@@ -788,6 +800,12 @@ fn a_replay_after_the_close_is_not_a_sale_after_it() {
 #[test]
 fn a_refusal_while_a_failing_walk_held_the_quota_is_right() {
     let mut w = world();
+    // Sale q down to the 2 units u1's one leaves 1 of: u9's purchase of
+    // 2 is rightly refused for stock.
+    w.sales[1].stock = 2;
+    w.end("q").initial = 2;
+    w.end("q").stocks = vec![1];
+    w.end("q").bucket_initials = vec![2];
     w.ops.push(rec(
         8,
         buy("q", "u9", "r1", 2),
@@ -876,7 +894,13 @@ fn a_multi_bucket_refusal_from_the_scripts_stays_final() {
     let with = |buckets: u32, from_scripts: bool| {
         let mut w = world();
         w.sales[0].buckets = buckets;
+        // One unit, which the request took: the refusal for stock is right
+        // at the time (else `sold_out_with_stock` fires too).
+        w.sales[0].stock = 1;
         if let Some(end) = w.end.get_mut("s") {
+            end.initial = 6;
+            end.stocks = vec![5];
+            end.bucket_initials = vec![6];
             end.stocks.resize(buckets as usize, 0);
             end.bucket_initials.resize(buckets as usize, 0);
         }
@@ -1003,4 +1027,115 @@ fn a_late_cancel_of_an_expired_hold_does_not_hide_its_expiry() {
         "{:#?}",
         v.violations
     );
+}
+
+/// `sold_out_with_stock` judges only what was sure: a replay that repeats
+/// a refusal after a restock, a refusal answered from the sold-out flag
+/// just after a restock, a refusal while another request of the sale was
+/// still unanswered, and stock left in pieces too small for the purchase
+/// across a sale's buckets are all right; the same refusal with the units
+/// surely there is not.
+#[test]
+fn sold_out_is_judged_only_on_units_surely_there() {
+    // Sale s: 10 units, u1 has 1; a restock of 5 answered at 5,005 ms.
+    let sold_out = |w: &mut World, user: &str, qty: u32, at: u64| {
+        w.ops.push(rec(
+            8,
+            buy("s", user, "r1", qty),
+            Outcome::fail("sold_out"),
+            at,
+        ));
+    };
+    let only = |w: World| fired(&w.verdict());
+    // All 9 left are taken (by a request not yet answered when u8 asks).
+    let mut w = world();
+    w.ops.push(rec(
+        20,
+        buy("s", "u9", "r1", 9),
+        Outcome::unknown("timeout"),
+        50,
+    ));
+    sold_out(&mut w, "u8", 1, 60);
+    assert!(!only(w).contains(&Kind::SoldOutWithStock));
+    // u8's request refused when nothing was left, replayed after the
+    // restock: the same answer.
+    let mut w = world();
+    w.ops.push(rec(
+        20,
+        buy("s", "u9", "r1", 9),
+        Outcome::unknown("timeout"),
+        50,
+    ));
+    sold_out(&mut w, "u8", 1, 60);
+    sold_out(&mut w, "u8", 1, 6_000);
+    assert!(!only(w).contains(&Kind::SoldOutWithStock));
+    // Asked within the sold-out flag's time after the restock.
+    let mut w = world();
+    w.ops.push(rec(
+        20,
+        buy("s", "u9", "r1", 9),
+        Outcome::unknown("timeout"),
+        50,
+    ));
+    sold_out(&mut w, "u8", 1, 5_300);
+    assert!(!only(w).contains(&Kind::SoldOutWithStock));
+    // ... and well after it, with the 5 restocked units there.
+    let mut w = world();
+    w.ops.push(rec(
+        20,
+        buy("s", "u9", "r1", 9),
+        Outcome::unknown("timeout"),
+        50,
+    ));
+    sold_out(&mut w, "u8", 1, 6_000);
+    assert!(only(w).contains(&Kind::SoldOutWithStock));
+    // From the flag: u7's purchase in the same process was refused for
+    // stock before the restock and answered after it (its acks were slow),
+    // so its flag rightly answers u8 a while later; a flag with no such
+    // purchase behind it is judged as the scripts' answer.
+    for (setter, wrong) in [(true, false), (false, true)] {
+        let mut w = world();
+        w.ops.push(rec(
+            20,
+            buy("s", "u9", "r1", 9),
+            Outcome::unknown("timeout"),
+            50,
+        ));
+        if setter {
+            let mut p = rec(
+                21,
+                buy("s", "u7", "r1", 1),
+                Outcome::fail("sold_out"),
+                4_000,
+            );
+            p.complete_ms = 7_000;
+            w.ops.push(p);
+        }
+        sold_out(&mut w, "u8", 1, 7_300);
+        let v = w.verdict();
+        assert_eq!(
+            fired(&v).contains(&Kind::SoldOutWithStock),
+            wrong,
+            "setter {setter}: {:#?}",
+            v.violations
+        );
+    }
+    // 9 units over 4 buckets may be 2 + 2 + 2 + 3: a purchase of 4 may
+    // find none that holds it; of 3 it must.
+    for (qty, wrong) in [(4, false), (3, true)] {
+        let mut w = world();
+        w.sales[0].buckets = 4;
+        if let Some(end) = w.end.get_mut("s") {
+            end.stocks.resize(4, 0);
+            end.bucket_initials.resize(4, 0);
+        }
+        sold_out(&mut w, "u8", qty, 60);
+        let v = w.verdict();
+        assert_eq!(
+            fired(&v).contains(&Kind::SoldOutWithStock),
+            wrong,
+            "qty {qty}: {:#?}",
+            v.violations
+        );
+    }
 }
