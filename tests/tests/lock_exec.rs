@@ -2076,3 +2076,124 @@ fn a_stopped_namespace_init_is_continued_and_tells_the_command_s_end() {
         "the command's own code"
     );
 }
+
+/// Live processes whose environment holds `mark` (zombies have none).
+fn marked_alive(mark: &str) -> Vec<u32> {
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    entries
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|pid| {
+            std::fs::read(format!("/proc/{pid}/environ"))
+                .is_ok_and(|env| env.split(|b| *b == 0).any(|v| v == mark.as_bytes()))
+        })
+        .collect()
+}
+
+/// From the ninth attack: an exec that started with a child of its own
+/// (a caller that starts background work and then `exec`s into flashsale)
+/// is no subreaper, and its end killed the supervisor, the one subreaper
+/// of the command's processes, first: what the command's background work
+/// forked while the rest was being killed went to init and ran on into
+/// the next holder's turn (35 to 163 processes, one try in two or three).
+/// The supervisor now goes last, once nothing lives below it. The same for
+/// `semaphore exec`, which ends its command the same way.
+#[test]
+fn the_commands_forks_never_outlive_an_exec_that_had_children_before() {
+    let nodes = servers(1);
+    let mark = format!("FLASHSALE_TEST_FORKER={}", std::process::id());
+    let work = format!(
+        "export {mark}; \
+         ( i=0; while [ $i -lt 150 ]; do sh -c 'sleep 30' & i=$((i+1)); done ) & \
+         sleep 0.05; exit 0"
+    );
+    let execs = [
+        "lock exec --name forker --ttl 2s",
+        "semaphore exec --name forkers --permits 1 --lease 2s",
+    ];
+    for round in 0..8 {
+        let dir = tempfile::TempDir::new().expect("dir");
+        let spared_pid = dir.path().join("spared.pid");
+        let script = format!(
+            "sleep 30 & echo $! > {pid}; exec {bin} {exec} -- sh -c \"$WORK\"",
+            pid = spared_pid.display(),
+            bin = flashsale_bin().display(),
+            exec = execs[round % 2]
+        );
+        let status = Command::new("sh")
+            .args(["-c", &script])
+            .env_remove("FLASHSALE_CONFIG")
+            .env("FLASHSALE_LOCK_NODES", urls(&nodes).join(","))
+            .env("WORK", &work)
+            .status()
+            .expect("run");
+        let left = marked_alive(&mark);
+        for pid in &left {
+            signal(*pid, "KILL");
+        }
+        signal(pid_in(&spared_pid), "KILL");
+        assert!(status.success(), "round {round}: {status:?}");
+        assert!(
+            left.is_empty(),
+            "round {round}: {} of the command's processes outlived the exec",
+            left.len()
+        );
+    }
+}
+
+/// From the ninth attack: a signal sent to the command's process group
+/// (SIGUSR1 for a log rotation, say) also reached the supervisor, which
+/// leads the group and died of it; the command, which had a handler for
+/// it, was killed with it and the exec said "supervisor was killed" (137).
+/// The supervisor ignores every signal whose default would end it, and
+/// the command handles its own.
+#[test]
+fn a_signal_to_the_commands_group_is_the_commands_not_the_supervisors() {
+    let nodes = servers(1);
+    let dir = tempfile::TempDir::new().expect("dir");
+    let (pid_file, got) = (dir.path().join("pid"), dir.path().join("got"));
+    let script = format!(
+        "trap 'touch {got}' USR1 USR2 ALRM; echo $$ > {pid}; \
+         while [ ! -e {got} ]; do sleep 0.05; done; exit 0",
+        got = got.display(),
+        pid = pid_file.display()
+    );
+    let mut exec = flashsale_cmd(None, None, &urls(&nodes))
+        .args([
+            "lock",
+            "exec",
+            "--name",
+            "group-signal",
+            "--ttl",
+            "2s",
+            "--",
+        ])
+        .args(["sh", "-c", &script])
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn");
+    let command = pid_in(&pid_file);
+    let stat = std::fs::read_to_string(format!("/proc/{command}/stat")).expect("stat");
+    let group: i32 = stat
+        .rsplit_once(") ")
+        .and_then(|(_, rest)| rest.split_whitespace().nth(2)?.parse().ok())
+        .expect("pgrp");
+    assert_ne!(
+        group, command as i32,
+        "the command joined its supervisor's group"
+    );
+    // SAFETY: kill(2) of a process group this test's exec made.
+    unsafe { libc::kill(-group, libc::SIGUSR1) };
+    let status = exit_within(&mut exec, Duration::from_secs(30));
+    let mut said = String::new();
+    if let Some(mut e) = exec.stderr.take() {
+        let _ = e.read_to_string(&mut said);
+    }
+    assert!(
+        got.exists(),
+        "the command's handler ran: {status:?} {said:?}"
+    );
+    assert_eq!(status.and_then(|s| s.code()), Some(0), "{said:?}");
+}

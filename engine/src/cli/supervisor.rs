@@ -111,6 +111,29 @@ const IGNORED: [libc::c_int; 8] = [
     libc::SIGTTOU,
 ];
 
+/// Signals the supervisor also ignores once it runs, whose default would
+/// end it: a signal sent to the command's process group (log rotation's
+/// SIGUSR1, say), which the supervisor leads, is the command's business.
+/// The command gets them back at their defaults, with the real-time ones.
+const ALSO_IGNORED: [libc::c_int; 8] = [
+    libc::SIGUSR1,
+    libc::SIGUSR2,
+    libc::SIGALRM,
+    libc::SIGVTALRM,
+    libc::SIGPROF,
+    libc::SIGPWR,
+    libc::SIGIO,
+    libc::SIGSTKFLT,
+];
+
+/// Every signal the running supervisor ignores: [`IGNORED`],
+/// [`ALSO_IGNORED`] and the real-time signals.
+fn supervisor_ignores() -> Vec<libc::c_int> {
+    let mut all: Vec<libc::c_int> = IGNORED.iter().chain(&ALSO_IGNORED).copied().collect();
+    all.extend(libc::SIGRTMIN()..=libc::SIGRTMAX());
+    all
+}
+
 /// What the supervisor tells the exec, five bytes each on its pipe.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Report {
@@ -179,6 +202,9 @@ pub struct Supervisor {
     /// The exec's children from before the supervisor (a caller that
     /// `exec`s into flashsale may have left some): never killed.
     spared: Vec<libc::pid_t>,
+    /// The supervisor was reaped (by `was_killed`): its pid may name
+    /// another process now, and nothing is below it any more.
+    reaped: bool,
 }
 
 impl Supervisor {
@@ -255,6 +281,7 @@ impl Supervisor {
             ended: false,
             went: false,
             spared,
+            reaped: false,
         };
         // Dropped on an error, the supervisor is killed.
         supervisor.hand_over(argv, env, pid_namespace)?;
@@ -376,6 +403,7 @@ impl Supervisor {
             // SAFETY: waits without blocking for our own child.
             let pid = unsafe { libc::waitpid(self.pid, &mut status, libc::WNOHANG) };
             if pid == self.pid {
+                self.reaped = true;
                 return libc::WIFSIGNALED(status);
             }
             if pid < 0 {
@@ -432,6 +460,14 @@ impl Supervisor {
             return true;
         }
         self.ended = true;
+        let started = Instant::now();
+        // The supervisor last: it is a subreaper, so while it lives every
+        // orphan of the command comes to it and is seen below it. Killed
+        // first, what the command forked meanwhile would go to init when
+        // this process is no subreaper (it had children before).
+        if !self.reaped && !kill_below(self.pid, started) {
+            return false;
+        }
         // SAFETY: getpid has no failure and no memory.
         kill_tree(unsafe { libc::getpid() }, &self.spared)
     }
@@ -675,10 +711,14 @@ fn supervisor_args() -> Option<(libc::c_int, libc::c_int, Duration)> {
 /// kills the whole tree below itself when the exec's pipe closes or stays
 /// silent for `patience`. Never returns.
 fn supervise(control: libc::c_int, report: libc::c_int, patience: Duration) -> ! {
-    // SAFETY: prctl and fcntl on this process's own state and descriptors.
+    // SAFETY: prctl, signal and fcntl on this process's own state and
+    // descriptors.
     unsafe {
         libc::prctl(libc::PR_SET_NAME, c"lease-reaper".as_ptr());
         libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1);
+        for sig in supervisor_ignores() {
+            libc::signal(sig, libc::SIG_IGN);
+        }
         // The command must not hold them: the exec learns of the
         // supervisor's death by its report pipe closing.
         libc::fcntl(control, libc::F_SETFD, libc::FD_CLOEXEC);
@@ -875,11 +915,12 @@ fn spawn(spec: &Spec, join: bool) -> io::Result<libc::pid_t> {
     }
     // SAFETY: the closure runs between fork and exec in a child of this
     // single-threaded process and only makes async-signal-safe calls.
+    let defaults = supervisor_ignores();
     unsafe {
         let me = libc::getpid();
         cmd.pre_exec(move || {
-            for sig in IGNORED {
-                libc::signal(sig, libc::SIG_DFL);
+            for sig in &defaults {
+                libc::signal(*sig, libc::SIG_DFL);
             }
             libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
             if libc::getppid() != me {
@@ -1030,6 +1071,33 @@ fn kill_tree(root: libc::pid_t, spared: &[libc::pid_t]) -> bool {
             return false;
         }
         std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
+/// SIGKILLs everything below `parent` (not `parent` itself) until nothing
+/// alive is left there (zombies are dead: a stopped supervisor cannot reap
+/// them, and they fork nothing). False when something still lived there
+/// [`KILL_FOR`] after `started`.
+fn kill_below(parent: libc::pid_t, started: Instant) -> bool {
+    loop {
+        let procs = processes();
+        let below = descendants(&procs, parent);
+        let alive: Vec<libc::pid_t> = procs
+            .iter()
+            .filter(|p| p.state != 'Z' && below.contains(&p.pid))
+            .map(|p| p.pid)
+            .collect();
+        if alive.is_empty() {
+            return true;
+        }
+        for pid in alive {
+            // SAFETY: kill(2) of a process below our own child.
+            unsafe { libc::kill(pid, libc::SIGKILL) };
+        }
+        if started.elapsed() >= KILL_FOR {
+            return false;
+        }
+        std::thread::yield_now();
     }
 }
 
