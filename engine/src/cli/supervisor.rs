@@ -94,6 +94,9 @@ const BEAT: u8 = 2;
 /// Bytes of a beat.
 const BEAT_LEN: usize = 9;
 
+/// The variable that marks every process of the command.
+const MARK_VAR: &str = "FLASHSALE_EXEC_MARK";
+
 /// How long a kill of the tree may take before it is given up as lost to
 /// a process that forks faster than it is killed.
 const KILL_FOR: Duration = Duration::from_secs(10);
@@ -111,27 +114,18 @@ const IGNORED: [libc::c_int; 8] = [
     libc::SIGTTOU,
 ];
 
-/// Signals the supervisor also ignores once it runs, whose default would
-/// end it: a signal sent to the command's process group (log rotation's
-/// SIGUSR1, say), which the supervisor leads, is the command's business.
-/// The command gets them back at their defaults, with the real-time ones.
-const ALSO_IGNORED: [libc::c_int; 8] = [
-    libc::SIGUSR1,
-    libc::SIGUSR2,
-    libc::SIGALRM,
-    libc::SIGVTALRM,
-    libc::SIGPROF,
-    libc::SIGPWR,
-    libc::SIGIO,
-    libc::SIGSTKFLT,
-];
-
-/// Every signal the running supervisor ignores: [`IGNORED`],
-/// [`ALSO_IGNORED`] and the real-time signals.
+/// Every signal the running supervisor ignores: all but SIGCHLD (it
+/// reaps), SIGCONT (continuing cannot be ignored anyway) and the two no
+/// process can ignore. A signal sent to the command's process group (log
+/// rotation's SIGUSR1, a checkpoint's SIGXCPU), which the supervisor leads,
+/// is the command's business; a fault of the supervisor's own (SIGSEGV)
+/// still ends it, since the kernel does not let a fault be ignored. The
+/// command gets them all back at their defaults.
 fn supervisor_ignores() -> Vec<libc::c_int> {
-    let mut all: Vec<libc::c_int> = IGNORED.iter().chain(&ALSO_IGNORED).copied().collect();
-    all.extend(libc::SIGRTMIN()..=libc::SIGRTMAX());
-    all
+    let kept = [libc::SIGKILL, libc::SIGSTOP, libc::SIGCHLD, libc::SIGCONT];
+    (1..=libc::SIGRTMAX())
+        .filter(|sig| !kept.contains(sig))
+        .collect()
 }
 
 /// What the supervisor tells the exec, five bytes each on its pipe.
@@ -205,6 +199,9 @@ pub struct Supervisor {
     /// The supervisor was reaped (by `was_killed`): its pid may name
     /// another process now, and nothing is below it any more.
     reaped: bool,
+    /// `FLASHSALE_EXEC_MARK=<value>`, in the command's environment: how
+    /// its processes are found once they left the tree (see `kill_marked`).
+    mark: String,
 }
 
 impl Supervisor {
@@ -282,6 +279,7 @@ impl Supervisor {
             went: false,
             spared,
             reaped: false,
+            mark: format!("{MARK_VAR}={me}.{}", monotonic_ns()),
         };
         // Dropped on an error, the supervisor is killed.
         supervisor.hand_over(argv, env, pid_namespace)?;
@@ -299,9 +297,12 @@ impl Supervisor {
         pid_namespace: bool,
     ) -> io::Result<()> {
         let mut vars: Vec<(OsString, OsString)> = std::env::vars_os()
-            .filter(|(k, _)| !env.iter().any(|(e, _)| OsStr::new(e) == k))
+            .filter(|(k, _)| !env.iter().any(|(e, _)| OsStr::new(e) == k) && k != MARK_VAR)
             .collect();
         vars.extend(env.iter().map(|(k, v)| (k.into(), v.into())));
+        if let Some((k, v)) = self.mark.split_once('=') {
+            vars.push((k.into(), v.into()));
+        }
         let spec = encode_spec(argv, &vars, pid_namespace);
         let mut bytes = (spec.len() as u32).to_le_bytes().to_vec();
         bytes.extend(spec);
@@ -469,7 +470,10 @@ impl Supervisor {
             return false;
         }
         // SAFETY: getpid has no failure and no memory.
-        kill_tree(unsafe { libc::getpid() }, &self.spared)
+        let tree = kill_tree(unsafe { libc::getpid() }, &self.spared);
+        // No subreaper (the exec had children before): what left the tree
+        // went to init, with the mark.
+        tree && (self.spared.is_empty() || kill_marked(self.mark.as_bytes(), &self.spared, started))
     }
 }
 
@@ -1075,16 +1079,18 @@ fn kill_tree(root: libc::pid_t, spared: &[libc::pid_t]) -> bool {
 }
 
 /// SIGKILLs everything below `parent` (not `parent` itself) until nothing
-/// alive is left there (zombies are dead: a stopped supervisor cannot reap
-/// them, and they fork nothing). False when something still lived there
+/// alive is left there (a zombie is dead once its last thread is: a
+/// stopped supervisor cannot reap it, and it forks nothing). False when something still lived there
 /// [`KILL_FOR`] after `started`.
 fn kill_below(parent: libc::pid_t, started: Instant) -> bool {
     loop {
         let procs = processes();
         let below = descendants(&procs, parent);
+        // A zombie whose other threads live (its main thread called
+        // pthread_exit) still forks: alive until its last thread is gone.
         let alive: Vec<libc::pid_t> = procs
             .iter()
-            .filter(|p| p.state != 'Z' && below.contains(&p.pid))
+            .filter(|p| below.contains(&p.pid) && (p.state != 'Z' || threads(p.pid) > 1))
             .map(|p| p.pid)
             .collect();
         if alive.is_empty() {
@@ -1092,6 +1098,49 @@ fn kill_below(parent: libc::pid_t, started: Instant) -> bool {
         }
         for pid in alive {
             // SAFETY: kill(2) of a process below our own child.
+            unsafe { libc::kill(pid, libc::SIGKILL) };
+        }
+        if started.elapsed() >= KILL_FOR {
+            return false;
+        }
+        std::thread::yield_now();
+    }
+}
+
+/// How many threads `pid` has now (0 once it is gone).
+fn threads(pid: libc::pid_t) -> usize {
+    std::fs::read_dir(format!("/proc/{pid}/task")).map_or(0, |d| d.count())
+}
+
+/// SIGKILLs every process whose environment holds `mark` (which the
+/// exec gives the command), but this one and `spared` and theirs, until
+/// none is left or [`KILL_FOR`] after `started`. For an exec that is no
+/// subreaper: the command's orphans go to init, out of the tree's reach,
+/// but keep the mark (unless they dropped their environment).
+fn kill_marked(mark: &[u8], spared: &[libc::pid_t], started: Instant) -> bool {
+    // SAFETY: getpid has no failure and no memory.
+    let me = unsafe { libc::getpid() };
+    loop {
+        let procs = processes();
+        let mut keep: Vec<libc::pid_t> = spared.to_vec();
+        for s in spared {
+            keep.extend(descendants(&procs, *s));
+        }
+        let marked: Vec<libc::pid_t> = procs
+            .iter()
+            .filter(|p| p.pid != me && !keep.contains(&p.pid))
+            .filter(|p| p.state != 'Z' || threads(p.pid) > 1)
+            .filter(|p| {
+                std::fs::read(format!("/proc/{}/environ", p.pid))
+                    .is_ok_and(|env| env.split(|b| *b == 0).any(|v| v == mark))
+            })
+            .map(|p| p.pid)
+            .collect();
+        if marked.is_empty() {
+            return true;
+        }
+        for pid in marked {
+            // SAFETY: kill(2) of a process that carries this exec's mark.
             unsafe { libc::kill(pid, libc::SIGKILL) };
         }
         if started.elapsed() >= KILL_FOR {
