@@ -289,15 +289,20 @@ impl Engine {
     /// Returns the order to answer with and its bucket: the one the home
     /// record names, or, when its bucket no longer holds it (see
     /// [`Engine::find_taken`]), the one a bucket does hold for the request.
-    /// An order a failover took back, with no other in its place, is
-    /// reported lost, for good ([`PurchaseError::OrderLost`]): under `ack =
-    /// leader` that can follow a confirmation (the take's master died before
-    /// its replica had it, the home record on another master lived); under
-    /// `replicated` only an unconfirmed first attempt. Under `replicated` the
-    /// replay also waits until a replica holds both records: the home record
-    /// was re-propagated by `purchase.lua`, the other bucket's by the
-    /// confirm. `home_replicated`: the replay's batch was already
-    /// acknowledged by a replica of the home bucket.
+    /// Under `ack = leader` an order a failover took back (the take's
+    /// master died before its replica had it, the home record on another
+    /// master lived), with no other in its place, is reported lost
+    /// ([`PurchaseError::OrderLost`]). That is final unless an attempt of
+    /// the same request was still walking across the failover and takes
+    /// again; and a replay in the moment between the taking bucket's record
+    /// expiring and the home record's (written a little later) is told lost
+    /// too. Under `replicated` a confirmed home record's take was on a
+    /// replica first: a missing record there has expired, and the order
+    /// stands. Under `replicated` the replay also waits until a replica
+    /// holds both records: the home record was re-propagated by
+    /// `purchase.lua`, the other bucket's by the confirm.
+    /// `home_replicated`: the replay's batch was already acknowledged by a
+    /// replica of the home bucket.
     async fn confirm_replay(
         &self,
         sale: &SaleHandle,
@@ -335,6 +340,18 @@ impl Engine {
                         self.ack(home, request, confirmed()),
                         self.ack(taker, request, confirmed())
                     )?;
+                }
+                Ok((order_id, bucket))
+            }
+            TakeReply::Lost if !leader => {
+                // Under `replicated` the home record was settled confirmed
+                // only once the take was on a replica, so no failover took
+                // it back: the taking bucket's record, written before the
+                // home record with the same TTL, expired first. The order
+                // stands (from the attack on #33's changes: this answered
+                // `order_lost` for an order paid in PostgreSQL).
+                if !home_replicated {
+                    self.ack(home, request, confirmed()).await?;
                 }
                 Ok((order_id, bucket))
             }

@@ -1473,3 +1473,47 @@ async fn a_walk_that_took_after_a_lost_take_answers_its_own_order_not_the_lost_o
         other => panic!("the walk took {in_stream:?} in bucket 0: got {other:?}"),
     }
 }
+
+/// From the attack on #33's changes: under `ack = replicated` the taking
+/// bucket's record of a request (written at the take) expires before the
+/// home record (settled after the take's WAIT, with the same TTL); a
+/// replay in between was told `order_lost` for an order paid in
+/// PostgreSQL. Under `replicated` a confirmed home record means the take
+/// was on a replica, so the order stands. The expiry is a DEL of the
+/// taking bucket's record.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replicated_order_whose_taking_record_expired_first_is_replayed_not_lost() {
+    let cluster = RedisCluster::start(3, 1);
+    let sku = "expired-taker";
+    let engine = flashsale_tests::engine_with(&cluster, |c| {
+        c.ack = flashsale::Ack::Replicated;
+        c.retry.deadline = Duration::from_secs(30);
+    })
+    .await;
+    let status = engine
+        .create_sale(SaleSpec {
+            buckets: 2,
+            ..SaleSpec::new(sku, 1)
+        })
+        .await
+        .expect("create");
+    let buyer = flashsale_tests::user_with_home("expired", 2, 1);
+    let req = || PurchaseRequest {
+        sku,
+        user: &buyer,
+        qty: 1,
+        request_id: "r1",
+    };
+    let first = engine.purchase(req()).await.expect("confirmed");
+    assert_eq!(first.bucket, 0, "taken in the other bucket");
+    let taker_rec = flashsale::keys::BucketKeys::new(&status.buckets[0].tag).request(&buyer, "r1");
+    let taker = cluster.master_of_slot(status.buckets[0].slot);
+    let _: i64 = cluster.node(taker).cmd(&["DEL", &taker_rec]);
+    match engine.purchase(req()).await {
+        Ok(c) => {
+            assert_eq!(c.order_id, first.order_id);
+            assert!(c.replayed);
+        }
+        other => panic!("order {} stands; its replay got {other:?}", first.order_id),
+    }
+}

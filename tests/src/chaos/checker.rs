@@ -1124,16 +1124,26 @@ fn check_sold_out_refusals(
             }
         }
         // Each request of the sale: when first sent, its units, and
-        // whether it surely took nothing.
+        // whether it surely took nothing: every answer a refusal, or (under
+        // `replicated`, where no failover takes a record back) none
+        // confirmed and one a refusal for stock from the scripts, which
+        // are final in the request's record.
         let requests: Vec<(u64, u64, bool)> = by_key
             .iter()
             .filter(|((s, _, _), _)| *s == sku)
             .map(|(_, ops)| {
                 let first = ops.iter().map(|o| o.invoke_ms).min().unwrap_or(0);
+                let refused = |o: &&OpRecord| {
+                    matches!(&o.outcome, Outcome::Fail { code, from_scripts: true } if code == "sold_out")
+                };
                 let nothing = ops
                     .iter()
-                    .all(|o| fail_code(o).is_some_and(|c| TOOK_NOTHING.contains(&c)));
-                (first, u64::from(qty_of(ops[0])), nothing)
+                    .all(|o| fail_code(o).is_some_and(|c| TOOK_NOTHING.contains(&c)))
+                    || (!leader && ops.iter().any(refused) && ops.iter().all(|o| order_id(o).is_none()));
+                // The workload sends one id with another quantity too, and
+                // either may reach Redis first: the larger is counted.
+                let qty = ops.iter().map(|o| qty_of(o)).max().unwrap_or(0);
+                (first, u64::from(qty), nothing)
             })
             .collect();
         let retakes: Vec<(u64, u64)> = inp
@@ -1156,6 +1166,14 @@ fn check_sold_out_refusals(
                 continue;
             };
             if fail_code(first) != Some("sold_out") {
+                continue;
+            }
+            // An attempt pending as long as the engines' `pending_timeout`
+            // may have been closed by the sweeper, which refuses where
+            // nothing was decided, whatever the stock (`take.lua`'s
+            // "refuse"): the price of settling abandoned requests.
+            let took_ms = first.complete_ms.saturating_sub(first.invoke_ms);
+            if took_ms + 100 >= super::topology::PENDING_TIMEOUT.as_millis() as u64 {
                 continue;
             }
             let qty = u64::from(qty_of(first));

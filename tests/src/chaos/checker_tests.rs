@@ -1120,6 +1120,47 @@ fn sold_out_is_judged_only_on_units_surely_there() {
             v.violations
         );
     }
+    // One id sent with two quantities: either may have reached Redis
+    // first, so the larger is counted (counting the first sent was a
+    // possible cause of the one `sold_out_with_stock` a real run reported,
+    // seed 63334533, which its rerun did not repeat).
+    let mut w = world();
+    w.ops.push(rec(
+        20,
+        buy("s", "u9", "r1", 6),
+        Outcome::unknown("timeout"),
+        50,
+    ));
+    w.ops.push(rec(
+        21,
+        buy("s", "u9", "r1", 8),
+        Outcome::fail("request_mismatch"),
+        55,
+    ));
+    sold_out(&mut w, "u8", 2, 60);
+    assert!(!only(w).contains(&Kind::SoldOutWithStock));
+    // A first attempt that lasted the engines' pending_timeout may have
+    // been closed by the sweeper, which refuses whatever the stock (from
+    // the attack on this check): not judged.
+    for (took, wrong) in [(3_000, false), (2_000, true)] {
+        let mut w = world();
+        w.ops.push(rec(
+            20,
+            buy("s", "u9", "r1", 9),
+            Outcome::unknown("timeout"),
+            50,
+        ));
+        let mut slow = rec(8, buy("s", "u8", "r1", 1), Outcome::fail("sold_out"), 6_000);
+        slow.complete_ms = 6_000 + took;
+        w.ops.push(slow);
+        let v = w.verdict();
+        assert_eq!(
+            fired(&v).contains(&Kind::SoldOutWithStock),
+            wrong,
+            "took {took} ms: {:#?}",
+            v.violations
+        );
+    }
     // 9 units over 4 buckets may be 2 + 2 + 2 + 3: a purchase of 4 may
     // find none that holds it; of 3 it must.
     for (qty, wrong) in [(4, false), (3, true)] {
@@ -1138,4 +1179,51 @@ fn sold_out_is_judged_only_on_units_surely_there() {
             v.violations
         );
     }
+}
+
+/// From the attack on `sold_out_with_stock`: a request whose first attempt
+/// ended unknown and whose retry was refused for stock by the scripts took
+/// nothing (under `replicated` the refusal is final in its record), yet it
+/// was counted as taken for the rest of the run; five of them hid an
+/// undersell of the five restocked units.
+#[test]
+fn a_request_refused_for_good_after_an_unknown_attempt_counts_as_taking_nothing() {
+    let mut w = world();
+    // u9 takes the 9 units left (s had 10, u1 took 1).
+    w.ops
+        .push(rec(20, buy("s", "u9", "r1", 9), order("s~0~n"), 50));
+    w.rows.push(row("s~0~n", "s", "u9", 9, "paid"));
+    w.end("s").stocks = vec![5];
+    let from_scripts = || Outcome::Fail {
+        code: "sold_out".into(),
+        from_scripts: true,
+    };
+    for i in 0..5u64 {
+        let user = format!("u{}", 40 + i);
+        w.ops.push(rec(
+            21,
+            buy("s", &user, "r1", 1),
+            Outcome::unknown("timeout"),
+            100 + i,
+        ));
+        w.ops
+            .push(rec(22, buy("s", &user, "r1", 1), from_scripts(), 300 + i));
+    }
+    // The 5 restocked units (answered at 5,005) are there; u8 is refused.
+    w.ops
+        .push(rec(23, buy("s", "u8", "r1", 1), from_scripts(), 7_000));
+    let v = w.verdict();
+    assert!(
+        fired(&v).contains(&Kind::SoldOutWithStock),
+        "{:#?}",
+        v.violations
+    );
+    // Under `leader` a failover may take the refusal back: counted whole.
+    w.ack = Ack::Leader;
+    let v = w.verdict();
+    assert!(
+        !fired(&v).contains(&Kind::SoldOutWithStock),
+        "{:#?}",
+        v.violations
+    );
 }

@@ -11,6 +11,10 @@ use std::time::Duration;
 
 use crate::{free_port, PgDb, RedisCluster, RedisServer, TcpProxy};
 
+/// The engines' `pending_timeout`: short, so the sweeper settles abandoned
+/// fall-throughs within a run (the checker reads it too).
+pub const PENDING_TIMEOUT: Duration = Duration::from_secs(3);
+
 /// Masters in the chaos cluster.
 pub const MASTERS: usize = 3;
 
@@ -102,7 +106,7 @@ impl Topology {
             ),
             ack,
             // Short, so abandoned fall-throughs are settled within a run.
-            pending_timeout: Duration::from_secs(3),
+            pending_timeout: PENDING_TIMEOUT,
             ..flashsale::Config::default()
         };
         // An answer within the controller's timeout, failover or not.
