@@ -2318,4 +2318,47 @@ fn a_supervisor_killed_with_no_subreaper_above_it_leaves_nothing_running() {
         left, 0,
         "the command's processes outlived the exec: {said:?}"
     );
+    // From the eleventh attack: a process can hide the mark (rewrite its
+    // environment's memory, as `$0 = ...` in perl does), so the lock is
+    // not given back: it lapses with its lease.
+    assert_eq!(
+        nodes[0]
+            .node
+            .cmd::<i64>(&["EXISTS", "flashsale:lock:orphaned"]),
+        1,
+        "left to lapse, not released: {said:?}"
+    );
+    assert!(said.contains("left to lapse"), "{said:?}");
+}
+
+/// From the eleventh attack: with no subreaper above it (the exec had a
+/// child of its own), a line of processes that each fork a successor and
+/// exit within a few ms slipped between the exec's reads of /proc, went to
+/// init once the supervisor was killed, and ran beside the next holder
+/// while the exec exited 0 (6 runs in 6). The supervisor, a subreaper that
+/// every orphan of the command comes to, now does the final kill and
+/// exits 0 only when nothing is left below it; the exec waits for it.
+#[test]
+fn a_line_of_short_lived_processes_never_outlives_the_exec() {
+    let nodes = servers(1);
+    let chain = env!("CARGO_BIN_EXE_chain-forker");
+    for round in 0..4 {
+        let dir = tempfile::TempDir::new().expect("dir");
+        let mark = format!("FLASHSALE_TEST_CHAIN={}-{round}", std::process::id());
+        let script = format!(
+            "{chain} 20000 {} & sleep 0.3; exit 0",
+            1_000 + 1_000 * round
+        );
+        let (status, said, left) =
+            exec_with_a_child_of_its_own(&nodes, &script, &mark, dir.path(), |_| {});
+        assert_eq!(
+            left, 0,
+            "round {round}: the line outlived the exec: {status:?} {said:?}"
+        );
+        assert_eq!(
+            status.and_then(|s| s.code()),
+            Some(0),
+            "round {round}: {said:?}"
+        );
+    }
 }

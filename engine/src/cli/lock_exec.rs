@@ -340,6 +340,16 @@ pub trait Grant {
     fn is_lost(&self) -> bool;
     /// Gives it back; true when it was still held.
     fn unlock(self) -> impl std::future::Future<Output = bool>;
+    /// Leaves it to lapse with its lease: never released (a guard dropped
+    /// releases), and no longer renewed once this process exits, which
+    /// the exec does at once. For when the command's processes cannot be
+    /// known gone.
+    fn abandon(self)
+    where
+        Self: Sized,
+    {
+        std::mem::forget(self);
+    }
 }
 
 impl Grant for LockGuard {
@@ -428,6 +438,7 @@ impl Supervised<'_> {
         // nothing meanwhile, and its supervisor may have killed the
         // command: the command cannot be known to have run under the lock.
         let lapsed = supervisor.lapsed();
+        let subreaper = supervisor.subreaper();
         // Whatever the command left running goes with it, before the grant
         // is given back.
         if !supervisor.end() {
@@ -436,7 +447,23 @@ impl Supervised<'_> {
                  {} is left to lapse with its lease",
                 self.what
             );
+            guard.abandon();
             return Ok(ExitCode::from(EXIT_LOCK_LOST));
+        }
+        if ending == Ending::SupervisorGone && !subreaper {
+            // Killed on its own with no subreaper above it: the command's
+            // other processes went to init. Those that carry the exec's
+            // mark are gone; one that hid it (rewrote its environment's
+            // memory, or cannot be read) cannot be known gone.
+            say!(
+                "flashsale: this exec is no subreaper (its process had children when it started), so \
+                 the command's processes went to init when the supervisor was killed; those that \
+                 carried its mark were killed, but {} is left to lapse with its lease \
+                 (--pid-namespace leaves no such doubt)",
+                self.what
+            );
+            guard.abandon();
+            return Ok(ExitCode::from(signal_code(libc::SIGKILL)));
         }
         if ending == Ending::Silenced {
             say!(
@@ -565,7 +592,7 @@ impl Supervised<'_> {
                             }
                             (true, _, _) => {
                                 say!(
-                                    "flashsale: the command's supervisor was killed; ended the command \
+                                    "flashsale: the command's supervisor was killed; ending the command \
                                      and everything it started"
                                 );
                                 Ending::SupervisorGone

@@ -183,7 +183,9 @@ pub struct Supervisor {
     pid: libc::pid_t,
     /// The write end of the supervisor's pipe: open as long as the exec
     /// lives (non-blocking once the command is handed over).
-    control: File,
+    /// The pipe to the supervisor; closed (None) when the exec ends it:
+    /// the supervisor's word to kill everything and exit.
+    control: Option<File>,
     reports: tokio::sync::mpsc::UnboundedReceiver<Report>,
     patience: Duration,
     last_beat: Instant,
@@ -270,7 +272,7 @@ impl Supervisor {
         unsafe { libc::setpgid(pid, pid) };
         let mut supervisor = Supervisor {
             pid,
-            control,
+            control: Some(control),
             reports: read_reports(reports),
             patience,
             last_beat: Instant::now(),
@@ -306,7 +308,10 @@ impl Supervisor {
         let spec = encode_spec(argv, &vars, pid_namespace);
         let mut bytes = (spec.len() as u32).to_le_bytes().to_vec();
         bytes.extend(spec);
-        let fd = std::os::fd::AsRawFd::as_raw_fd(&self.control);
+        let Some(control) = self.control.as_mut() else {
+            return Ok(());
+        };
+        let fd = std::os::fd::AsRawFd::as_raw_fd(&*control);
         // SAFETY: fcntl on a descriptor this handle owns.
         unsafe {
             let flags = libc::fcntl(fd, libc::F_GETFL);
@@ -315,7 +320,7 @@ impl Supervisor {
         let deadline = Instant::now() + self.patience;
         let mut sent = 0;
         while sent < bytes.len() {
-            match self.control.write(&bytes[sent..]) {
+            match control.write(&bytes[sent..]) {
                 Ok(n) => sent += n,
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
                     if Instant::now() >= deadline {
@@ -383,7 +388,12 @@ impl Supervisor {
         unsafe { libc::kill(self.pid, libc::SIGCONT) };
         // A full pipe (a supervisor stopped for long) or a gone one: the
         // report channel says which soon enough.
-        if self.control.write(&encode_beat(monotonic_ns())).is_ok() {
+        let beat = encode_beat(monotonic_ns());
+        if self
+            .control
+            .as_mut()
+            .is_some_and(|c| c.write(&beat).is_ok())
+        {
             self.went = true;
         }
     }
@@ -413,6 +423,37 @@ impl Supervisor {
             std::thread::sleep(Duration::from_millis(5));
         }
         false
+    }
+
+    /// Whether this process is a subreaper (it had no children when the
+    /// exec started): then every orphan of the command comes to it.
+    pub fn subreaper(&self) -> bool {
+        self.spared.is_empty()
+    }
+
+    /// Waits up to `limit` for the supervisor to exit (continuing it, in
+    /// case it was stopped), and reaps it: Some(true) when it killed
+    /// everything below it, Some(false) when it gave up or was killed,
+    /// None when it is still there.
+    fn wait_out(&mut self, limit: Duration) -> Option<bool> {
+        let until = Instant::now() + limit;
+        while Instant::now() < until {
+            let mut status = 0;
+            // SAFETY: kill(2) and waitpid of our own child, not yet reaped.
+            let pid = unsafe {
+                libc::kill(self.pid, libc::SIGCONT);
+                libc::waitpid(self.pid, &mut status, libc::WNOHANG)
+            };
+            if pid == self.pid {
+                self.reaped = true;
+                return Some(libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0);
+            }
+            if pid < 0 {
+                return None;
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        None
     }
 
     /// Whether the exec was ever silent longer than the supervisor waits:
@@ -462,12 +503,27 @@ impl Supervisor {
         }
         self.ended = true;
         let started = Instant::now();
-        // The supervisor last: it is a subreaper, so while it lives every
-        // orphan of the command comes to it and is seen below it. Killed
-        // first, what the command forked meanwhile would go to init when
-        // this process is no subreaper (it had children before).
-        if !self.reaped && !kill_below(self.pid, started) {
-            return false;
+        // The supervisor does the kill: it is a subreaper, so every orphan
+        // of the command comes to it, and it is done only when waitpid
+        // leaves it no child. From outside, /proc is read a process at a
+        // time, and a line of processes that each fork a successor and exit
+        // within a few ms slipped between two reads (the eleventh attack),
+        // to init when this process is no subreaper. The pipe closing is
+        // its word to end everything and exit; it exits 0 only when it
+        // killed everything.
+        if !self.reaped {
+            self.control = None;
+            match self.wait_out(KILL_FOR + Duration::from_secs(2)) {
+                Some(true) => {}
+                Some(false) => return false,
+                // Stopped for good, or hung: from outside, below it first,
+                // the supervisor last.
+                None => {
+                    if !kill_below(self.pid, started) {
+                        return false;
+                    }
+                }
+            }
         }
         // SAFETY: getpid has no failure and no memory.
         let tree = kill_tree(unsafe { libc::getpid() }, &self.spared);
@@ -797,8 +853,10 @@ fn supervise(control: libc::c_int, report: libc::c_int, patience: Duration) -> !
     // SAFETY: kill(2) of our own child: as the namespace's init, its death
     // takes every process of the namespace with it.
     unsafe { libc::kill(first, libc::SIGKILL) };
-    kill_tree(std::process::id() as libc::pid_t, &[]);
-    std::process::exit(0)
+    // 0 only when nothing is left: the exec, waiting for this exit, then
+    // knows the command's processes are gone.
+    let all_gone = kill_tree(std::process::id() as libc::pid_t, &[]);
+    std::process::exit(if all_gone { 0 } else { 3 })
 }
 
 /// The init of the command's PID namespace, in a fork of the supervisor:
