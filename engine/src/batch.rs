@@ -297,11 +297,7 @@ impl PurchaseBatches {
             .map(|q| q.queued_at)
             .min()
             .unwrap_or_else(Instant::now);
-        #[cfg(feature = "planted-bugs")]
-        let skip_wait = crate::planted::active(crate::planted::Plant::SkipWait);
-        #[cfg(not(feature = "planted-bugs"))]
-        let skip_wait = false;
-        let waited = if self.replicated && !skip_wait {
+        let waited = if self.replicated && !planted!(SkipWait) {
             self.cluster
                 .call_then_wait(&call, replies::purchase_batch, WAIT_MS)
                 .await

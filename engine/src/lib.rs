@@ -10,6 +10,22 @@
 //! what is promised, and its limits, in `docs/`.
 #![warn(missing_docs)]
 
+/// True when the planted bug `Name` ([`planted::Plant`]) is active; false,
+/// and the hook compiled out, without the `planted-bugs` feature. Each
+/// hook is then one line: `if planted!(SkipWait) { ... }`.
+#[cfg(feature = "planted-bugs")]
+macro_rules! planted {
+    ($plant:ident) => {
+        $crate::planted::active($crate::planted::Plant::$plant)
+    };
+}
+#[cfg(not(feature = "planted-bugs"))]
+macro_rules! planted {
+    ($plant:ident) => {
+        false
+    };
+}
+
 pub mod admin;
 mod batch;
 mod cluster;
@@ -30,6 +46,7 @@ pub mod order_state;
 pub mod orders;
 pub mod placement;
 #[cfg(feature = "planted-bugs")]
+#[doc(hidden)]
 pub mod planted;
 pub mod purchase;
 pub mod ratelimit;

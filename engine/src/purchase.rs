@@ -130,10 +130,8 @@ impl Engine {
         validate::id("user", req.user).map_err(PurchaseError::Invalid)?;
         validate::id("request_id", req.request_id).map_err(PurchaseError::Invalid)?;
         let qty = validate::qty(req.qty, cfg.max_qty).map_err(PurchaseError::Invalid)?;
-        #[cfg(feature = "planted-bugs")]
         let planted_id;
-        #[cfg(feature = "planted-bugs")]
-        let req = if crate::planted::active(crate::planted::Plant::SkipRequestCheck) {
+        let req = if planted!(SkipRequestCheck) {
             planted_id = format!("{}~{}", req.request_id, order_id::new_nonce());
             PurchaseRequest {
                 request_id: &planted_id,
@@ -681,8 +679,7 @@ impl Engine {
         if self.config().ack == Ack::Leader {
             return Ok(());
         }
-        #[cfg(feature = "planted-bugs")]
-        if crate::planted::active(crate::planted::Plant::SkipWait) {
+        if planted!(SkipWait) {
             return Ok(());
         }
         let same_connection = || {

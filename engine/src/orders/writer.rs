@@ -341,8 +341,7 @@ impl OrderWriter {
                 Err(reason) => dead.push((e, reason.to_string())),
             }
         }
-        #[cfg(feature = "planted-bugs")]
-        if crate::planted::active(crate::planted::Plant::WriterAckBeforeCommit) {
+        if planted!(WriterAckBeforeCommit) {
             let ids: Vec<&str> = entries.iter().map(|e| e.id.as_str()).collect();
             stream::ack(&mut self.conn, key, &self.config.group, &ids).await?;
             if let Ok(n) = write_batch(&self.pool, &rows, &events).await {
