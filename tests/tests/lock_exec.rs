@@ -2362,3 +2362,112 @@ fn a_line_of_short_lived_processes_never_outlives_the_exec() {
         );
     }
 }
+
+/// From the twelfth attack: with no subreaper above it, the supervisor
+/// killed while it did its final kill (after the command's end) left the
+/// rest of the command's processes to init; the exec took the supervisor's
+/// death for "forked faster", killed nothing itself, and the survivors ran
+/// on past the lease. The exec now ends what the supervisor left, by its
+/// mark, and leaves the lock to lapse.
+#[test]
+fn a_supervisor_killed_during_its_final_kill_leaves_nothing_running() {
+    let nodes = servers(1);
+    let mut landed = 0;
+    for round in 0..6 {
+        let dir = tempfile::TempDir::new().expect("dir");
+        let mark = format!("FLASHSALE_TEST_MIDKILL={}-{round}", std::process::id());
+        let script = "i=0; while [ $i -lt 600 ]; do sleep 30 & i=$((i+1)); done; exit 0";
+        let mut alive_at_kill = 0;
+        let (status, said, left) =
+            exec_with_a_child_of_its_own(&nodes, script, &mark, dir.path(), |command| {
+                let stat = std::fs::read_to_string(format!("/proc/{command}/stat")).expect("stat");
+                let supervisor: u32 = stat
+                    .rsplit_once(") ")
+                    .and_then(|(_, rest)| rest.split_whitespace().nth(1)?.parse().ok())
+                    .expect("ppid");
+                // The command ends once its 600 sleeps run; they are then
+                // the supervisor's, and its final kill begins.
+                wait_for(
+                    Duration::from_secs(60),
+                    || !alive(command),
+                    || "the command never ended".into(),
+                );
+                let sleeps = children(supervisor);
+                let Some(first) = sleeps.iter().min().copied() else {
+                    return;
+                };
+                let until = Instant::now() + Duration::from_secs(20);
+                while alive(first) && Instant::now() < until {
+                    std::hint::spin_loop();
+                }
+                signal_now(supervisor, libc::SIGKILL);
+                alive_at_kill = sleeps.iter().filter(|p| alive(**p)).count();
+            });
+        assert_eq!(
+            left, 0,
+            "round {round}: the command's processes outlived the exec: {status:?} {said:?}"
+        );
+        if alive_at_kill == 0 {
+            // The supervisor had finished before it was killed.
+            continue;
+        }
+        landed += 1;
+        eprintln!("round {round}: killed with {alive_at_kill} of the command's processes alive");
+        assert_eq!(
+            status.and_then(|s| s.code()),
+            Some(137),
+            "round {round}: {said:?}"
+        );
+        assert!(said.contains("left to"), "round {round}: {said:?}");
+    }
+    assert!(landed > 0, "no kill landed while the supervisor killed");
+}
+
+/// kill(2) at once, without starting a `kill` process.
+fn signal_now(pid: u32, sig: libc::c_int) {
+    // SAFETY: kill(2) of a process this test started (below its exec).
+    unsafe { libc::kill(pid as libc::pid_t, sig) };
+}
+
+/// From the twelfth attack: a caller that ignores SIGCHLD (`perl -e
+/// '$SIG{CHLD}="IGNORE"; exec flashsale lock exec ...'`) passes that on
+/// across exec, and the kernel then reaps children unasked: the command's
+/// end was never reported and the exec held the lock for ever.
+#[test]
+fn an_exec_started_with_sigchld_ignored_still_sees_its_command_end() {
+    use std::os::unix::process::CommandExt;
+    let nodes = servers(1);
+    for exec in [
+        "lock exec --name ignoring --ttl 2s",
+        "lock exec --name ignoring --ttl 2s --pid-namespace",
+        "semaphore exec --name ignorers --permits 1 --lease 2s",
+    ] {
+        let mut cmd = Command::new(flashsale_bin());
+        cmd.args(exec.split_whitespace())
+            .args(["--", "sh", "-c", "sleep 0.2; exit 3"])
+            .env_remove("FLASHSALE_CONFIG")
+            .env("FLASHSALE_LOCK_NODES", urls(&nodes).join(","))
+            .stderr(Stdio::piped());
+        // SAFETY: signal(2) alone, between fork and exec.
+        unsafe {
+            cmd.pre_exec(|| {
+                libc::signal(libc::SIGCHLD, libc::SIG_IGN);
+                Ok(())
+            });
+        }
+        let mut child = cmd.spawn().expect("spawn");
+        let status = exit_within(&mut child, Duration::from_secs(30));
+        let mut said = String::new();
+        if let Some(mut e) = child.stderr.take() {
+            let _ = e.read_to_string(&mut said);
+        }
+        assert_eq!(status.and_then(|s| s.code()), Some(3), "{exec}: {said:?}");
+    }
+    assert_eq!(
+        nodes[0]
+            .node
+            .cmd::<i64>(&["EXISTS", "flashsale:lock:ignoring"]),
+        0,
+        "the lock was not given back"
+    );
+}

@@ -18,7 +18,7 @@ use std::time::Duration;
 use anyhow::{anyhow, Result};
 use flashsale::lock::{LockClient, LockConfig, LockError, LockGuard, LockOptions, MultiGuard};
 
-use super::supervisor::{Report, StoppedMember, Supervisor};
+use super::supervisor::{Ended, Report, StoppedMember, Supervisor};
 
 /// Exit code when the lock could not be taken within `--wait` (EX_TEMPFAIL).
 pub const EXIT_NOT_ACQUIRED: u8 = 75;
@@ -438,32 +438,35 @@ impl Supervised<'_> {
         // nothing meanwhile, and its supervisor may have killed the
         // command: the command cannot be known to have run under the lock.
         let lapsed = supervisor.lapsed();
-        let subreaper = supervisor.subreaper();
         // Whatever the command left running goes with it, before the grant
         // is given back.
-        if !supervisor.end() {
-            say!(
-                "flashsale: the command's processes forked faster than they could be killed; \
-                 {} is left to lapse with its lease",
-                self.what
-            );
-            guard.abandon();
-            return Ok(ExitCode::from(EXIT_LOCK_LOST));
-        }
-        if ending == Ending::SupervisorGone && !subreaper {
-            // Killed on its own with no subreaper above it: the command's
-            // other processes went to init. Those that carry the exec's
-            // mark are gone; one that hid it (rewrote its environment's
-            // memory, or cannot be read) cannot be known gone.
-            say!(
-                "flashsale: this exec is no subreaper (its process had children when it started), so \
-                 the command's processes went to init when the supervisor was killed; those that \
-                 carried its mark were killed, but {} is left to lapse with its lease \
-                 (--pid-namespace leaves no such doubt)",
-                self.what
-            );
-            guard.abandon();
-            return Ok(ExitCode::from(signal_code(libc::SIGKILL)));
+        match supervisor.end() {
+            Ended::Clean => {}
+            Ended::ForkedFaster => {
+                say!(
+                    "flashsale: the command's processes forked faster than they could be killed; \
+                     {} is left to lapse with its lease",
+                    self.what
+                );
+                guard.abandon();
+                return Ok(ExitCode::from(EXIT_LOCK_LOST));
+            }
+            Ended::Doubtful => {
+                // Killed (or given up) before it had killed everything, with
+                // no subreaper above it: the command's other processes went
+                // to init. Those that carry the exec's mark are gone; one
+                // that hid it (rewrote its environment's memory, or cannot
+                // be read) cannot be known gone.
+                say!(
+                    "flashsale: the command's supervisor was killed before it had ended everything, and \
+                     this exec is no subreaper (its process had children when it started), so the rest \
+                     went to init; those that carried the exec's mark were killed, but {} is left to \
+                     lapse with its lease (--pid-namespace leaves no such doubt)",
+                    self.what
+                );
+                guard.abandon();
+                return Ok(ExitCode::from(signal_code(libc::SIGKILL)));
+            }
         }
         if ending == Ending::Silenced {
             say!(

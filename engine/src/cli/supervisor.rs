@@ -201,6 +201,10 @@ pub struct Supervisor {
     /// The supervisor was reaped (by `was_killed`): its pid may name
     /// another process now, and nothing is below it any more.
     reaped: bool,
+    /// The supervisor ended without killing everything below it (it was
+    /// killed, or gave up): what was left there went to this process if it
+    /// is a subreaper, to init if not.
+    left_work: bool,
     /// `FLASHSALE_EXEC_MARK=<value>`, in the command's environment: how
     /// its processes are found once they left the tree (see `kill_marked`).
     mark: String,
@@ -222,6 +226,7 @@ impl Supervisor {
         // and a lease just before its renewal (due a third of the way in)
         // still has about two thirds left, which clears that bar with room.
         let patience = (lease * 2 / 5).max(Duration::from_millis(10));
+        keep_children_to_reap();
         // SAFETY: getpid has no failure and no memory.
         let me = unsafe { libc::getpid() };
         let spared = children_of(&processes(), me);
@@ -281,6 +286,7 @@ impl Supervisor {
             went: false,
             spared,
             reaped: false,
+            left_work: false,
             mark: format!("{MARK_VAR}={me}.{}", monotonic_ns()),
         };
         // Dropped on an error, the supervisor is killed.
@@ -415,7 +421,8 @@ impl Supervisor {
             let pid = unsafe { libc::waitpid(self.pid, &mut status, libc::WNOHANG) };
             if pid == self.pid {
                 self.reaped = true;
-                return libc::WIFSIGNALED(status);
+                self.left_work = libc::WIFSIGNALED(status);
+                return self.left_work;
             }
             if pid < 0 {
                 return false;
@@ -446,7 +453,9 @@ impl Supervisor {
             };
             if pid == self.pid {
                 self.reaped = true;
-                return Some(libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0);
+                let done = libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0;
+                self.left_work |= !done;
+                return Some(done);
             }
             if pid < 0 {
                 return None;
@@ -490,16 +499,17 @@ impl Supervisor {
     }
 
     /// Kills the supervisor and everything below this process but the
-    /// children it had before (and theirs), and reaps them all. False when
-    /// a process forked faster than it was killed for [`KILL_FOR`]. Done
-    /// before the grant goes back, on every path.
-    pub fn end(mut self) -> bool {
+    /// children it had before (and theirs), and reaps them all; what of
+    /// the command went to init is found by its mark. Done before the
+    /// grant goes back, on every path: the answer says whether it may go
+    /// back.
+    pub fn end(mut self) -> Ended {
         self.end_now()
     }
 
-    fn end_now(&mut self) -> bool {
+    fn end_now(&mut self) -> Ended {
         if self.ended {
-            return true;
+            return Ended::Clean;
         }
         self.ended = true;
         let started = Instant::now();
@@ -513,29 +523,68 @@ impl Supervisor {
         // killed everything.
         if !self.reaped {
             self.control = None;
-            match self.wait_out(KILL_FOR + Duration::from_secs(2)) {
-                Some(true) => {}
-                Some(false) => return false,
-                // Stopped for good, or hung: from outside, below it first,
-                // the supervisor last.
-                None => {
-                    if !kill_below(self.pid, started) {
-                        return false;
-                    }
-                }
+            // Killed or given up half-way (the twelfth attack killed it
+            // while it killed), it leaves the rest to this process, which
+            // ends it below: never a reason to skip the kill.
+            if self.wait_out(KILL_FOR + Duration::from_secs(2)).is_none()
+                && !kill_below(self.pid, started)
+            {
+                return Ended::ForkedFaster;
             }
         }
         // SAFETY: getpid has no failure and no memory.
         let tree = kill_tree(unsafe { libc::getpid() }, &self.spared);
         // No subreaper (the exec had children before): what left the tree
         // went to init, with the mark.
-        tree && (self.spared.is_empty() || kill_marked(self.mark.as_bytes(), &self.spared, started))
+        let marked = self.subreaper() || kill_marked(self.mark.as_bytes(), &self.spared, started);
+        if !(tree && marked) {
+            Ended::ForkedFaster
+        } else if self.left_work && !self.subreaper() {
+            Ended::Doubtful
+        } else {
+            Ended::Clean
+        }
     }
+}
+
+/// How the end of the command's processes went: whether the grant may go
+/// back.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Ended {
+    /// Nothing of the command is left: the grant may go back.
+    Clean,
+    /// The supervisor died before it had killed everything, and this exec
+    /// is no subreaper: the rest went to init. Those that carried the mark
+    /// were killed, but one that hid it cannot be known gone: the grant
+    /// is left to lapse.
+    Doubtful,
+    /// A process forked faster than it was killed for [`KILL_FOR`]: the
+    /// grant is left to lapse.
+    ForkedFaster,
 }
 
 impl Drop for Supervisor {
     fn drop(&mut self) {
         self.end_now();
+    }
+}
+
+/// Gives SIGCHLD back its default if the caller left it ignored (`perl -e
+/// '$SIG{CHLD}="IGNORE"; exec ...'`): ignored, it is inherited across exec
+/// and makes the kernel reap this process's children unasked, so the
+/// supervisor's end (and its exit status) would be lost to waitpid, and the
+/// lock held for ever (the twelfth attack). A handler someone installed is
+/// left alone.
+fn keep_children_to_reap() {
+    // SAFETY: sigaction reads into, then writes from, a zeroed struct of
+    // this process's own.
+    unsafe {
+        let mut old: libc::sigaction = std::mem::zeroed();
+        if libc::sigaction(libc::SIGCHLD, std::ptr::null(), &mut old) == 0
+            && old.sa_sigaction == libc::SIG_IGN
+        {
+            libc::signal(libc::SIGCHLD, libc::SIG_DFL);
+        }
     }
 }
 
@@ -779,6 +828,9 @@ fn supervise(control: libc::c_int, report: libc::c_int, patience: Duration) -> !
         for sig in supervisor_ignores() {
             libc::signal(sig, libc::SIG_IGN);
         }
+        // Ignored SIGCHLD is inherited across exec, and makes the kernel
+        // reap children unasked: the command's end would never be seen.
+        libc::signal(libc::SIGCHLD, libc::SIG_DFL);
         // The command must not hold them: the exec learns of the
         // supervisor's death by its report pipe closing.
         libc::fcntl(control, libc::F_SETFD, libc::FD_CLOEXEC);
