@@ -35,11 +35,16 @@ pub enum Plant {
     ExpireEarly = 9,
     /// `purchase.lua` sells from a closed bucket as from an open one.
     SellAfterClose = 10,
+    /// `lock_release.lua` answers "released" and deletes nothing: a waiter
+    /// gets in only once the lease runs out. Only for the chaos workload's
+    /// locks (`chaos-lock-*`): the engine's own admin lock keeps working,
+    /// so the rest of the run goes on and the check is seen alone.
+    ReleaseKeepsLock = 11,
 }
 
 impl Plant {
     /// Every plant, with the name `--plant` takes.
-    pub const ALL: [(&'static str, Plant); 10] = [
+    pub const ALL: [(&'static str, Plant); 11] = [
         ("skip-request-check", Plant::SkipRequestCheck),
         ("skip-wait", Plant::SkipWait),
         ("writer-ack-before-commit", Plant::WriterAckBeforeCommit),
@@ -50,6 +55,7 @@ impl Plant {
         ("restock-twice", Plant::RestockTwice),
         ("expire-early", Plant::ExpireEarly),
         ("sell-after-close", Plant::SellAfterClose),
+        ("release-keeps-lock", Plant::ReleaseKeepsLock),
     ];
 
     /// The plant called `name`.
@@ -82,6 +88,11 @@ pub(crate) fn rewrite(name: &str, code: &str) -> Option<String> {
             replace_once(code, "local open = sale[1] == 'open'", "local open = true")
         }
         ("lock_acquire", Plant::LockWithoutNx) => lock_acquire_without_nx(code),
+        ("lock_release", Plant::ReleaseKeepsLock) => replace_once(
+            code,
+            "  redis.call('DEL', KEYS[1])\n",
+            "  if not string.find(KEYS[1], 'chaos-lock', 1, true) then redis.call('DEL', KEYS[1]) end\n",
+        ),
         ("transition", Plant::CancelReturnsTwice) => transition_returning_twice(code),
         ("transition", Plant::ExpireEarly) => replace_once(
             code,

@@ -321,7 +321,7 @@ impl LockScripts {
         LockScripts {
             acquire: LuaScript::new("lock_acquire", code("lock_acquire", LOCK_ACQUIRE_LUA)),
             fence: LuaScript::new("lock_fence", LOCK_FENCE_LUA),
-            release: LuaScript::new("lock_release", LOCK_RELEASE_LUA),
+            release: LuaScript::new("lock_release", code("lock_release", LOCK_RELEASE_LUA)),
             extend: LuaScript::new("lock_extend", LOCK_EXTEND_LUA),
             waiting: LuaScript::new("lock_waiting", LOCK_WAITING_LUA),
             permits: LuaScript::new("semaphore_permits", SEMAPHORE_PERMITS_LUA),

@@ -242,6 +242,13 @@ fn the_checker_catches_a_lock_granted_without_nx() {
     caught("lock-without-nx", "none", 10, &["lock_overlap"]);
 }
 
+/// Locks, liveness: a release that frees nothing keeps every waiter out
+/// until the lease runs out.
+#[test]
+fn the_checker_catches_a_release_that_frees_nothing() {
+    caught("release-keeps-lock", "none", 10, &["lock_release_ignored"]);
+}
+
 /// Admin: a restock retried with its operation id must be applied once; a
 /// script that forgets its operations adds the units again.
 #[test]

@@ -46,7 +46,7 @@ struct Cli {
     /// feature only): skip-request-check, skip-wait,
     /// writer-ack-before-commit, no-stock-check, cancel-returns-twice,
     /// skip-quota-check, lock-without-nx, restock-twice, expire-early,
-    /// sell-after-close.
+    /// sell-after-close, release-keeps-lock.
     #[arg(long)]
     plant: Option<String>,
 }

@@ -219,6 +219,11 @@ kinds! {
     /// Two holders of one lock inside their critical sections at once, both
     /// writing, without the earlier one's later write refused.
     LockOverlap = "lock_overlap",
+    /// A waiter that was waiting when a holder gave the lock back inside
+    /// its lease got in only once that lease was over, with no fault on the
+    /// lock nodes and no other holder between: the release freed nothing,
+    /// or woke no one.
+    LockReleaseIgnored = "lock_release_ignored",
     /// Redis counts more units put in than creates and restocks add.
     RestockOverapplied = "restock_overapplied",
     /// A confirmed restock missing from Redis' count.
@@ -484,7 +489,7 @@ pub fn check(inp: &Inputs<'_>) -> Verdict {
     check_over_time(&mut v, inp, &in_db, &in_streams);
     check_sold_out_refusals(&mut v, inp, &by_key, &in_db);
     check_transitions(&mut v, inp, &in_db);
-    check_locks(&mut v, inp.ops);
+    check_locks(&mut v, inp);
     v
 }
 
@@ -1834,13 +1839,20 @@ impl Grant<'_> {
     /// grant (a grant that waited has its lease from its last attempt on),
     /// or, in older histories, a lease from when it was asked.
     fn surely_held(&self) -> (i64, i64) {
+        (
+            self.granted,
+            self.released.min(self.lease_end() - CLOCK_MARGIN_MS),
+        )
+    }
+
+    /// The earliest its lease could end (wall-clock ms).
+    fn lease_end(&self) -> i64 {
         let lease = super::worker::LOCK_LEASE.as_millis() as i64;
-        let lease_end = if self.valid_until > 0 {
+        if self.valid_until > 0 {
             self.valid_until
         } else {
             self.asked + lease
-        };
-        (self.granted, self.released.min(lease_end - CLOCK_MARGIN_MS))
+        }
     }
 }
 
@@ -1854,9 +1866,9 @@ const CLOCK_MARGIN_MS: i64 = 2;
 /// stops its late write). The resource's refusals are read too: a holder
 /// whose last write was refused although its whole critical section lay
 /// inside its lease met another holder's write inside that lease.
-fn check_locks(v: &mut Verdict, ops: &[OpRecord]) {
+fn check_locks(v: &mut Verdict, inp: &Inputs<'_>) {
     let mut by_name: BTreeMap<&str, Vec<Grant<'_>>> = BTreeMap::new();
-    for o in ops {
+    for o in inp.ops {
         if let (
             Op::Lock { name, .. },
             Outcome::Ok {
@@ -1888,6 +1900,75 @@ fn check_locks(v: &mut Verdict, ops: &[OpRecord]) {
     for grants in by_name.values_mut() {
         check_tokens_grow(v, grants);
         check_no_overlap(v, grants);
+        check_releases_free(v, grants, inp);
+    }
+}
+
+/// How long after a release inside its lease a waiter may still be let in
+/// without the release counting as ignored (ms): a wake-up's round trips on
+/// a loaded machine. A release that frees nothing lets the waiter in only
+/// once the lease is over, about 700 ms after the release in the workload
+/// (a lease of 1 s, a hold of 300 ms).
+const WAKE_UP_MS: i64 = 500;
+
+/// Liveness of the locks: a holder that gives the lock back well inside
+/// its lease frees it for whoever waits. A waiter asked before the release
+/// and let in only once the releasing holder's lease was over, with nobody
+/// let in between, no fault on the lock nodes meanwhile (a paused node
+/// loses wake-ups and may miss the release), and no lock operation of
+/// unknown end in flight (it may have held the lock in between), saw a
+/// release that freed nothing (the script deleted nothing) or woke no one
+/// (no wake-up published, or one not heard).
+fn check_releases_free(v: &mut Verdict, grants: &mut [Grant<'_>], inp: &Inputs<'_>) {
+    grants.sort_by_key(|g| g.granted);
+    let history_ms = |unix: i64| (unix - inp.history_start_ms).max(0) as u64;
+    let lock_fault = |from: i64, to: i64| {
+        let (from, to) = (history_ms(from), history_ms(to));
+        inp.fault_windows
+            .iter()
+            .any(|w| w.injected && w.fault == "lock-pause" && w.start_ms <= to && w.end_ms >= from)
+    };
+    // A lock operation refused (`lock_timeout`) never held the lock: only
+    // one of unknown end may have.
+    let unknown_in_flight = |name: &str, from: i64, to: i64| {
+        let (from, to) = (history_ms(from), history_ms(to));
+        inp.ops.iter().any(|o| {
+            matches!(&o.op, Op::Lock { name: n, .. } if n == name)
+                && matches!(o.outcome, Outcome::Unknown { .. })
+                && o.invoke_ms <= to
+                && o.complete_ms >= from
+        })
+    };
+    for (i, a) in grants.iter().enumerate() {
+        let lease_end = a.lease_end() - CLOCK_MARGIN_MS;
+        if a.released >= lease_end {
+            continue;
+        }
+        // The first let in after the release.
+        let Some(b) = grants[i + 1..].iter().find(|b| b.granted >= a.released) else {
+            continue;
+        };
+        let waiting = b.asked < a.released;
+        let late = b.granted >= lease_end && b.granted - a.released >= WAKE_UP_MS;
+        if waiting
+            && late
+            && !lock_fault(a.released, b.granted)
+            && !unknown_in_flight(a.name, a.released, b.granted)
+        {
+            v.add(
+                Kind::LockReleaseIgnored,
+                1,
+                format!(
+                    "lock {}: released by token {} {} ms inside its lease, yet a waiter (token {}) got in only {} ms later, after that lease",
+                    a.name,
+                    a.token,
+                    lease_end - a.released,
+                    b.token,
+                    b.granted - a.released
+                ),
+                &[a.op, b.op],
+            );
+        }
     }
 }
 

@@ -245,6 +245,28 @@ fn world() -> World {
 }
 
 impl World {
+    /// The second holder asks while the first holds the lock (released at
+    /// START + 300, its lease over at START + 1_200) and gets in at
+    /// `granted`.
+    fn wait_for_release(&mut self, granted: i64) {
+        if let Outcome::Ok {
+            value:
+                OkValue::Lock {
+                    asked_unix_ms,
+                    granted_unix_ms,
+                    released_unix_ms,
+                    valid_until_unix_ms,
+                    ..
+                },
+        } = &mut self.lock_mut(6).outcome
+        {
+            *asked_unix_ms = START + 250;
+            *granted_unix_ms = granted;
+            *released_unix_ms = granted + 90;
+            *valid_until_unix_ms = granted + 1_000;
+        }
+    }
+
     /// Sale h down to 2 units, so b and c take all of it and one unit
     /// counted twice over time shows.
     fn tighten_h(&mut self) {
@@ -491,6 +513,10 @@ fn scenario(kind: Kind, w: &mut World) -> Vec<Kind> {
                 *granted_unix_ms = START + 250;
                 *released_unix_ms = START + 350;
             }
+            vec![]
+        }
+        LockReleaseIgnored => {
+            w.wait_for_release(START + 1_200);
             vec![]
         }
         RestockOverapplied => {
@@ -1226,4 +1252,22 @@ fn a_request_refused_for_good_after_an_unknown_attempt_counts_as_taking_nothing(
         "{:#?}",
         v.violations
     );
+}
+
+/// A waiter let in at once after a release is what a release is for; one
+/// let in only after the lease, while a lock node was paused, may have
+/// missed the release or its wake-up with the node: neither is reported.
+#[test]
+fn a_waiter_is_judged_late_only_when_nothing_excuses_it() {
+    let mut w = world();
+    w.wait_for_release(START + 305);
+    assert_eq!(fired(&w.verdict()), vec![]);
+    let mut w = world();
+    w.wait_for_release(START + 1_200);
+    w.windows.push(injected("lock-pause", 250, 900));
+    assert_eq!(fired(&w.verdict()), vec![]);
+    let mut w = world();
+    w.wait_for_release(START + 1_200);
+    w.windows.push(injected("kill", 250, 900));
+    assert_eq!(fired(&w.verdict()), vec![Kind::LockReleaseIgnored]);
 }
