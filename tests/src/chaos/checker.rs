@@ -1105,8 +1105,8 @@ const TOOK_NOTHING: &[&str] = &[
 /// lost). Surely not taken: every request of the sale first sent before
 /// the refusal was answered counts whole unless it was refused for good,
 /// and late payments that took units again count too; units given back
-/// (cancels, expiries) are not counted, so the check can only err towards
-/// silence. A sale of n buckets may hold up to n * (qty - 1) units in
+/// (cancels, expiries) count once surely back ([`units_given_back`]), from
+/// the same horizon as restocks. A sale of n buckets may hold up to n * (qty - 1) units in
 /// pieces too small for a purchase of qty: only more than that is a
 /// violation.
 fn check_sold_out_refusals(
@@ -1151,6 +1151,7 @@ fn check_sold_out_refusals(
                 (first, u64::from(qty), nothing)
             })
             .collect();
+        let returns = units_given_back(inp, in_db, sku);
         let retakes: Vec<(u64, u64)> = inp
             .ops
             .iter()
@@ -1188,6 +1189,11 @@ fn check_sold_out_refusals(
                     .iter()
                     .filter(|(t, _)| *t < horizon)
                     .map(|(_, q)| q)
+                    .sum::<u64>()
+                + returns
+                    .iter()
+                    .filter(|(t, _)| *t < horizon)
+                    .map(|(_, q)| q)
                     .sum::<u64>();
             let taken: u64 = requests
                 .iter()
@@ -1218,6 +1224,58 @@ fn check_sold_out_refusals(
             );
         }
     }
+}
+
+/// Units of `sku`'s orders given back, once per order, by when they surely
+/// were back: the answer of an `ok` cancel of an order PostgreSQL shows
+/// cancelled (not one a failover may have taken back, under `leader`), or
+/// the master's record of the cancel or expiry, whichever is earlier (the
+/// master's time plus a margin for two processes' clocks).
+fn units_given_back(
+    inp: &Inputs<'_>,
+    in_db: &HashMap<&str, &DbOrder>,
+    sku: &str,
+) -> Vec<(u64, u64)> {
+    let leader = inp.ack == flashsale::Ack::Leader;
+    let mut recorded: HashMap<&str, i64> = HashMap::new();
+    let mut cancelled: HashSet<&str> = HashSet::new();
+    for ((id, _), e) in inp.db_events {
+        if e.kind == "cancelled" {
+            cancelled.insert(id.as_str());
+        }
+        if let (true, Some(at)) = (matches!(e.kind.as_str(), "cancelled" | "expired"), e.at_ms) {
+            let t = recorded.entry(id.as_str()).or_insert(at);
+            *t = (*t).min(at);
+        }
+    }
+    let mut answered: HashMap<&str, u64> = HashMap::new();
+    for o in inp.ops {
+        if let (Op::Cancel { order_id }, Outcome::Ok { .. }) = (&o.op, &o.outcome) {
+            if !(leader && at_risk(o)) {
+                let t = answered.entry(order_id.as_str()).or_insert(o.complete_ms);
+                *t = (*t).min(o.complete_ms);
+            }
+        }
+    }
+    let by_master = |at: i64| ((at - inp.history_start_ms).max(0) as u64) + 50;
+    in_db
+        .iter()
+        .filter(|(_, r)| r.sku == sku)
+        .filter_map(|(id, r)| {
+            let was_cancelled = r.status == "cancelled" || cancelled.contains(id);
+            let by_answer = answered.get(id).copied().filter(|_| was_cancelled);
+            let by_record = recorded
+                .get(id)
+                .copied()
+                .or(r.expired_ms.filter(|_| r.status == "expired"))
+                .map(by_master);
+            let at = match (by_answer, by_record) {
+                (Some(a), Some(b)) => a.min(b),
+                (a, b) => a.or(b)?,
+            };
+            Some((at, r.qty))
+        })
+        .collect()
 }
 
 /// Restocks answered before this time were in Redis when `refusal` was

@@ -1271,3 +1271,31 @@ fn a_waiter_is_judged_late_only_when_nothing_excuses_it() {
     w.windows.push(injected("kill", 250, 900));
     assert_eq!(fired(&w.verdict()), vec![Kind::LockReleaseIgnored]);
 }
+
+/// Units an expiry gave back are there for a later buyer: a "sold out"
+/// well after the expiry, with nothing else to explain it, is an
+/// undersell; one within the sold-out flag's time after it is not judged.
+#[test]
+fn units_given_back_by_an_expiry_are_there_for_a_later_buyer() {
+    for (at, wrong) in [(1_300, false), (2_500, true)] {
+        let mut w = world();
+        // u9's 8 units take all that b and c left of h's 10.
+        w.ops.push(rec(
+            20,
+            buy("h", "u9", "r1", 8),
+            Outcome::unknown("timeout"),
+            50,
+        ));
+        w.ops.push(rec(
+            21,
+            buy("h", "u8", "r1", 1),
+            Outcome::fail("sold_out"),
+            at,
+        ));
+        assert_eq!(
+            fired(&w.verdict()).contains(&Kind::SoldOutWithStock),
+            wrong,
+            "asked at {at}"
+        );
+    }
+}
