@@ -2471,3 +2471,52 @@ fn an_exec_started_with_sigchld_ignored_still_sees_its_command_end() {
         "the lock was not given back"
     );
 }
+
+/// From the thirteenth attack: an exec run by an ordinary user whose
+/// command ran a setuid program that became another user (`sudo -u`, `su`,
+/// here a setuid copy of setpriv) could not kill that process (EPERM); it
+/// wrote on past the lock while the exec said "forked faster" and left the
+/// lock. An unprivileged exec now runs its command with no_new_privs: the
+/// setuid bit is not honoured, and every process stays killable.
+#[test]
+fn a_command_cannot_become_another_user_beyond_the_exec_s_reach() {
+    use std::os::unix::fs::PermissionsExt;
+    let nodes = servers(1);
+    let dir = tempfile::TempDir::new().expect("dir");
+    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).expect("chmod");
+    let setuid = dir.path().join("setpriv");
+    std::fs::copy("/usr/bin/setpriv", &setuid).expect("copy setpriv");
+    std::fs::set_permissions(&setuid, std::fs::Permissions::from_mode(0o4755)).expect("setuid");
+    let mark = format!("FLASHSALE_TEST_SUID={}", std::process::id());
+    let work = format!(
+        "exec >/dev/null 2>&1; export {mark}; \
+         {} --reuid=1 --regid=1 --clear-groups -- sleep 30 & sleep 0.5; exit 0",
+        setuid.display()
+    );
+    let mut exec = Command::new("runuser")
+        .args(["-u", "nobody", "--"])
+        .arg(flashsale_bin())
+        .args([
+            "lock", "exec", "--name", "suid", "--ttl", "2s", "--", "sh", "-c", &work,
+        ])
+        .env_remove("FLASHSALE_CONFIG")
+        .env("FLASHSALE_LOCK_NODES", urls(&nodes).join(","))
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn");
+    let status = exit_within(&mut exec, Duration::from_secs(60));
+    let mut said = String::new();
+    if let Some(mut e) = exec.stderr.take() {
+        let _ = e.read_to_string(&mut said);
+    }
+    let left = marked_alive(&mark);
+    for pid in &left {
+        signal(*pid, "KILL");
+    }
+    assert_eq!(
+        left.len(),
+        0,
+        "a process of the command outlived the exec: {status:?} {said:?}"
+    );
+    assert_eq!(status.and_then(|s| s.code()), Some(0), "{said:?}");
+}

@@ -359,11 +359,28 @@ async fn paused_holder_is_fenced_out_of_postgres() {
         .parse()
         .expect("token printed");
     let pid = holder.id().to_string();
-    let _ = std::process::Command::new("pkill")
-        .args(["-STOP", "-P", &pid])
-        .status();
+    // The exec, its supervisor (the exec's child) and the command (the
+    // supervisor's child) all stop: the machine stalls. Stopping only the
+    // exec's children left the command running on, racing the successor.
+    let supervisor = String::from_utf8(
+        std::process::Command::new("pgrep")
+            .args(["-P", &pid])
+            .output()
+            .expect("pgrep")
+            .stdout,
+    )
+    .unwrap_or_default()
+    .trim()
+    .to_owned();
+    assert!(!supervisor.is_empty(), "the exec has its supervisor");
     let _ = std::process::Command::new("kill")
         .args(["-STOP", &pid])
+        .status();
+    let _ = std::process::Command::new("kill")
+        .args(["-STOP", &supervisor])
+        .status();
+    let _ = std::process::Command::new("pkill")
+        .args(["-STOP", "-P", &supervisor])
         .status();
 
     let locks = client(&nodes, Duration::from_secs(5));
@@ -399,7 +416,7 @@ async fn paused_holder_is_fenced_out_of_postgres() {
     // runs on): its late write must be refused by the fence. Were the exec
     // or the reaper running, they would kill it before it wrote.
     let _ = std::process::Command::new("pkill")
-        .args(["-CONT", "-x", "sh", "-P", &pid])
+        .args(["-CONT", "-x", "sh", "-P", &supervisor])
         .status();
     flashsale_tests::wait_for(
         Duration::from_secs(60),
@@ -409,8 +426,8 @@ async fn paused_holder_is_fenced_out_of_postgres() {
     let _ = std::process::Command::new("kill")
         .args(["-CONT", &pid])
         .status();
-    let _ = std::process::Command::new("pkill")
-        .args(["-CONT", "-P", &pid])
+    let _ = std::process::Command::new("kill")
+        .args(["-CONT", &supervisor])
         .status();
     let status = holder.wait().expect("holder exits");
     assert_eq!(status.code(), Some(79), "lock exec reports the lost lock");

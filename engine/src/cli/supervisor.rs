@@ -59,6 +59,7 @@
 //! async-signal-safe calls are made (the exec has many threads); the new
 //! image is a process of its own and may do as it likes.
 
+use std::collections::{HashMap, HashSet};
 use std::ffi::{CString, OsStr, OsString};
 use std::fs::File;
 use std::io::{self, Read, Write};
@@ -487,7 +488,7 @@ impl Supervisor {
     /// may undo. One /proc scan: about once a second, not at every beat.
     pub fn scan(&self) -> Option<StoppedMember> {
         let procs = processes();
-        let below = descendants(&procs, self.pid);
+        let below: HashSet<libc::pid_t> = descendants(&procs, self.pid).into_iter().collect();
         procs
             .iter()
             .filter(|p| below.contains(&p.pid))
@@ -1032,7 +1033,17 @@ fn spawn(spec: &Spec, join: bool) -> io::Result<libc::pid_t> {
     let defaults = supervisor_ignores();
     unsafe {
         let me = libc::getpid();
+        // Unless this runs as root (which may kill any process), the command
+        // may not gain privileges: a setuid program (`sudo -u`, `su`) would
+        // run on as another user, which this user's SIGKILL cannot reach,
+        // past the lock (the thirteenth attack). With no_new_privs the
+        // setuid bit is not honoured, and every process of the command
+        // stays this user's, and killable.
+        let keep_privileges = libc::geteuid() == 0;
         cmd.pre_exec(move || {
+            if !keep_privileges {
+                libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0);
+            }
             for sig in &defaults {
                 libc::signal(*sig, libc::SIG_DFL);
             }
@@ -1195,7 +1206,7 @@ fn kill_tree(root: libc::pid_t, spared: &[libc::pid_t]) -> bool {
 fn kill_below(parent: libc::pid_t, started: Instant) -> bool {
     loop {
         let procs = processes();
-        let below = descendants(&procs, parent);
+        let below: HashSet<libc::pid_t> = descendants(&procs, parent).into_iter().collect();
         // A zombie whose other threads live (its main thread called
         // pthread_exit) still forks: alive until its last thread is gone.
         let alive: Vec<libc::pid_t> = procs
@@ -1311,14 +1322,27 @@ fn processes() -> Vec<Proc> {
 
 /// The pids below `root` (not `root` itself).
 fn descendants(procs: &[Proc], root: libc::pid_t) -> Vec<libc::pid_t> {
-    let mut below = vec![root];
-    let mut i = 0;
-    while i < below.len() {
-        let parent = below[i];
-        below.extend(procs.iter().filter(|p| p.ppid == parent).map(|p| p.pid));
-        i += 1;
+    // One pass to index children by parent, one walk down from `root`:
+    // linear in the processes. A scan per member (as before) was quadratic,
+    // and with 8,000 processes below it the exec's once-a-second look for
+    // stopped members outlasted its heartbeats (the thirteenth attack).
+    let mut children: HashMap<libc::pid_t, Vec<libc::pid_t>> = HashMap::with_capacity(procs.len());
+    for p in procs {
+        children.entry(p.ppid).or_default().push(p.pid);
     }
-    below.remove(0);
+    let mut below = Vec::new();
+    let mut seen = HashSet::new();
+    let mut stack = vec![root];
+    while let Some(parent) = stack.pop() {
+        for &child in children.get(&parent).map(Vec::as_slice).unwrap_or_default() {
+            // /proc is not read at one instant: a reused pid could close a
+            // loop.
+            if child != root && seen.insert(child) {
+                below.push(child);
+                stack.push(child);
+            }
+        }
+    }
     below
 }
 
@@ -1363,6 +1387,36 @@ mod tests {
             assert_eq!(Report::decode(r.encode()), Some(r));
         }
         assert_eq!(Report::decode([9, 0, 0, 0, 0]), None);
+    }
+
+    fn proc(pid: libc::pid_t, ppid: libc::pid_t) -> Proc {
+        Proc {
+            pid,
+            name: String::new(),
+            state: 'S',
+            ppid,
+            pgrp: 0,
+            tty: 0,
+            tpgid: 0,
+        }
+    }
+
+    /// Everything below the root, however deep or wide, and nothing else;
+    /// a loop that a reused pid could make between two reads of /proc ends.
+    #[test]
+    fn descendants_are_the_whole_subtree_and_only_it() {
+        // 1 -> a chain 2..=5000 -> a fan of 5001..=9000 under 5000; 9001
+        // and 9002 elsewhere, 9003 and 9004 each the other's parent.
+        let mut procs = vec![proc(1, 0), proc(9001, 0), proc(9002, 9001)];
+        procs.extend((2..=5000).map(|p| proc(p, p - 1)));
+        procs.extend((5001..=9000).map(|p| proc(p, 5000)));
+        procs.extend([proc(9003, 9004), proc(9004, 9003)]);
+        let mut below = descendants(&procs, 1);
+        below.sort_unstable();
+        assert_eq!(below, (2..=9000).collect::<Vec<_>>());
+        let mut looped = descendants(&procs, 9003);
+        looped.sort_unstable();
+        assert_eq!(looped, vec![9004]);
     }
 
     #[test]
