@@ -261,21 +261,18 @@ fn check_redis_url(field: &str, url: &str) -> Result<(), ConfigError> {
             format!("{shown:?} must start with redis://"),
         ));
     }
-    let hp = crate::redact::host_port(url);
-    let (host, port) = match hp.rsplit_once(':') {
-        Some((h, p)) if !h.ends_with(']') || h.starts_with('[') => (h, Some(p)),
-        _ => (hp.as_str(), None),
-    };
-    if host.is_empty() {
+    // Read as redis-rs reads it (the url crate): a host, and a port the
+    // parser took (it refuses one that is not a number up to 65535).
+    let parsed = url::Url::parse(url)
+        .map_err(|e| ConfigError::new(field, format!("{shown:?} is not a valid URL: {e}")))?;
+    if parsed.host_str().is_none_or(str::is_empty) {
         return Err(ConfigError::new(field, format!("{shown:?} has no host")));
     }
-    if let Some(p) = port {
-        if !p.parse::<u16>().is_ok_and(|p| p > 0) {
-            return Err(ConfigError::new(
-                field,
-                format!("{shown:?} has no valid port"),
-            ));
-        }
+    if parsed.port() == Some(0) {
+        return Err(ConfigError::new(
+            field,
+            format!("{shown:?} has no valid port"),
+        ));
     }
     Ok(())
 }

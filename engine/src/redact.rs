@@ -2,118 +2,127 @@
 //! URL may carry a password (`redis://:pw@host:port`), a PostgreSQL
 //! connection string may carry one (`password=...` or `postgres://u:pw@h`).
 //! Everything that shows a node or a database to a person or a scraper goes
-//! through here first. Pure functions; never does I/O.
+//! through here first. Pure functions; never does I/O. Each string is read
+//! by the parser its driver uses (the url crate for redis-rs,
+//! tokio-postgres's own), so what is shown is what would connect.
 
-/// The `host:port` of a `redis://` or `rediss://` URL, without user, password,
-/// path or query: the form used in metric labels and error messages.
+use url::Url;
+
+/// The `host:port` of a Redis URL, without user, password, path or query:
+/// the form used in metric labels and error messages (a Unix socket's path
+/// for `redis+unix://`). Read with the url crate, as redis-rs reads it: a
+/// URL the driver cannot read names no host.
 pub fn host_port(url: &str) -> String {
-    let rest = url.split_once("://").map_or(url, |(_, r)| r);
-    // The password may hold '/', '?' or '#': the host starts after the last
-    // '@', whatever comes before it.
-    let rest = rest.rsplit_once('@').map_or(rest, |(_, h)| h);
-    let end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
-    rest[..end].to_owned()
+    match Url::parse(url) {
+        Ok(u) => match (u.host_str().filter(|h| !h.is_empty()), u.port()) {
+            (Some(h), Some(p)) => format!("{h}:{p}"),
+            (Some(h), None) => h.to_owned(),
+            (None, _) if u.scheme().contains("unix") => u.path().to_owned(),
+            (None, _) => NO_HOST.to_owned(),
+        },
+        Err(_) => NOT_A_URL.to_owned(),
+    }
 }
 
-/// A Redis URL with everything before its host (user and password)
-/// replaced, for printing. Works on URLs that are not valid too (a mistyped
-/// scheme must not put the password in the error that says so).
+/// What [`host_port`] gives for a URL with no host.
+const NO_HOST: &str = "<no host>";
+/// What [`host_port`] gives for a string that is not a URL.
+const NOT_A_URL: &str = "<not a URL>";
+
+/// A Redis URL with its user info (user and password) and every query
+/// parameter that may hold a password replaced, for printing. Parsed with
+/// the url crate, redis-rs's own parser (six rounds of hand-written
+/// splitting each let another password through: a '#', '/' or '@' in it,
+/// tabs the parser drops, an '@' in the query): what it cannot parse, or
+/// parses to no host, is hidden whole, scheme aside.
 pub fn redis_url(url: &str) -> String {
-    // A Unix socket's password comes in the query (`?pass=`); the query is
-    // looked for after the user info, which is hidden whole.
-    match url.rsplit_once('@') {
-        None => with_redacted_query(url),
-        Some((before, after)) => {
-            // The query began before the last '@' (an '@' inside a query
-            // value): where the secret ends cannot be told, so nothing
-            // after the scheme is shown.
-            let after = &if before.contains('?') {
-                String::new()
-            } else {
-                with_redacted_query(after)
-            };
-            let scheme = before.split_once("://").map_or("", |(s, _)| s);
-            let scheme = if scheme
-                .chars()
-                .all(|c| c.is_ascii_alphanumeric() || c == '+')
-            {
-                scheme
-            } else {
-                ""
-            };
-            let at = if after.is_empty() { "" } else { "@" };
-            if scheme.is_empty() {
-                format!("<redacted>{at}{after}")
-            } else {
-                format!("{scheme}://<redacted>{at}{after}")
-            }
-        }
-    }
-}
-
-/// A PostgreSQL connection string (libpq key=value or URL form) with its
-/// password replaced, for printing. A string that does not parse is hidden
-/// whole: better nothing than a password.
-pub fn postgres_url(url: &str) -> String {
-    let trimmed = url.trim();
-    if trimmed.starts_with("postgres://") || trimmed.starts_with("postgresql://") {
-        return postgres_uri(trimmed);
-    }
-    match key_values(trimmed) {
-        Some(pairs) => pairs
-            .into_iter()
-            .map(|(k, v)| {
-                if secret_name(&k) {
-                    format!("{k}=<redacted>")
-                } else {
-                    format!("{k}={v}")
-                }
-            })
-            .collect::<Vec<_>>()
-            .join(" "),
-        None => "<connection string hidden: it does not parse>".into(),
-    }
-}
-
-/// `postgres://user:password@host/db?password=...`: the user info ends at
-/// the last '@' (a password may hold one).
-fn postgres_uri(url: &str) -> String {
-    let (scheme, rest) = url.split_once("://").unwrap_or(("postgres", url));
-    let (auth, host) = match rest.rsplit_once('@') {
-        Some((a, h)) => (Some(a), h),
-        None => (None, rest),
+    let Ok(u) = Url::parse(url) else {
+        return "<Redis URL hidden: it does not parse>".into();
     };
-    // tokio-postgres ends the user info at the first '@', this at the last
-    // (a password may hold one): whatever lies between is shown only when
-    // it is a plain user name, so an '@' in the query cannot carry a
-    // password out in it.
-    let plain = |u: &str| {
-        u.chars()
-            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-' | '~' | '%'))
-    };
-    // The query began before the last '@' (an '@' inside a query value,
-    // which the driver allows): where the secret ends cannot be told, so
-    // nothing after the scheme is shown.
-    if auth.is_some_and(|a| a.contains('?')) {
-        return format!("{scheme}://<redacted>");
+    let scheme = u.scheme();
+    let host = u.host_str().filter(|h| !h.is_empty());
+    let unix = scheme.contains("unix");
+    if u.cannot_be_a_base() || (host.is_none() && !unix) {
+        return format!("{scheme}://<redacted: no host>");
     }
-    let auth = auth
-        .map(|a| match a.split_once(':') {
-            _ if plain(a) => format!("{a}@"),
-            Some((user, _)) if plain(user) => format!("{user}:<redacted>@"),
-            _ => "<redacted>@".to_owned(),
-        })
+    let user_info = if u.username().is_empty() && u.password().is_none() {
+        ""
+    } else {
+        "<redacted>@"
+    };
+    let port = u.port().map(|p| format!(":{p}")).unwrap_or_default();
+    let query = u
+        .query()
+        .map(|q| format!("?{}", redact_query(q)))
         .unwrap_or_default();
-    format!("{scheme}://{auth}{}", with_redacted_query(host))
+    format!(
+        "{scheme}://{user_info}{}{port}{}{query}",
+        host.unwrap_or(""),
+        u.path()
+    )
 }
 
-/// `rest` (what follows a URL's user info) with its query, if any,
-/// redacted.
-fn with_redacted_query(rest: &str) -> String {
-    match rest.split_once('?') {
-        Some((base, query)) => format!("{base}?{}", redact_query(query)),
-        None => rest.to_owned(),
+/// A PostgreSQL connection string (libpq key=value or URL form) as
+/// tokio-postgres reads it, shown by its host, port, user and database, the
+/// password (if any) as `<redacted>`. Read by the driver's own parser, so
+/// what is shown is what it connects with, and no quoting or escape of
+/// ours can carry a password out. A string it cannot read is hidden whole.
+#[cfg(feature = "postgres")]
+pub fn postgres_url(url: &str) -> String {
+    use tokio_postgres::config::Host;
+    let Ok(c) = url.parse::<tokio_postgres::Config>() else {
+        return HIDDEN_PG.into();
+    };
+    let mut shown = Vec::new();
+    let hosts: Vec<String> = c
+        .get_hosts()
+        .iter()
+        .map(|h| match h {
+            // The driver ends the user info at the first '@': a password
+            // with an '@' of its own, unescaped, leaves its tail in the
+            // host, and no real host has one.
+            Host::Tcp(h) if h.contains('@') => "<redacted>".to_owned(),
+            Host::Tcp(h) => h.clone(),
+            Host::Unix(p) => p.display().to_string(),
+        })
+        .collect();
+    if !hosts.is_empty() {
+        shown.push(format!("host={}", quoted(&hosts.join(","))));
     }
+    let ports: Vec<String> = c.get_ports().iter().map(u16::to_string).collect();
+    if !ports.is_empty() {
+        shown.push(format!("port={}", ports.join(",")));
+    }
+    if let Some(user) = c.get_user() {
+        shown.push(format!("user={}", quoted(user)));
+    }
+    if let Some(db) = c.get_dbname() {
+        shown.push(format!("dbname={}", quoted(db)));
+    }
+    if c.get_password().is_some() {
+        shown.push("password=<redacted>".into());
+    }
+    shown.join(" ")
+}
+
+/// Without the `postgres` feature there is no driver to read the string
+/// with: it is hidden whole.
+#[cfg(not(feature = "postgres"))]
+pub fn postgres_url(_url: &str) -> String {
+    HIDDEN_PG.into()
+}
+
+/// What [`postgres_url`] shows for a string it cannot read.
+const HIDDEN_PG: &str = "<connection string hidden: it does not parse>";
+
+/// A libpq value as it would be written: in single quotes, with `\` and `'`
+/// escaped, when it holds a space, a quote or a backslash, or is empty.
+#[cfg(feature = "postgres")]
+fn quoted(v: &str) -> String {
+    if !v.is_empty() && !v.contains(|c: char| c.is_whitespace() || c == '\'' || c == '\\') {
+        return v.to_owned();
+    }
+    format!("'{}'", v.replace('\\', "\\\\").replace('\'', "\\'"))
 }
 
 /// A URL's query with the value of every parameter that may be a password
@@ -131,99 +140,15 @@ fn redact_query(query: &str) -> String {
         .join("&")
 }
 
-/// Whether a parameter name, percent-decoded, may name a password. ASCII
-/// tabs and line breaks are dropped first, as the url crate (redis-rs's
-/// parser) drops them anywhere in a URL: `pa<TAB>ss` is read as `pass`.
+/// Whether a query parameter's name, percent-decoded as the url crate
+/// decodes it (`+` as a space), may name a password.
 fn secret_name(name: &str) -> bool {
-    let name: String = name
-        .chars()
-        .filter(|c| !matches!(c, '\t' | '\n' | '\r'))
-        .collect();
-    let bytes = name.as_bytes();
-    let mut decoded = Vec::with_capacity(bytes.len());
-    let mut i = 0;
-    while i < bytes.len() {
-        let hex = |b: u8| (b as char).to_digit(16);
-        match (bytes[i], bytes.get(i + 1), bytes.get(i + 2)) {
-            (b'%', Some(&h), Some(&l)) if hex(h).is_some() && hex(l).is_some() => {
-                decoded.push(((hex(h).unwrap_or(0) << 4) | hex(l).unwrap_or(0)) as u8);
-                i += 3;
-            }
-            (b'+', _, _) => {
-                decoded.push(b' ');
-                i += 1;
-            }
-            (b, _, _) => {
-                decoded.push(b);
-                i += 1;
-            }
-        }
-    }
-    String::from_utf8_lossy(&decoded)
-        .to_ascii_lowercase()
-        .contains("pass")
+    url::form_urlencoded::parse(format!("{name}=").as_bytes())
+        .next()
+        .is_some_and(|(k, _)| k.to_ascii_lowercase().contains("pass"))
 }
 
-/// libpq's `key = value` list: spaces around '=' allowed, values bare or in
-/// single quotes with backslash escapes. `None` when it does not parse.
-fn key_values(s: &str) -> Option<Vec<(String, String)>> {
-    let mut out = Vec::new();
-    let mut chars = s.chars().peekable();
-    loop {
-        while chars.peek().is_some_and(|c| c.is_whitespace()) {
-            chars.next();
-        }
-        if chars.peek().is_none() {
-            return Some(out);
-        }
-        let mut key = String::new();
-        while let Some(&c) = chars.peek() {
-            if c == '=' || c.is_whitespace() {
-                break;
-            }
-            key.push(c);
-            chars.next();
-        }
-        while chars.peek().is_some_and(|c| c.is_whitespace()) {
-            chars.next();
-        }
-        if key.is_empty() || chars.next() != Some('=') {
-            return None;
-        }
-        while chars.peek().is_some_and(|c| c.is_whitespace()) {
-            chars.next();
-        }
-        let mut value = String::new();
-        if chars.peek() == Some(&'\'') {
-            chars.next();
-            loop {
-                match chars.next()? {
-                    '\\' => value.push(chars.next()?),
-                    '\'' => break,
-                    c => value.push(c),
-                }
-            }
-            value = format!("'{}'", value.replace('\\', "\\\\").replace('\'', "\\'"));
-        } else {
-            // A backslash escapes the next character here too (tokio-postgres
-            // reads `password=a\ b` as "a b"): kept as written, so the value
-            // shown is the one the driver reads.
-            while let Some(&c) = chars.peek() {
-                if c.is_whitespace() {
-                    break;
-                }
-                value.push(c);
-                chars.next();
-                if c == '\\' {
-                    value.push(chars.next()?);
-                }
-            }
-        }
-        out.push((key, value));
-    }
-}
-
-#[cfg(test)]
+#[cfg(all(test, feature = "postgres"))]
 mod tests {
     use super::*;
 
@@ -255,8 +180,28 @@ mod tests {
                 "{url}: {}",
                 redis_url(url)
             );
-            assert_eq!(host_port(url), "127.0.0.1:7001", "{url}");
+            assert!(!host_port(url).contains("S3cret"), "{url}");
         }
+        // What redis-rs reads is shown as it reads it; what it cannot read
+        // names no host.
+        assert_eq!(
+            host_port("REDIS://:S3cret@127.0.0.1:7001"),
+            "127.0.0.1:7001"
+        );
+        assert_eq!(
+            host_port(" redis://:S3cret@127.0.0.1:7001"),
+            "127.0.0.1:7001"
+        );
+        assert_eq!(host_port("redis://:pa#S3cret@127.0.0.1:7001"), NOT_A_URL);
+        assert_eq!(host_port("redis:/:S3cret@127.0.0.1:7001"), NO_HOST);
+        assert_eq!(
+            redis_url("redis://u:S3cret@[::1]:7001/2?protocol=resp3&password=S3cret"),
+            "redis://<redacted>@[::1]:7001/2?protocol=resp3&password=<redacted>"
+        );
+        assert_eq!(
+            redis_url("redis+unix:///tmp/x.sock?db=1&pass=S3cret"),
+            "redis+unix:///tmp/x.sock?db=1&pass=<redacted>"
+        );
         // What the drivers read as a password though it is not spelled
         // `password` plainly: redis-rs takes a Unix socket's from `?pass=`,
         // tokio-postgres percent-decodes a URL's parameter names and reads a
@@ -304,5 +249,13 @@ mod tests {
             let shown = postgres_url(pg);
             assert!(!shown.contains("S3cret"), "{pg}: {shown}");
         }
+        assert_eq!(
+            postgres_url("postgres://fs:S3cret@db.internal:5433/orders?sslmode=disable"),
+            "host=db.internal port=5433 user=fs dbname=orders password=<redacted>"
+        );
+        assert_eq!(
+            postgres_url("host=127.0.0.1 user=postgres dbname='my db'"),
+            "host=127.0.0.1 user=postgres dbname='my db'"
+        );
     }
 }
