@@ -79,7 +79,9 @@ fn is_invisible(c: char) -> bool {
 
 /// A user id or request id: 1-128 bytes; no spaces, no control characters
 /// (Unicode Cc) and no invisible characters (Cf: zero-width, bidi overrides;
-/// and the other default-ignorable code points, see `INVISIBLE_CHARS`).
+/// and the other default-ignorable code points, see `INVISIBLE_CHARS`); in
+/// Unicode NFC (checked with `unicode-normalization`), not starting with a
+/// combining mark.
 pub fn id(field: &'static str, s: &str) -> Result<(), InvalidInput> {
     if s.is_empty() {
         return Err(InvalidInput::Empty(field));
@@ -96,6 +98,27 @@ pub fn id(field: &'static str, s: &str) -> Result<(), InvalidInput> {
             field,
             reason: "no spaces, control or invisible characters",
         });
+    }
+    if !s.is_ascii() {
+        // One id per text: `é` as one character (NFC) and as `e` + U+0301
+        // look alike and would be two buyers with two quotas. Refused, not
+        // normalised: the id a client sent is the one its key is built
+        // from, so a retry of the same bytes is always the same request.
+        if !unicode_normalization::is_nfc(s) {
+            return Err(InvalidInput::BadChar {
+                field,
+                reason: "not in Unicode normal form C (send é as one character, not e + U+0301)",
+            });
+        }
+        if s.chars()
+            .next()
+            .is_some_and(unicode_normalization::char::is_combining_mark)
+        {
+            return Err(InvalidInput::BadChar {
+                field,
+                reason: "a combining mark with nothing before it to combine with",
+            });
+        }
     }
     Ok(())
 }
@@ -126,6 +149,27 @@ pub fn qty(q: i64, max: u32) -> Result<u32, InvalidInput> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Two spellings of one text are not two buyers: only the composed one
+    /// (NFC) is taken; a combining mark must follow something.
+    #[test]
+    fn an_id_in_two_unicode_spellings_is_taken_in_one() {
+        assert!(id("user", "caf\u{e9}").is_ok());
+        assert!(
+            id("user", "u\u{308}ber").is_err(),
+            "e + U+0301 style: not NFC"
+        );
+        assert!(matches!(
+            id("user", "cafe\u{301}"),
+            Err(InvalidInput::BadChar { field: "user", .. })
+        ));
+        assert!(id("user", "\u{301}abc").is_err(), "a lone combining mark");
+        assert!(
+            id("user", "\u{1100}\u{1161}").is_err(),
+            "Hangul jamo that compose"
+        );
+        assert!(id("user", "\u{AC00}").is_ok());
+    }
 
     #[test]
     fn skus_that_would_break_hash_tags_are_refused() {
