@@ -1285,6 +1285,12 @@ fn units_given_back(
 /// refused for stock and ended at most the flag time before; what that
 /// purchase saw is the horizon, from when it was sent. No such purchase:
 /// the flag was stale, and the refusal is judged as one from the scripts.
+/// A process that gave units back itself (answered an `ok` cancel of the
+/// sale's order, or an `ok` restock of it) cleared its flag then: only a
+/// purchase that ended after that clear can have set it again, and with
+/// none, the refusal came from the scripts, which saw everything given back
+/// before it was sent (the attack on the checker: a flag a cancel does not
+/// clear answered "sold out" for half a second over units just returned).
 fn sold_out_horizon(ops: &[OpRecord], sku: &str, refusal: &OpRecord) -> u64 {
     let own = refusal.invoke_ms.saturating_sub(SOLD_OUT_FLAG_MS);
     if matches!(
@@ -1296,17 +1302,40 @@ fn sold_out_horizon(ops: &[OpRecord], sku: &str, refusal: &OpRecord) -> u64 {
     ) {
         return own;
     }
-    ops.iter()
+    // The latest clear of this process's flag surely done before the
+    // refusal was sent: from when it was asked (it may have cleared at once).
+    let cleared = ops
+        .iter()
+        .filter(|c| {
+            c.process == refusal.process
+                && matches!(c.outcome, Outcome::Ok { .. })
+                && c.complete_ms <= refusal.invoke_ms
+                && match &c.op {
+                    Op::Cancel { order_id } => bucket_of(order_id).is_some_and(|(s, _)| s == sku),
+                    Op::Restock { sku: s, .. } => s == sku,
+                    _ => false,
+                }
+        })
+        .map(|c| c.invoke_ms)
+        .max();
+    let setter = ops
+        .iter()
         .filter(|p| {
             p.process == refusal.process
+                && p.id != refusal.id
                 && matches!(&p.op, Op::Purchase { sku: s, .. } if s == sku)
                 && fail_code(p) == Some("sold_out")
                 && p.invoke_ms <= refusal.complete_ms
                 && p.complete_ms + SOLD_OUT_FLAG_MS >= refusal.invoke_ms
+                && cleared.is_none_or(|c| p.complete_ms >= c)
         })
         .map(|p| p.invoke_ms)
-        .min()
-        .map_or(own, |setter| own.min(setter))
+        .min();
+    match (setter, cleared) {
+        (Some(setter), _) => own.min(setter),
+        (None, Some(_)) => refusal.invoke_ms,
+        (None, None) => own,
+    }
 }
 
 /// A purchase refused for the per-user limit although every request of
@@ -1971,7 +2000,8 @@ const WAKE_UP_MS: i64 = 500;
 
 /// Liveness of the locks: a holder that gives the lock back well inside
 /// its lease frees it for whoever waits. A waiter asked before the release
-/// and let in only once the releasing holder's lease was over, with nobody
+/// and let in only once the releasing holder's lease was over (or that gave
+/// up, `lock_timeout`, more than [`WAKE_UP_MS`] after it), with nobody
 /// let in between, no fault on the lock nodes meanwhile (a paused node
 /// loses wake-ups and may miss the release), and no lock operation of
 /// unknown end in flight (it may have held the lock in between), saw a
@@ -1997,10 +2027,49 @@ fn check_releases_free(v: &mut Verdict, grants: &mut [Grant<'_>], inp: &Inputs<'
                 && o.complete_ms >= from
         })
     };
+    // Waiters that gave up (`lock_timeout`): a release that kept the lock
+    // for longer than a wait (PERSIST, a long PEXPIRE) lets nobody in, and
+    // leaves only these.
+    let timed_out: Vec<&OpRecord> = inp
+        .ops
+        .iter()
+        .filter(|o| {
+            matches!(&o.op, Op::Lock { name, .. } if grants.first().is_some_and(|g| g.name == name))
+                && fail_code(o) == Some("lock_timeout")
+        })
+        .collect();
     for (i, a) in grants.iter().enumerate() {
         let lease_end = a.lease_end() - CLOCK_MARGIN_MS;
         if a.released >= lease_end {
             continue;
+        }
+        let released = history_ms(a.released);
+        let next_grant = grants[i + 1..]
+            .iter()
+            .find(|b| b.granted >= a.released)
+            .map(|b| history_ms(b.granted));
+        let gave_up = timed_out.iter().find(|r| {
+            r.invoke_ms < released
+                && r.complete_ms >= released + WAKE_UP_MS as u64
+                && next_grant.is_none_or(|g| g > r.complete_ms)
+        });
+        if let Some(r) = gave_up {
+            let until = inp.history_start_ms + r.complete_ms as i64;
+            if !lock_fault(a.released, until) && !unknown_in_flight(a.name, a.released, until) {
+                v.add(
+                    Kind::LockReleaseIgnored,
+                    1,
+                    format!(
+                        "lock {}: released by token {} {} ms inside its lease, yet a waiter gave up {} ms later with nobody let in",
+                        a.name,
+                        a.token,
+                        lease_end - a.released,
+                        r.complete_ms - released
+                    ),
+                    &[a.op, r],
+                );
+                continue;
+            }
         }
         // The first let in after the release.
         let Some(b) = grants[i + 1..].iter().find(|b| b.granted >= a.released) else {

@@ -1095,8 +1095,15 @@ fn sold_out_is_judged_only_on_units_surely_there() {
     sold_out(&mut w, "u8", 1, 60);
     sold_out(&mut w, "u8", 1, 6_000);
     assert!(!only(w).contains(&Kind::SoldOutWithStock));
-    // Asked within the sold-out flag's time after the restock.
+    // Asked within the sold-out flag's time after the restock, which
+    // another engine process answered (its own restock clears a process's
+    // flag at once: `a_flag_cleared_by_the_process_s_own_restock_...`).
     let mut w = world();
+    for o in w.ops.iter_mut() {
+        if matches!(o.op, Op::Restock { .. }) {
+            o.process = 1;
+        }
+    }
     w.ops.push(rec(
         20,
         buy("s", "u9", "r1", 9),
@@ -1297,5 +1304,105 @@ fn units_given_back_by_an_expiry_are_there_for_a_later_buyer() {
             wrong,
             "asked at {at}"
         );
+    }
+}
+
+/// From the attack on the checker: a release that kept the lock longer
+/// than any wait (PERSIST, a long PEXPIRE) lets nobody in; its waiters only
+/// give up. One that gave up long after a release inside the lease, with
+/// nobody let in meanwhile, is reported; one that gave up at once is not.
+#[test]
+fn a_waiter_that_gave_up_while_the_lock_was_free_is_reported() {
+    for (gave_up_at, wrong) in [(3_250, true), (600, false)] {
+        let mut w = world();
+        // The second holder comes only after the waiter gave up.
+        if let Outcome::Ok {
+            value:
+                OkValue::Lock {
+                    asked_unix_ms,
+                    granted_unix_ms,
+                    released_unix_ms,
+                    valid_until_unix_ms,
+                    ..
+                },
+        } = &mut w.lock_mut(6).outcome
+        {
+            *asked_unix_ms = START + 4_000;
+            *granted_unix_ms = START + 4_010;
+            *released_unix_ms = START + 4_100;
+            *valid_until_unix_ms = START + 5_010;
+        }
+        let mut waiter = rec(
+            9,
+            Op::Lock {
+                name: "L".into(),
+                owner: "c".into(),
+                hold_ms: 50,
+            },
+            Outcome::fail("lock_timeout"),
+            250,
+        );
+        waiter.complete_ms = gave_up_at;
+        w.ops.push(waiter);
+        let v = w.verdict();
+        assert_eq!(
+            fired(&v).contains(&Kind::LockReleaseIgnored),
+            wrong,
+            "gave up at {gave_up_at}: {:#?}",
+            v.violations
+        );
+    }
+}
+
+/// From the attack on the checker: a process that answered a restock (or
+/// a cancel) cleared its own sold-out flag; a "sold out" it answered from
+/// the flag afterwards needs a purchase refused for stock after that clear
+/// to have set it again. With none, the restocked units were there.
+#[test]
+fn a_flag_cleared_by_the_process_s_own_restock_is_not_an_excuse() {
+    for (reset_after_clear, wrong) in [(false, true), (true, false)] {
+        let mut w = world();
+        // u9's 9 units take all that is left of s's 10 (u1 has 1).
+        w.ops.push(rec(
+            20,
+            buy("s", "u9", "r1", 9),
+            Outcome::unknown("timeout"),
+            50,
+        ));
+        // Refused for stock by the scripts before the restock (at 5,000).
+        w.ops.push(rec(
+            21,
+            buy("s", "u8", "r1", 1),
+            Outcome::Fail {
+                code: "sold_out".into(),
+                from_scripts: true,
+            },
+            4_800,
+        ));
+        if reset_after_clear {
+            w.ops.push(rec(
+                22,
+                buy("s", "u6", "r1", 1),
+                Outcome::Fail {
+                    code: "sold_out".into(),
+                    from_scripts: true,
+                },
+                5_100,
+            ));
+        }
+        // From the flag, 300 ms after the restock was answered.
+        w.ops.push(rec(
+            23,
+            buy("s", "u7", "r1", 1),
+            Outcome::fail("sold_out"),
+            5_300,
+        ));
+        let v = w.verdict();
+        let judged: Vec<_> = v
+            .violations
+            .iter()
+            .filter(|x| x.kind == Kind::SoldOutWithStock)
+            .collect();
+        assert_eq!(!judged.is_empty(), wrong, "{judged:#?}");
     }
 }
