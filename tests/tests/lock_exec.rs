@@ -2520,3 +2520,81 @@ fn a_command_cannot_become_another_user_beyond_the_exec_s_reach() {
     );
     assert_eq!(status.and_then(|s| s.code()), Some(0), "{said:?}");
 }
+
+/// From the fourteenth attack: a process whose name, cut by the kernel at
+/// 15 bytes, ends inside a character (`backup-日本語`) made /proc's stat
+/// unreadable as text, and the kill skipped it and everything below it: it
+/// ran on under init while the exec exited 0 and released (10 runs in 10).
+#[test]
+fn a_process_whose_name_is_cut_inside_a_character_is_killed_too() {
+    let nodes = servers(1);
+    let dir = tempfile::TempDir::new().expect("dir");
+    let odd = dir.path().join("backup-日本語");
+    std::fs::copy("/bin/sleep", &odd).expect("copy sleep");
+    let mark = format!("FLASHSALE_TEST_CUT_NAME={}", std::process::id());
+    let work = format!(
+        "exec >/dev/null 2>&1; export {mark}; \"{}\" 30 & sleep 0.3; exit 0",
+        odd.display()
+    );
+    for exec in [
+        "lock exec --name cut --ttl 2s",
+        "semaphore exec --name cuts --permits 1 --lease 2s",
+    ] {
+        let mut child = Command::new(flashsale_bin())
+            .args(exec.split_whitespace())
+            .args(["--", "sh", "-c", &work])
+            .env_remove("FLASHSALE_CONFIG")
+            .env("FLASHSALE_LOCK_NODES", urls(&nodes).join(","))
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("spawn");
+        let status = exit_within(&mut child, Duration::from_secs(60));
+        let mut said = String::new();
+        if let Some(mut e) = child.stderr.take() {
+            let _ = e.read_to_string(&mut said);
+        }
+        let left = marked_alive(&mark);
+        for pid in &left {
+            signal(*pid, "KILL");
+        }
+        assert_eq!(
+            left.len(),
+            0,
+            "{exec}: it outlived the exec: {status:?} {said:?}"
+        );
+        assert_eq!(status.and_then(|s| s.code()), Some(0), "{exec}: {said:?}");
+    }
+}
+
+/// From the fourteenth attack: an exec without CAP_KILL (root with it
+/// dropped; a user given ambient CAP_SETUID by a service manager) ran a
+/// command that became another user, beyond its SIGKILL, and the next
+/// holder ran beside it. Such a command does not run; the lock goes back.
+#[test]
+fn an_exec_that_cannot_kill_what_its_command_may_become_runs_nothing() {
+    let nodes = servers(1);
+    let dir = tempfile::TempDir::new().expect("dir");
+    let ran = dir.path().join("ran");
+    let work = format!("touch {}; exec sleep 30", ran.display());
+    let out = Command::new("setpriv")
+        .args(["--inh-caps=-kill", "--bounding-set=-kill", "--"])
+        .arg(flashsale_bin())
+        .args([
+            "lock", "exec", "--name", "nokill", "--ttl", "2s", "--", "sh", "-c", &work,
+        ])
+        .env_remove("FLASHSALE_CONFIG")
+        .env("FLASHSALE_LOCK_NODES", urls(&nodes).join(","))
+        .output()
+        .expect("run");
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{said}");
+    assert!(said.contains("CAP_KILL"), "{said}");
+    assert!(!ran.exists(), "the command ran: {said}");
+    assert_eq!(
+        nodes[0]
+            .node
+            .cmd::<i64>(&["EXISTS", "flashsale:lock:nokill"]),
+        0,
+        "the lock was given back"
+    );
+}

@@ -227,6 +227,7 @@ impl Supervisor {
         // and a lease just before its renewal (due a third of the way in)
         // still has about two thirds left, which clears that bar with room.
         let patience = (lease * 2 / 5).max(Duration::from_millis(10));
+        within_reach()?;
         keep_children_to_reap();
         // SAFETY: getpid has no failure and no memory.
         let me = unsafe { libc::getpid() };
@@ -568,6 +569,45 @@ impl Drop for Supervisor {
     fn drop(&mut self) {
         self.end_now();
     }
+}
+
+/// Refuses a command that could become a user this process cannot kill:
+/// with no CAP_KILL, a process of another user is beyond its SIGKILL, and
+/// would run on past the lock (the thirteenth and fourteenth attacks: a
+/// setuid program; ambient CAP_SETUID given by a service manager; root
+/// with CAP_KILL dropped). Without CAP_KILL, the command runs with
+/// no_new_privs and no ambient capabilities (see `spawn`), which stops the
+/// setuid bit and file capabilities; what is left is CAP_SETUID this
+/// process holds itself (or, as root, could regain at exec from its
+/// bounding set): then the command does not run.
+fn within_reach() -> io::Result<()> {
+    const CAP_KILL: u32 = 5;
+    const CAP_SETUID: u32 = 7;
+    let status = std::fs::read_to_string("/proc/self/status")?;
+    let caps = |field: &str| {
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix(field))
+            .and_then(|v| u64::from_str_radix(v.trim(), 16).ok())
+            .unwrap_or(0)
+    };
+    let has = |set: u64, cap: u32| set & (1 << cap) != 0;
+    if has(caps("CapEff:"), CAP_KILL) {
+        return Ok(());
+    }
+    // SAFETY: geteuid has no failure and no memory.
+    let root = unsafe { libc::geteuid() } == 0;
+    let may_setuid = has(caps("CapPrm:") | caps("CapAmb:"), CAP_SETUID)
+        || (root && has(caps("CapBnd:"), CAP_SETUID));
+    if may_setuid {
+        return Err(io::Error::new(
+            io::ErrorKind::PermissionDenied,
+            "this exec has no CAP_KILL, so it cannot kill another user's processes, yet its \
+             command could become another user (CAP_SETUID): give the exec CAP_KILL or take \
+             CAP_SETUID away from it; the command did not run",
+        ));
+    }
+    Ok(())
 }
 
 /// Gives SIGCHLD back its default if the caller left it ignored (`perl -e
@@ -1016,6 +1056,17 @@ fn wait_for_go(control: libc::c_int, deadline: Instant, patience: Duration) -> O
     (monotonic_ns() < ends).then_some(ends)
 }
 
+/// Whether this process may kill any process (CAP_KILL in its effective
+/// set): then its command keeps every privilege it would have.
+fn may_kill_anyone() -> bool {
+    std::fs::read_to_string("/proc/self/status").is_ok_and(|s| {
+        s.lines()
+            .find_map(|l| l.strip_prefix("CapEff:"))
+            .and_then(|v| u64::from_str_radix(v.trim(), 16).ok())
+            .is_some_and(|eff| eff & (1 << 5) != 0)
+    })
+}
+
 /// Starts the command in the supervisor's group (the group it is in
 /// already, inherited; `join` names it from outside a namespace, where its
 /// id is visible), the signals the supervisor ignores given back their
@@ -1033,16 +1084,23 @@ fn spawn(spec: &Spec, join: bool) -> io::Result<libc::pid_t> {
     let defaults = supervisor_ignores();
     unsafe {
         let me = libc::getpid();
-        // Unless this runs as root (which may kill any process), the command
-        // may not gain privileges: a setuid program (`sudo -u`, `su`) would
+        // Unless this may kill any process (CAP_KILL), the command may not
+        // gain privileges: a setuid program (`sudo -u`, `su`) would
         // run on as another user, which this user's SIGKILL cannot reach,
         // past the lock (the thirteenth attack). With no_new_privs the
         // setuid bit is not honoured, and every process of the command
         // stays this user's, and killable.
-        let keep_privileges = libc::geteuid() == 0;
+        let keep_privileges = may_kill_anyone();
         cmd.pre_exec(move || {
             if !keep_privileges {
                 libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0);
+                libc::prctl(
+                    libc::PR_CAP_AMBIENT,
+                    libc::PR_CAP_AMBIENT_CLEAR_ALL,
+                    0,
+                    0,
+                    0,
+                );
             }
             for sig in &defaults {
                 libc::signal(*sig, libc::SIG_DFL);
@@ -1185,17 +1243,37 @@ fn kill_tree(root: libc::pid_t, spared: &[libc::pid_t]) -> bool {
                 unsafe { libc::waitpid(pid, &mut status, libc::WNOHANG) };
             }
         }
-        let left = children_of(&processes(), root)
-            .into_iter()
-            .filter(|p| !spared.contains(p))
-            .count();
-        if left == 0 {
+        // With nothing spared, waitpid says whether a child is left, not
+        // /proc: a process /proc did not show (however) is still a child
+        // here, and is never taken for gone.
+        let done = if spared.is_empty() {
+            no_child_left()
+        } else {
+            children_of(&processes(), root)
+                .into_iter()
+                .all(|p| spared.contains(&p))
+        };
+        if done {
             return true;
         }
         if started.elapsed() >= KILL_FOR {
             return false;
         }
         std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
+/// Reaps every child that has ended; true once this process has no child
+/// at all (waitpid's ECHILD), alive or not yet reaped.
+fn no_child_left() -> bool {
+    loop {
+        let mut status = 0;
+        // SAFETY: waitpid writes the status it is given.
+        match unsafe { libc::waitpid(-1, &mut status, libc::WNOHANG) } {
+            pid if pid > 0 => continue,
+            0 => return false,
+            _ => return io::Error::last_os_error().raw_os_error() == Some(libc::ECHILD),
+        }
     }
 }
 
@@ -1299,9 +1377,20 @@ fn processes() -> Vec<Proc> {
     entries
         .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<libc::pid_t>().ok())
         .filter_map(|pid| {
-            let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-            let (head, rest) = stat.rsplit_once(") ")?;
-            let name = head.split_once(" (").map_or("", |(_, n)| n).to_owned();
+            // Bytes, not text: the name is whatever the process set, cut at
+            // 15 bytes, possibly inside a character (`backup-日本語`), and a
+            // read as UTF-8 failed and hid the process and everything below
+            // it from every kill (the fourteenth attack). Only what follows
+            // the name is parsed, and it is ASCII.
+            let stat = std::fs::read(format!("/proc/{pid}/stat")).ok()?;
+            let close = stat.windows(2).rposition(|w| w == b") ")?;
+            let (head, rest) = (&stat[..close], &stat[close + 2..]);
+            let open = head
+                .iter()
+                .position(|&b| b == b'(')
+                .map_or(head.len(), |i| i + 1);
+            let name = String::from_utf8_lossy(&head[open..]).into_owned();
+            let rest = std::str::from_utf8(rest).ok()?;
             // After the name: state ppid pgrp session tty_nr tpgid ...
             let f: Vec<&str> = rest.split_whitespace().take(6).collect();
             let [state, ppid, pgrp, _, tty, tpgid] = f.as_slice() else {
