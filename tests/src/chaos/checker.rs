@@ -1564,11 +1564,14 @@ fn check_order(v: &mut Verdict, f: &OrderFacts<'_>, ops: &[&OpRecord], leader: b
                 .find(|(p, r, _)| r == payment_ref && p.complete_ms < f.invoke_ms)
                 .map(|(p, _, _)| *p),
             Op::Cancel { .. } if code == "already_final" => {
-                // Under retake, a late payment may have paid it since.
+                // Under retake, a late payment may have paid it since: one
+                // sent by the time the resend was answered, the same
+                // millisecond included (the recorded leader run of seed
+                // 20261202: both sent and answered at 333,904 ms).
                 let paid_since = retake
                     && ops
                         .iter()
-                        .any(|o| matches!(o.op, Op::Pay { .. }) && o.invoke_ms < f.complete_ms);
+                        .any(|o| matches!(o.op, Op::Pay { .. }) && o.invoke_ms <= f.complete_ms);
                 cancels
                     .iter()
                     .find(|c| c.complete_ms < f.invoke_ms)

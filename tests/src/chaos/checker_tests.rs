@@ -1406,3 +1406,66 @@ fn a_flag_cleared_by_the_process_s_own_restock_is_not_an_excuse() {
         assert_eq!(!judged.is_empty(), wrong, "{judged:#?}");
     }
 }
+
+/// From the recorded leader run of seed 20261202: where late payments
+/// retake, a cancel answered `ok`, then a payment that retook the order
+/// and the cancel's resend, both sent and answered in the same
+/// millisecond: the resend's `already_final` is right (the order was paid
+/// since), not a changed answer.
+#[test]
+fn a_cancel_resent_as_a_retake_pays_the_order_may_find_it_final() {
+    for (paid_at_the_same_ms, wrong) in [(true, false), (false, true)] {
+        let mut w = world();
+        if let Some(h) = w.sales.iter_mut().find(|s| s.sku == "h") {
+            h.late = LatePayment::Retake;
+        }
+        w.ops.push(rec(
+            30,
+            Op::Cancel {
+                order_id: "h~0~c".into(),
+            },
+            Outcome::Ok {
+                value: OkValue::Transition {
+                    state: "cancelled".into(),
+                    retaken: false,
+                },
+            },
+            200,
+        ));
+        let mut resend = rec(
+            31,
+            Op::Cancel {
+                order_id: "h~0~c".into(),
+            },
+            Outcome::fail("already_final"),
+            300,
+        );
+        resend.complete_ms = 300;
+        w.ops.push(resend);
+        if paid_at_the_same_ms {
+            let mut pay = rec(
+                32,
+                Op::Pay {
+                    order_id: "h~0~c".into(),
+                    payment_ref: "p9".into(),
+                },
+                Outcome::Ok {
+                    value: OkValue::Transition {
+                        state: "paid".into(),
+                        retaken: true,
+                    },
+                },
+                300,
+            );
+            pay.complete_ms = 300;
+            w.ops.push(pay);
+        }
+        let v = w.verdict();
+        assert_eq!(
+            fired(&v).contains(&Kind::TransitionAnswerChanged),
+            wrong,
+            "{:#?}",
+            v.violations
+        );
+    }
+}
