@@ -300,6 +300,41 @@ async fn every_error_answer_is_json() {
     let r = c.get(format!("{base}/nope")).send().await.expect("req");
     assert_eq!(r.status(), 404);
     assert_eq!(r.json::<Value>().await.expect("JSON")["error"], "not_found");
+    // From the last attack on serve: a body in array form was read by
+    // position as the fields in order. One request, one spelling: refused.
+    let (s, _) = post(
+        &c,
+        format!("{base}/v1/sales"),
+        json!({"sku": "arrayform", "stock": 10}),
+    )
+    .await;
+    assert_eq!(s, 201);
+    let (s, b) = post(
+        &c,
+        format!("{base}/v1/sales/arrayform/purchase"),
+        json!(["u-array", 1, "r-array"]),
+    )
+    .await;
+    assert_eq!((s, b["error"].as_str()), (422, Some("invalid")), "{b}");
+    let (s, b) = post(
+        &c,
+        format!("{base}/v1/sales/arrayform/purchase"),
+        json!({"user": "u-array", "qty": 1, "request_id": "r-array"}),
+    )
+    .await;
+    assert_eq!(s, 200, "the same purchase as an object is confirmed: {b}");
+    let r = c
+        .post(format!("{base}/v1/sales/arrayform/purchase"))
+        .header("content-type", "text/plain")
+        .body(r#"{"user":"u","request_id":"r","qty":1}"#)
+        .send()
+        .await
+        .expect("req");
+    assert_eq!(r.status(), 415);
+    assert_eq!(
+        r.json::<Value>().await.expect("JSON")["error"],
+        "unsupported_media_type"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -148,17 +148,58 @@ impl From<JsonRejection> for ApiError {
     }
 }
 
-/// The one JSON body extractor: axum's `Json`, with its rejection answered
-/// as an [`ApiError`].
+/// The one JSON body extractor: a JSON content type, a body within the
+/// limit, a JSON object (serde would take a struct from an array too,
+/// `["sku", "user", ...]`, by position: refused, so one request has one
+/// spelling), parsed by axum's `Json`; every rejection an [`ApiError`].
 pub struct ApiJson<T>(pub T);
 
 impl<S: Send + Sync, T: DeserializeOwned> FromRequest<S> for ApiJson<T> {
     type Rejection = ApiError;
 
     async fn from_request(req: Request, state: &S) -> Result<Self, ApiError> {
-        let Json(v) = Json::<T>::from_request(req, state).await?;
+        let json = req
+            .headers()
+            .get(axum::http::header::CONTENT_TYPE)
+            .and_then(|v| v.to_str().ok())
+            .is_some_and(is_json);
+        if !json {
+            return Err(ApiError::new(
+                StatusCode::UNSUPPORTED_MEDIA_TYPE,
+                "unsupported_media_type",
+                "Expected request with `Content-Type: application/json`",
+            ));
+        }
+        let body = axum::body::Bytes::from_request(req, state)
+            .await
+            .map_err(|e| match e.status() {
+                StatusCode::PAYLOAD_TOO_LARGE => {
+                    ApiError::new(e.status(), "payload_too_large", e.body_text())
+                }
+                _ => ApiError::new(StatusCode::BAD_REQUEST, "invalid", e.body_text()),
+            })?;
+        if body.iter().find(|b| !b.is_ascii_whitespace()) != Some(&b'{') {
+            return Err(ApiError::new(
+                StatusCode::UNPROCESSABLE_ENTITY,
+                "invalid",
+                "the body must be a JSON object",
+            ));
+        }
+        let Json(v) = Json::<T>::from_bytes(&body)?;
         Ok(ApiJson(v))
     }
+}
+
+/// `application/json`, or a JSON-based `application/*+json`, parameters
+/// (`; charset=utf-8`) aside: the types axum's `Json` takes.
+fn is_json(content_type: &str) -> bool {
+    let mime = content_type
+        .split(';')
+        .next()
+        .unwrap_or_default()
+        .trim()
+        .to_ascii_lowercase();
+    mime == "application/json" || (mime.starts_with("application/") && mime.ends_with("+json"))
 }
 
 /// The layer in front of every admin route: `Authorization: Bearer
