@@ -231,6 +231,11 @@ pub struct ServerConfig {
     pub max_body_bytes: usize,
     /// Most client connections open at once; more wait to be accepted.
     pub max_connections: usize,
+    /// Address of a listener of its own for `/metrics`, `/readyz` and
+    /// `/healthz`, so a flood of scrapes or probes on it shares neither
+    /// connections nor slots with purchases; `/metrics` and `/readyz` then
+    /// leave `listen` (which keeps `/healthz`). Unset: all on `listen`.
+    pub metrics_listen: Option<String>,
 }
 
 impl Default for ServerConfig {
@@ -253,6 +258,7 @@ impl Default for ServerConfig {
             shutdown_grace: Duration::from_secs(10),
             max_body_bytes: 64 * 1024,
             max_connections: 10_000,
+            metrics_listen: None,
         }
     }
 }
@@ -274,6 +280,23 @@ impl ServerConfig {
                 "server.listen",
                 format!("{:?} is not an address like 127.0.0.1:8080", self.listen),
             ));
+        }
+        if let Some(m) = &self.metrics_listen {
+            match m.parse::<std::net::SocketAddr>() {
+                Err(_) => {
+                    return Err(ConfigError::new(
+                        "server.metrics_listen",
+                        format!("{m:?} is not an address like 127.0.0.1:9464"),
+                    ))
+                }
+                Ok(a) if self.listen.parse::<std::net::SocketAddr>().ok() == Some(a) => {
+                    return Err(ConfigError::new(
+                        "server.metrics_listen",
+                        "must differ from server.listen",
+                    ))
+                }
+                Ok(_) => {}
+            }
         }
         if !(self.per_user_rps >= 0.0 && self.global_rps >= 0.0) {
             return Err(ConfigError::new(

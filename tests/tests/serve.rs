@@ -685,3 +685,64 @@ async fn hold_routes_pay_cancel_and_the_servers_sweeper_expire() {
         assert!(metrics.contains(name), "{name} missing from /metrics");
     }
 }
+
+/// From the attack on serve: `/metrics` and the probes sat on the public
+/// listener, outside `max_in_flight` and without a token, so a flood of
+/// scrapes raised purchase p99 to 490 ms. With `server.metrics_listen` they
+/// have a listener of their own; the public one keeps `/healthz` only.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn metrics_and_probes_move_to_a_listener_of_their_own() {
+    let cluster = RedisCluster::start(3, 0);
+    let pg = PgDb::create();
+    let port = free_port();
+    let server = ServeProcess::start(
+        &cluster,
+        &pg,
+        "",
+        &format!("metrics_listen = \"127.0.0.1:{port}\""),
+    );
+    let base = server.base();
+    let probes = format!("http://127.0.0.1:{port}");
+    let c = http();
+    let (s, b) = create(&c, &base, json!({"sku": "m1", "stock": 3})).await;
+    assert_eq!(s, 201, "{b}");
+    let r = c
+        .post(format!("{base}/v1/sales/m1/purchase"))
+        .json(&json!({"user": "u1", "qty": 1, "request_id": "r1"}))
+        .send()
+        .await
+        .expect("purchase");
+    assert_eq!(r.status(), 200);
+    for (url, want) in [
+        (format!("{base}/healthz"), 200),
+        (format!("{base}/metrics"), 404),
+        (format!("{base}/readyz"), 404),
+        (format!("{probes}/healthz"), 200),
+        (format!("{probes}/v1/sales/m1"), 404),
+    ] {
+        let r = c.get(&url).send().await.expect("get");
+        assert_eq!(r.status().as_u16(), want, "{url}");
+    }
+    let ready = c
+        .get(format!("{probes}/readyz"))
+        .send()
+        .await
+        .expect("readyz");
+    assert!(
+        [200, 503].contains(&ready.status().as_u16()),
+        "readyz answers there: {}",
+        ready.status()
+    );
+    let metrics = c
+        .get(format!("{probes}/metrics"))
+        .send()
+        .await
+        .expect("metrics")
+        .text()
+        .await
+        .expect("text");
+    assert!(
+        metrics.contains("flashsale_http_requests_total"),
+        "the public listener's requests are counted there: {metrics}"
+    );
+}

@@ -100,7 +100,21 @@ fn install_metrics() -> Result<PrometheusHandle> {
         .context("installing the Prometheus recorder")
 }
 
-fn router(state: AppState) -> Router {
+/// The probes and the scrape: on the public router unless they have a
+/// listener of their own (`server.metrics_listen`), where they are all
+/// there is.
+fn probe_router(state: AppState) -> Router {
+    Router::new()
+        .route("/healthz", get(api::healthz))
+        .route("/readyz", get(api::readyz))
+        .route("/metrics", get(api::metrics))
+        .fallback(api::not_found)
+        .method_not_allowed_fallback(method_not_allowed)
+        .layer(middleware::from_fn_with_state(state.clone(), guard))
+        .with_state(state)
+}
+
+fn router(state: AppState, probes_here: bool) -> Router {
     // Every route here needs the admin token; the layer checks it before the
     // handler runs (route_layer: an unknown path is still 404, not 401).
     let admin = Router::new()
@@ -113,14 +127,20 @@ fn router(state: AppState) -> Router {
             state.clone(),
             api::require_admin,
         ));
-    Router::new()
+    let public = Router::new()
         .merge(admin)
         .route("/v1/sales/{sku}", get(api::sale_status))
         .route("/v1/sales/{sku}/purchase", post(api::purchase))
         .route("/v1/orders/{order_id}", get(api::order))
-        .route("/healthz", get(api::healthz))
-        .route("/readyz", get(api::readyz))
-        .route("/metrics", get(api::metrics))
+        .route("/healthz", get(api::healthz));
+    let public = if probes_here {
+        public
+            .route("/readyz", get(api::readyz))
+            .route("/metrics", get(api::metrics))
+    } else {
+        public
+    };
+    public
         .fallback(api::not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .layer(middleware::from_fn_with_state(state.clone(), guard))
@@ -226,11 +246,10 @@ fn json_errors(resp: Response) -> Response {
 /// connection builder has one.
 pub async fn run(
     listener: TcpListener,
-    state: AppState,
+    app: Router,
+    limits: Limits,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<()> {
-    let limits = state.limits;
-    let app = router(state);
     let graceful = hyper_util::server::graceful::GracefulShutdown::new();
     let slots = Arc::new(Semaphore::new(limits.max_connections));
     tokio::pin!(shutdown);
@@ -475,7 +494,36 @@ pub async fn command(
         .await
         .with_context(|| format!("binding {}", server.listen))?;
     eprintln!("flashsale serving on http://{}", listener.local_addr()?);
-    run(listener, state, shutdown).await?;
+    let limits = state.limits;
+    let shutdown = futures_util::FutureExt::shared(Box::pin(shutdown));
+    let probes = match &server.metrics_listen {
+        Some(addr) => {
+            let probe_listener = TcpListener::bind(addr)
+                .await
+                .with_context(|| format!("binding {addr} (server.metrics_listen)"))?;
+            eprintln!(
+                "flashsale metrics and probes on http://{}",
+                probe_listener.local_addr()?
+            );
+            // Few connections: a scraper and a prober or two, never enough
+            // to matter beside the public listener's.
+            let probe_limits = Limits {
+                max_connections: 64,
+                ..limits
+            };
+            Some(tokio::spawn(run(
+                probe_listener,
+                probe_router(state.clone()),
+                probe_limits,
+                shutdown.clone(),
+            )))
+        }
+        None => None,
+    };
+    run(listener, router(state, probes.is_none()), limits, shutdown).await?;
+    if let Some(p) = probes {
+        p.await??;
+    }
 
     background.abort();
     hold_sweeper.abort();
