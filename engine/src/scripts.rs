@@ -212,6 +212,8 @@ pub mod lock {
 
 /// `lua/dead_letter.lua`: the order writer's dead letters.
 const DEAD_LETTER_LUA: &str = include_str!("../../lua/dead_letter.lua");
+/// `lua/forget_consumers.lua`: delete the writers' dead consumers.
+const FORGET_CONSUMERS_LUA: &str = include_str!("../../lua/forget_consumers.lua");
 /// `lua/trim.lua`: the order writer's trim of a stream.
 const TRIM_LUA: &str = include_str!("../../lua/trim.lua");
 
@@ -244,6 +246,8 @@ pub struct Scripts {
     /// `lua/dead_letter.lua`: move an entry the writers cannot write to
     /// the dead-letter stream and acknowledge it, once.
     pub dead_letter: LuaScript,
+    /// `lua/forget_consumers.lua`.
+    pub forget_consumers: LuaScript,
 }
 
 impl Scripts {
@@ -262,14 +266,16 @@ impl Scripts {
             quota_return: LuaScript::new("quota_return", QUOTA_RETURN_LUA),
             trim: LuaScript::new("trim", TRIM_LUA),
             dead_letter: LuaScript::new("dead_letter", DEAD_LETTER_LUA),
+            forget_consumers: LuaScript::new("forget_consumers", FORGET_CONSUMERS_LUA),
         }
     }
 
     /// All scripts, for loading them on a node.
-    pub fn all(&self) -> [&LuaScript; 12] {
+    pub fn all(&self) -> [&LuaScript; 13] {
         [
             &self.trim,
             &self.dead_letter,
+            &self.forget_consumers,
             &self.transition,
             &self.quota_return,
             &self.ack,

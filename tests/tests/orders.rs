@@ -1182,3 +1182,82 @@ fn acl_refusals(node: &flashsale_tests::RedisNode) -> i64 {
         })
         .sum()
 }
+
+/// The consumer names in the writers' group on `stream`.
+fn writer_consumers(node: &flashsale_tests::RedisNode, stream: &str) -> Vec<String> {
+    let info: redis::RedisResult<Vec<Vec<redis::Value>>> = redis::cmd("XINFO")
+        .arg("CONSUMERS")
+        .arg(stream)
+        .arg(flashsale::orders::GROUP)
+        .query(&mut node.conn());
+    info.unwrap_or_default()
+        .iter()
+        .filter_map(|c| match c.get(1) {
+            Some(redis::Value::BulkString(b)) => Some(String::from_utf8_lossy(b).into_owned()),
+            _ => None,
+        })
+        .collect()
+}
+
+/// From the last attack on serve: every writer process names its consumers
+/// anew, so the group kept one dead consumer per writer ever started, in
+/// every stream, for good. A consumer idle past `forget_idle` with nothing
+/// pending is deleted; one that still holds an entry is kept until that
+/// entry is taken over and written, so nothing is lost.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dead_writer_consumers_are_forgotten_once_they_hold_nothing() {
+    let Fixture {
+        cluster,
+        pg: _pg,
+        pool,
+        engine,
+        sale,
+    } = Fixture::builder()
+        .sale(SaleSpec::new("ghosts", 100))
+        .build()
+        .await;
+    let status = sale.expect("sale");
+    let b = &status.buckets[0];
+    let node = cluster.node(cluster.master_of_slot(b.slot));
+    let group = flashsale::orders::GROUP;
+    let _: () = node.cmd(&["XGROUP", "CREATE", &b.stream, group, "0", "MKSTREAM"]);
+    let confirmed = buy(&engine, "ghosts", 5, "g").await;
+    // A writer that died holding one entry, and one that died holding none.
+    let _: redis::Value = node.cmd(&[
+        "XREADGROUP",
+        "GROUP",
+        group,
+        "ghost-holding",
+        "COUNT",
+        "1",
+        "STREAMS",
+        &b.stream,
+        ">",
+    ]);
+    let _: i64 = node.cmd(&["XGROUP", "CREATECONSUMER", &b.stream, group, "ghost-empty"]);
+    let writer = engine
+        .spawn_order_writer(
+            pool.clone(),
+            flashsale::WriterConfig {
+                writers: 1,
+                forget_idle: Duration::from_millis(300),
+                ..fast_writer(Duration::from_millis(500))
+            },
+        )
+        .await
+        .expect("writer");
+    flashsale_tests::wait_until(Duration::from_secs(60), "both ghosts are forgotten", || {
+        let left = writer_consumers(node, &b.stream);
+        std::future::ready(!left.iter().any(|c| c.starts_with("ghost-")))
+    })
+    .await;
+    wait_for_db_orders(&pool, "ghosts", 5, Duration::from_secs(30)).await;
+    let report = writer.shutdown().await.expect("stops");
+    assert!(report.consumers_forgotten >= 2, "{report:?}");
+    assert!(
+        report.claimed >= 1,
+        "the held entry was taken over: {report:?}"
+    );
+    let in_db = flashsale_tests::db_order_ids(&pool, "ghosts").await;
+    assert_exactly_once(&confirmed, &in_db);
+}

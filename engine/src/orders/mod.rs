@@ -61,6 +61,11 @@ pub struct WriterConfig {
     /// Longest WAIT for a replica before a batch is written (it stays
     /// pending and is asked again next round, never written unreplicated).
     pub replica_wait: Duration,
+    /// A consumer of the group with nothing pending and not heard from for
+    /// this long (a writer process that stopped or died) is deleted, so the
+    /// group does not keep one consumer per writer ever started; zero
+    /// keeps them all. Checked every tenth of it (at least every second).
+    pub forget_idle: Duration,
 }
 
 impl Default for WriterConfig {
@@ -85,6 +90,7 @@ impl Default for WriterConfig {
             shutdown_grace: Duration::from_secs(5),
             sweep_every: Duration::from_secs(1),
             replica_wait: Duration::from_millis(200),
+            forget_idle: Duration::from_secs(600),
         }
     }
 }
@@ -122,6 +128,8 @@ pub struct WriterReport {
     pub rejected: u64,
     /// Abandoned fall-throughs the writer's sweeper settled.
     pub settled_abandoned: u64,
+    /// Dead consumers of the group deleted ([`WriterConfig::forget_idle`]).
+    pub consumers_forgotten: u64,
 }
 
 impl WriterReport {
@@ -134,5 +142,6 @@ impl WriterReport {
         self.held_unreplicated += other.held_unreplicated;
         self.rejected += other.rejected;
         self.settled_abandoned += other.settled_abandoned;
+        self.consumers_forgotten += other.consumers_forgotten;
     }
 }

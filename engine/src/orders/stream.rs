@@ -218,6 +218,28 @@ pub async fn trim_acknowledged(
     eval(conn, script, &cmd).await.map(|_| ())
 }
 
+/// Deletes the consumers of `group` on `key` that have nothing pending and
+/// have been idle at least `idle`, but `own`, in one atomic step
+/// (`lua/forget_consumers.lua`, which says why nothing pending is lost).
+/// Returns how many went.
+pub async fn forget_consumers(
+    conn: &mut ClusterConnection,
+    script: &LuaScript,
+    key: &str,
+    group: &str,
+    own: &str,
+    idle: Duration,
+) -> Result<i64, RedisError> {
+    let mut cmd = redis::cmd("EVALSHA");
+    cmd.arg(&script.sha)
+        .arg(1)
+        .arg(key)
+        .arg(group)
+        .arg(own)
+        .arg(idle.as_millis().min(i64::MAX as u128) as i64);
+    eval(conn, script, &cmd).await
+}
+
 fn text(v: &Value) -> Option<String> {
     match v {
         Value::BulkString(b) => Some(String::from_utf8_lossy(b).into_owned()),

@@ -122,7 +122,15 @@ impl OrderWriter {
     async fn run_until_stopped(&mut self) -> Result<WriterReport, WriterError> {
         let mut last_discover: Option<Instant> = None;
         let mut last_sweep: Option<Instant> = None;
+        let mut last_forget: Option<Instant> = None;
+        let forget_every = (self.config.forget_idle / 10).max(Duration::from_secs(1));
         while !self.stop.asked() {
+            if !self.config.forget_idle.is_zero()
+                && last_forget.is_none_or(|t| t.elapsed() >= forget_every)
+            {
+                self.forget_dead_consumers().await;
+                last_forget = Some(Instant::now());
+            }
             if last_discover.is_none_or(|t| t.elapsed() >= self.config.discover_every) {
                 self.discover().await;
                 last_discover = Some(Instant::now());
@@ -151,6 +159,34 @@ impl OrderWriter {
             }
         }
         Ok(self.report.clone())
+    }
+
+    /// Deletes the group's consumers that writers which stopped or died
+    /// left behind with nothing pending ([`WriterConfig::forget_idle`]).
+    async fn forget_dead_consumers(&mut self) {
+        let keys: Vec<String> = self
+            .streams
+            .iter()
+            .filter(|(_, s)| s.group_ready)
+            .map(|(k, _)| k.clone())
+            .collect();
+        for key in keys {
+            match stream::forget_consumers(
+                &mut self.conn,
+                &self.engine.scripts().forget_consumers,
+                &key,
+                &self.config.group,
+                &self.config.consumer,
+                self.config.forget_idle,
+            )
+            .await
+            {
+                Ok(n) => self.report.consumers_forgotten += n.max(0) as u64,
+                Err(e) => {
+                    tracing::warn!(stream = %key, error = %e, "forgetting dead consumers failed")
+                }
+            }
+        }
     }
 
     /// Settles fall-throughs whose process died half-way (see `sweeper.rs`).
