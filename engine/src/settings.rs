@@ -498,6 +498,71 @@ fn without_values(message: &str) -> String {
 mod tests {
     use super::*;
 
+    /// The keys of a TOML table, dotted (`server.listen`), leaves only.
+    fn leaf_keys(prefix: &str, table: &toml::Table, out: &mut Vec<String>) {
+        for (k, v) in table {
+            let key = if prefix.is_empty() {
+                k.clone()
+            } else {
+                format!("{prefix}.{k}")
+            };
+            match v {
+                toml::Value::Table(t) => leaf_keys(&key, t, out),
+                _ => out.push(key),
+            }
+        }
+    }
+
+    /// docs/configuration.md cannot drift from the code: its example (with
+    /// the keys it shows commented out, unset by default) parses as
+    /// settings, so every key it names exists and takes the value shown,
+    /// and every key the code has is in it.
+    #[test]
+    fn the_configuration_page_names_every_key_and_only_real_ones() {
+        let page = include_str!("../../docs/configuration.md");
+        let block = page
+            .split("```toml\n")
+            .nth(1)
+            .and_then(|b| b.split("```").next())
+            .expect("a toml block in docs/configuration.md");
+        // `# key = value` lines are keys shown unset: uncommented here.
+        let text: String = block
+            .lines()
+            .map(|l| match l.strip_prefix("# ") {
+                Some(rest)
+                    if rest
+                        .split_once(" = ")
+                        .is_some_and(|(k, _)| !k.contains(' ')) =>
+                {
+                    rest
+                }
+                _ => l,
+            })
+            .map(|l| format!("{l}\n"))
+            .collect();
+        let parsed = Settings::parse(&text);
+        assert!(
+            parsed.is_ok(),
+            "the page's example does not parse: {:?}",
+            parsed.err()
+        );
+        let documented: toml::Table = toml::from_str(&text).expect("TOML");
+        let mut doc_keys = Vec::new();
+        leaf_keys("", &documented, &mut doc_keys);
+        let mut full = Settings::default();
+        full.server.admin_token = Some("x".repeat(16));
+        full.server.metrics_listen = Some("127.0.0.1:9464".into());
+        let code: toml::Table =
+            toml::from_str(&toml::to_string(&full).expect("serialize")).expect("TOML");
+        let mut code_keys = Vec::new();
+        leaf_keys("", &code, &mut code_keys);
+        let missing: Vec<&String> = code_keys.iter().filter(|k| !doc_keys.contains(k)).collect();
+        assert!(
+            missing.is_empty(),
+            "keys the page does not document: {missing:?}"
+        );
+    }
+
     #[test]
     fn environment_overrides_the_file_and_bad_values_name_the_field() {
         let mut s = Settings::default();
