@@ -2,10 +2,10 @@
 //! into every task. It holds the parts that own the state, and hands each
 //! call to them:
 //!
-//! - [`Cluster`]: the connection, the scripts, the retry loop;
-//! - [`SaleCache`]: the sales this process has seen;
-//! - [`PurchaseBatches`]: purchases sent to their home bucket in batches;
-//! - [`WaitBatches`]: group commit of `ack = replicated`;
+//! - `Cluster`: the connection, the scripts, the retry loop;
+//! - `SaleCache`: the sales this process has seen;
+//! - `PurchaseBatches`: purchases sent to their home bucket in batches;
+//! - `WaitBatches`: group commit of `ack = replicated`;
 //! - the lock client for admin operations, when lock nodes are configured.
 //!
 //! The operations themselves live beside what they do: purchases in

@@ -1,6 +1,6 @@
 //! Sales as the hot path sees them: the [`SaleSpec`] of a new sale, the
 //! cached [`SaleHandle`] (tags, slots, keys, the local sold-out flag), and
-//! the [`SaleCache`] that owns the handles of one process. Each bucket's
+//! the `SaleCache` that owns the handles of one process. Each bucket's
 //! handle carries its batch queue (`batch.rs`). The writes that
 //! make and change a sale live in `admin.rs`; the status read, in
 //! `status.rs`.
@@ -54,7 +54,7 @@ impl LatePayment {
     }
 }
 
-/// What [`Engine::create_sale`] creates.
+/// What [`Engine::create_sale`](crate::Engine::create_sale) creates.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SaleSpec {
     /// The item on sale; 1-64 bytes of `A-Z a-z 0-9 . _ - :`.
@@ -72,8 +72,8 @@ pub struct SaleSpec {
     pub ends_at: Option<SystemTime>,
     /// How long a confirmed purchase is held for payment, in ms
     /// (1..=[`MAX_HOLD_MS`]); 0 = no hold, an order is paid when confirmed.
-    /// A held order is paid ([`Engine::pay`]), cancelled
-    /// ([`Engine::cancel`]) or expires, and then its units go back on sale.
+    /// A held order is paid ([`Engine::pay`](crate::Engine::pay)), cancelled
+    /// ([`Engine::cancel`](crate::Engine::cancel)) or expires, and then its units go back on sale.
     pub hold_ms: u64,
     /// What a payment after the hold ended gets.
     pub late_payment: LatePayment,

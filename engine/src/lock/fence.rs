@@ -32,7 +32,7 @@
 //!
 //! Hand-offs inside one process (lock cohorting). A grant may reserve `R`
 //! tokens above its own `t`: every counter the argument above raises to `t`
-//! is raised to `t + R` instead (the acquire script's ARGV[5], or the second
+//! is raised to `t + R` instead (the acquire script's ARGV\[5\], or the second
 //! round's value), and tasks of the granted process that take the lock over
 //! from each other, without a trip to the nodes, get `t + 1`, `t + 2`, ...
 //! up to `t + R`, in the order they hold it. They hold it one after another

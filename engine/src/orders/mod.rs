@@ -38,7 +38,7 @@ pub struct WriterConfig {
     pub consumer: String,
     /// Most entries read and written per batch.
     pub batch: usize,
-    /// Writers [`Engine::spawn_order_writer`] starts, as consumers of the
+    /// Writers [`Engine::spawn_order_writer`](crate::Engine::spawn_order_writer) starts, as consumers of the
     /// one group (`<consumer>-<i>`), each on its own connections, so one
     /// stream's insert does not hold back the others'. Only the first runs
     /// the sweeper. Exactly-once holds for any number: each entry is read by
@@ -56,7 +56,7 @@ pub struct WriterConfig {
     /// How long to keep retrying the batch in hand after shutdown was asked.
     pub shutdown_grace: Duration,
     /// How often abandoned fall-throughs are settled
-    /// ([`Engine::settle_abandoned`]); zero turns the sweeper off.
+    /// ([`Engine::settle_abandoned`](crate::Engine::settle_abandoned)); zero turns the sweeper off.
     pub sweep_every: Duration,
     /// Longest WAIT for a replica before a batch is written (it stays
     /// pending and is asked again next round, never written unreplicated).
