@@ -26,6 +26,29 @@ macro_rules! planted {
     };
 }
 
+/// The Rust examples of the README and of `docs/`, compiled as doctests
+/// (`cargo test --doc`, run by `ops/test`): a page whose example stops
+/// compiling fails the suite.
+#[cfg(doctest)]
+mod doc_examples {
+    #[doc = include_str!("../../README.md")]
+    struct Readme;
+    #[doc = include_str!("../../docs/guarantees.md")]
+    struct Guarantees;
+    #[doc = include_str!("../../docs/locks.md")]
+    struct Locks;
+    #[doc = include_str!("../../docs/orders.md")]
+    struct Orders;
+    #[doc = include_str!("../../docs/service.md")]
+    struct Service;
+    #[doc = include_str!("../../docs/configuration.md")]
+    struct Configuration;
+    #[doc = include_str!("../../docs/testing.md")]
+    struct Testing;
+    #[doc = include_str!("../../docs/benchmarks.md")]
+    struct Benchmarks;
+}
+
 pub mod admin;
 mod batch;
 mod cluster;
