@@ -1152,6 +1152,7 @@ fn check_sold_out_refusals(
             })
             .collect();
         let returns = units_given_back(inp, in_db, sku);
+        let flags = FlagHistory::new(inp.ops, sku);
         let retakes: Vec<(u64, u64)> = inp
             .ops
             .iter()
@@ -1183,7 +1184,7 @@ fn check_sold_out_refusals(
                 continue;
             }
             let qty = u64::from(qty_of(first));
-            let horizon = sold_out_horizon(inp.ops, sku, first);
+            let horizon = sold_out_horizon(&flags, first);
             let put_in = plan.stock
                 + restocks
                     .iter()
@@ -1291,7 +1292,7 @@ fn units_given_back(
 /// none, the refusal came from the scripts, which saw everything given back
 /// before it was sent (the attack on the checker: a flag a cancel does not
 /// clear answered "sold out" for half a second over units just returned).
-fn sold_out_horizon(ops: &[OpRecord], sku: &str, refusal: &OpRecord) -> u64 {
+fn sold_out_horizon(flags: &FlagHistory, refusal: &OpRecord) -> u64 {
     let own = refusal.invoke_ms.saturating_sub(SOLD_OUT_FLAG_MS);
     if matches!(
         refusal.outcome,
@@ -1302,39 +1303,140 @@ fn sold_out_horizon(ops: &[OpRecord], sku: &str, refusal: &OpRecord) -> u64 {
     ) {
         return own;
     }
-    // The latest clear of this process's flag surely done before the
-    // refusal was sent: from when it was asked (it may have cleared at once).
-    let cleared = ops
-        .iter()
-        .filter(|c| {
-            c.process == refusal.process
-                && matches!(c.outcome, Outcome::Ok { .. })
-                && c.complete_ms <= refusal.invoke_ms
-                && match &c.op {
-                    Op::Cancel { order_id } => bucket_of(order_id).is_some_and(|(s, _)| s == sku),
-                    Op::Restock { sku: s, .. } => s == sku,
-                    _ => false,
-                }
-        })
-        .map(|c| c.invoke_ms)
-        .max();
-    let setter = ops
-        .iter()
-        .filter(|p| {
-            p.process == refusal.process
-                && p.id != refusal.id
-                && matches!(&p.op, Op::Purchase { sku: s, .. } if s == sku)
-                && fail_code(p) == Some("sold_out")
-                && p.invoke_ms <= refusal.complete_ms
-                && p.complete_ms + SOLD_OUT_FLAG_MS >= refusal.invoke_ms
-                && cleared.is_none_or(|c| p.complete_ms >= c)
-        })
-        .map(|p| p.invoke_ms)
-        .min();
+    let cleared = flags.cleared_before(refusal.process, refusal.invoke_ms);
+    let lo = (refusal.invoke_ms.saturating_sub(SOLD_OUT_FLAG_MS)).max(cleared.unwrap_or(0));
+    let setter = flags.earliest_setter(refusal.process, lo, refusal.complete_ms, refusal.id);
     match (setter, cleared) {
         (Some(setter), _) => own.min(setter),
         (None, Some(_)) => refusal.invoke_ms,
         (None, None) => own,
+    }
+}
+
+/// Per engine process, for one sale: its purchases refused for stock (which
+/// may set its sold-out flag) and its `ok` cancels and restocks (which clear
+/// it), indexed so that [`sold_out_horizon`] answers each refusal in
+/// O(log n): a scan of the whole history per refusal took more than ten
+/// minutes on a 10-minute leader run.
+struct FlagHistory {
+    /// Per process: (complete, invoke, id) of purchases refused `sold_out`,
+    /// by complete; and the least invoke (with its id, and the second
+    /// least) of each suffix.
+    setters: HashMap<usize, Setters>,
+    /// Per process: (complete, invoke) of `ok` cancels and restocks, by
+    /// complete; and the greatest invoke of each prefix.
+    clears: HashMap<usize, Clears>,
+}
+
+/// A process's purchases refused for stock, (complete, invoke, id) by
+/// complete, with the least invokes of each suffix.
+type Setters = (Vec<(u64, u64, u64)>, Vec<SuffixMin>);
+
+/// A process's clears of its flag, (complete, invoke) by complete, with the
+/// greatest invoke of each prefix.
+type Clears = (Vec<(u64, u64)>, Vec<u64>);
+
+/// The least invoke of a suffix, its op id, and the next least invoke.
+#[derive(Clone, Copy)]
+struct SuffixMin {
+    least: (u64, u64),
+    next: u64,
+}
+
+impl FlagHistory {
+    fn new(ops: &[OpRecord], sku: &str) -> FlagHistory {
+        let mut setters: HashMap<usize, Vec<(u64, u64, u64)>> = HashMap::new();
+        let mut clears: HashMap<usize, Vec<(u64, u64)>> = HashMap::new();
+        for o in ops {
+            match &o.op {
+                Op::Purchase { sku: s, .. } if s == sku && fail_code(o) == Some("sold_out") => {
+                    setters
+                        .entry(o.process)
+                        .or_default()
+                        .push((o.complete_ms, o.invoke_ms, o.id));
+                }
+                Op::Cancel { order_id }
+                    if matches!(o.outcome, Outcome::Ok { .. })
+                        && bucket_of(order_id).is_some_and(|(s, _)| s == sku) =>
+                {
+                    clears
+                        .entry(o.process)
+                        .or_default()
+                        .push((o.complete_ms, o.invoke_ms));
+                }
+                Op::Restock { sku: s, .. }
+                    if s == sku && matches!(o.outcome, Outcome::Ok { .. }) =>
+                {
+                    clears
+                        .entry(o.process)
+                        .or_default()
+                        .push((o.complete_ms, o.invoke_ms));
+                }
+                _ => {}
+            }
+        }
+        let setters = setters
+            .into_iter()
+            .map(|(p, mut v)| {
+                v.sort_unstable();
+                let mut mins = vec![
+                    SuffixMin {
+                        least: (u64::MAX, u64::MAX),
+                        next: u64::MAX,
+                    };
+                    v.len() + 1
+                ];
+                for i in (0..v.len()).rev() {
+                    let (_, invoke, id) = v[i];
+                    let m = mins[i + 1];
+                    mins[i] = if invoke < m.least.0 {
+                        SuffixMin {
+                            least: (invoke, id),
+                            next: m.least.0,
+                        }
+                    } else {
+                        SuffixMin {
+                            least: m.least,
+                            next: m.next.min(invoke),
+                        }
+                    };
+                }
+                (p, (v, mins))
+            })
+            .collect();
+        let clears = clears
+            .into_iter()
+            .map(|(p, mut v)| {
+                v.sort_unstable();
+                let mut most = Vec::with_capacity(v.len());
+                let mut m = 0;
+                for (_, invoke) in &v {
+                    m = m.max(*invoke);
+                    most.push(m);
+                }
+                (p, (v, most))
+            })
+            .collect();
+        FlagHistory { setters, clears }
+    }
+
+    /// The latest invoke of a clear by `process` answered by `by`.
+    fn cleared_before(&self, process: usize, by: u64) -> Option<u64> {
+        let (v, most) = self.clears.get(&process)?;
+        let n = v.partition_point(|(complete, _)| *complete <= by);
+        n.checked_sub(1).map(|i| most[i])
+    }
+
+    /// The earliest invoke of a purchase by `process` refused for stock,
+    /// ended at or after `lo`, sent by `hi`, and not op `not`: the least
+    /// invoke over every one that ended at or after `lo` is the answer when
+    /// it was sent by `hi`, and none qualifies otherwise.
+    fn earliest_setter(&self, process: usize, lo: u64, hi: u64, not: u64) -> Option<u64> {
+        let (v, mins) = self.setters.get(&process)?;
+        let i = v.partition_point(|(complete, _, _)| *complete < lo);
+        let m = mins[i];
+        let least = if m.least.1 == not { m.next } else { m.least.0 };
+        (least <= hi).then_some(least)
     }
 }
 
