@@ -2598,3 +2598,166 @@ fn an_exec_that_cannot_kill_what_its_command_may_become_runs_nothing() {
         "the lock was given back"
     );
 }
+
+/// Runs `exec` (a `lock exec` or `semaphore exec` with its arguments)
+/// through `wrapper` (a command line ending where flashsale's path goes)
+/// on `nodes`, its command `sh -c work`: exit status and stderr.
+fn wrapped_exec(
+    nodes: &[RedisServer],
+    wrapper: &[&str],
+    exec: &str,
+    work: &str,
+) -> (Option<ExitStatus>, String) {
+    let mut child = Command::new(wrapper[0])
+        .args(&wrapper[1..])
+        .arg(flashsale_bin())
+        .args(exec.split_whitespace())
+        .args(["--", "sh", "-c", work])
+        .env_remove("FLASHSALE_CONFIG")
+        .env("FLASHSALE_LOCK_NODES", urls(nodes).join(","))
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn");
+    let status = exit_within(&mut child, Duration::from_secs(60));
+    let mut said = String::new();
+    if let Some(mut e) = child.stderr.take() {
+        let _ = e.read_to_string(&mut said);
+    }
+    (status, said)
+}
+
+/// From the fifteenth attack: under a /proc mounted with `hidepid=2`, an
+/// ordinary user cannot see their own processes that are not dumpable (a
+/// program only executable, not readable; one that set PR_SET_DUMPABLE 0).
+/// The exec's kill never found such a process of its command: it tried for
+/// 20 s, said "forked faster" and let the lock lapse with the process still
+/// writing. An exec that cannot see everything its command may start now
+/// refuses to run it; root (CAP_SYS_PTRACE sees through hidepid) still runs.
+#[test]
+fn a_command_whose_processes_proc_would_hide_never_runs() {
+    use std::os::unix::fs::PermissionsExt;
+    let nodes = servers(1);
+    let dir = tempfile::TempDir::new().expect("dir");
+    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o777)).expect("chmod");
+    // Executable, not readable, by others: its process is not dumpable.
+    let hidden = dir.path().join("hidden-sleep");
+    std::fs::copy("/bin/sleep", &hidden).expect("copy sleep");
+    std::fs::set_permissions(&hidden, std::fs::Permissions::from_mode(0o711)).expect("chmod");
+    let ran = dir.path().join("ran");
+    let mark = format!("FLASHSALE_TEST_HIDEPID={}", std::process::id());
+    let work = format!(
+        "touch {}; exec >/dev/null 2>&1; export {mark}; {} 30 & sleep 0.3; exit 0",
+        ran.display(),
+        hidden.display()
+    );
+    // A mount namespace of its own, whose /proc hides what its user may
+    // not ptrace; `$0 "$@"` is the exec's command line.
+    let under_hidepid = |user: &str| -> Vec<String> {
+        let run_as = if user == "root" {
+            String::new()
+        } else {
+            format!("runuser -u {user} -- ")
+        };
+        vec![
+            "unshare".into(),
+            "-m".into(),
+            "--propagation".into(),
+            "private".into(),
+            "--".into(),
+            "sh".into(),
+            "-c".into(),
+            format!("mount -t proc -o hidepid=2 proc /proc && exec {run_as}\"$0\" \"$@\""),
+        ]
+    };
+    for exec in [
+        "lock exec --name hid --ttl 2s",
+        "semaphore exec --name hids --permits 1 --lease 2s",
+    ] {
+        let wrapper = under_hidepid("nobody");
+        let wrapper: Vec<&str> = wrapper.iter().map(String::as_str).collect();
+        let (status, said) = wrapped_exec(&nodes, &wrapper, exec, &work);
+        let left = marked_alive(&mark);
+        for pid in &left {
+            signal(*pid, "KILL");
+        }
+        assert_eq!(
+            left.len(),
+            0,
+            "{exec}: outlived the exec: {status:?} {said:?}"
+        );
+        assert!(
+            !ran.exists(),
+            "{exec}: the command ran: {status:?} {said:?}"
+        );
+        assert!(
+            status.is_some_and(|s| !s.success()) && said.contains("hidepid"),
+            "{exec}: {status:?} {said:?}"
+        );
+        // Root sees through hidepid: the same command runs and is ended.
+        let wrapper = under_hidepid("root");
+        let wrapper: Vec<&str> = wrapper.iter().map(String::as_str).collect();
+        let (status, said) = wrapped_exec(&nodes, &wrapper, exec, &work);
+        let left = marked_alive(&mark);
+        for pid in &left {
+            signal(*pid, "KILL");
+        }
+        assert_eq!(left.len(), 0, "{exec} as root: outlived the exec: {said:?}");
+        assert!(ran.exists(), "{exec} as root: did not run: {said:?}");
+        assert_eq!(status.and_then(|s| s.code()), Some(0), "{exec}: {said:?}");
+        std::fs::remove_file(&ran).expect("rm");
+    }
+    assert_eq!(
+        nodes[0].node.cmd::<i64>(&["EXISTS", "flashsale:lock:hid"]),
+        0,
+        "the lock was given back"
+    );
+}
+
+/// From the fifteenth attack: an exec run in a PID namespace of its own
+/// with its parent's /proc (`unshare -Urpf` without `--mount-proc`) read
+/// pids of one namespace from /proc and signalled them in another: its
+/// command's processes were not the ones it looked for, nor killed. Such an
+/// exec now refuses to run its command, and says how to give it a /proc of
+/// its own.
+#[test]
+fn an_exec_whose_proc_belongs_to_another_pid_namespace_runs_nothing() {
+    let nodes = servers(1);
+    let dir = tempfile::TempDir::new().expect("dir");
+    let ran = dir.path().join("ran");
+    let work = format!("touch {}; sleep 30 & exit 0", ran.display());
+    for exec in [
+        "lock exec --name pidns --ttl 2s",
+        "lock exec --name pidns --ttl 2s --pid-namespace",
+        "semaphore exec --name pidnss --permits 1 --lease 2s",
+    ] {
+        let (status, said) = wrapped_exec(&nodes, &["unshare", "-Urpf", "--"], exec, &work);
+        assert!(
+            !ran.exists(),
+            "{exec}: the command ran: {status:?} {said:?}"
+        );
+        assert!(
+            status.is_some_and(|s| !s.success()) && said.contains("--mount-proc"),
+            "{exec}: {status:?} {said:?}"
+        );
+        // With a /proc of its namespace, it runs.
+        let (status, said) = wrapped_exec(
+            &nodes,
+            &["unshare", "-Urpf", "--mount-proc", "--"],
+            exec,
+            &work,
+        );
+        assert!(
+            ran.exists(),
+            "{exec} with its own /proc: {status:?} {said:?}"
+        );
+        assert_eq!(status.and_then(|s| s.code()), Some(0), "{exec}: {said:?}");
+        std::fs::remove_file(&ran).expect("rm");
+    }
+    assert_eq!(
+        nodes[0]
+            .node
+            .cmd::<i64>(&["EXISTS", "flashsale:lock:pidns"]),
+        0,
+        "the lock was given back"
+    );
+}

@@ -228,6 +228,7 @@ impl Supervisor {
         // still has about two thirds left, which clears that bar with room.
         let patience = (lease * 2 / 5).max(Duration::from_millis(10));
         within_reach()?;
+        proc_shows_everything(pid_namespace)?;
         keep_children_to_reap();
         // SAFETY: getpid has no failure and no memory.
         let me = unsafe { libc::getpid() };
@@ -608,6 +609,105 @@ fn within_reach() -> io::Result<()> {
         ));
     }
     Ok(())
+}
+
+/// Refuses a /proc that cannot show this exec every process its command
+/// may start: the kill finds the command's processes there, and one it
+/// cannot see runs on past the lock (the fifteenth attack).
+///
+/// - /proc of another PID namespace (`unshare -pf` without `--mount-proc`):
+///   its pids are not the ones kill(2) takes here. `/proc/self` names this
+///   process by its pid in the namespace that mounted /proc.
+/// - /proc mounted with `hidepid` (1, 2 or 4): a process this one may not
+///   ptrace is hidden, and that includes its own processes that are not
+///   dumpable (a program only executable, not readable; PR_SET_DUMPABLE 0).
+///   Seen through with CAP_SYS_PTRACE or as a member of the mount's `gid=`
+///   group. A command in a PID namespace of its own (`--pid-namespace`)
+///   needs no /proc: the kernel ends the namespace with its init.
+///
+/// A process cannot list its own children without /proc (this kernel has
+/// no `/proc/<pid>/task/<tid>/children`), hence a refusal, not a way round.
+fn proc_shows_everything(pid_namespace: bool) -> io::Result<()> {
+    // SAFETY: getpid has no failure and no memory.
+    let me = unsafe { libc::getpid() };
+    let seen = std::fs::read_link("/proc/self")
+        .ok()
+        .and_then(|p| p.to_str()?.parse::<libc::pid_t>().ok());
+    if seen != Some(me) {
+        return Err(io::Error::new(
+            io::ErrorKind::Unsupported,
+            "/proc here is not this process's PID namespace's (or is not mounted): its pids are \
+             not the ones this exec would signal, so it could not end its command's processes; \
+             give it a /proc of its own namespace (`unshare --pid --fork --mount-proc`); the \
+             command did not run",
+        ));
+    }
+    if pid_namespace {
+        return Ok(());
+    }
+    let Ok(mounts) = std::fs::read_to_string("/proc/self/mountinfo") else {
+        return Ok(());
+    };
+    let Some(options) = proc_mount_options(&mounts) else {
+        return Ok(());
+    };
+    let option = |name: &str| {
+        options
+            .split(',')
+            .find_map(|o| o.strip_prefix(name)?.strip_prefix('='))
+    };
+    let Some(hidepid) = option("hidepid").filter(|v| !matches!(*v, "0" | "off")) else {
+        return Ok(());
+    };
+    const CAP_SYS_PTRACE: u32 = 19;
+    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    let effective = status
+        .lines()
+        .find_map(|l| l.strip_prefix("CapEff:"))
+        .and_then(|v| u64::from_str_radix(v.trim(), 16).ok())
+        .unwrap_or(0);
+    let in_group = option("gid")
+        .and_then(|g| g.parse::<libc::gid_t>().ok())
+        .is_some_and(in_group);
+    if effective & (1 << CAP_SYS_PTRACE) != 0 || in_group {
+        return Ok(());
+    }
+    Err(io::Error::new(
+        io::ErrorKind::PermissionDenied,
+        format!(
+            "/proc is mounted with hidepid={hidepid}: it hides this exec's own processes that are \
+             not dumpable, which it could then never end; run the exec with CAP_SYS_PTRACE, as a \
+             member of the mount's gid= group, or with --pid-namespace; the command did not run"
+        ),
+    ))
+}
+
+/// The super options of the mount at /proc (the last one mounted there),
+/// from `/proc/self/mountinfo`.
+fn proc_mount_options(mountinfo: &str) -> Option<&str> {
+    mountinfo
+        .lines()
+        .filter_map(|line| {
+            let (mount, fs) = line.split_once(" - ")?;
+            (mount.split(' ').nth(4)? == "/proc").then_some(fs)
+        })
+        .next_back()
+        .and_then(|fs| fs.split(' ').nth(2))
+}
+
+/// Whether this process is of group `gid` (its effective or a
+/// supplementary one).
+fn in_group(gid: libc::gid_t) -> bool {
+    // SAFETY: getegid has no failure; getgroups fills at most the buffer
+    // it is given.
+    unsafe {
+        if libc::getegid() == gid {
+            return true;
+        }
+        let mut groups = [0 as libc::gid_t; 256];
+        let n = libc::getgroups(groups.len() as libc::c_int, groups.as_mut_ptr());
+        n > 0 && groups[..n as usize].contains(&gid)
+    }
 }
 
 /// Gives SIGCHLD back its default if the caller left it ignored (`perl -e
@@ -1506,6 +1606,24 @@ mod tests {
         let mut looped = descendants(&procs, 9003);
         looped.sort_unstable();
         assert_eq!(looped, vec![9004]);
+    }
+
+    /// The options of the last mount at /proc, not those of one below it
+    /// or of another mount point.
+    #[test]
+    fn the_proc_mount_options_are_those_of_the_mount_on_top() {
+        let mountinfo = "22 27 0:21 / /proc rw,relatime - proc proc rw\n\
+             41 31 0:38 / /sys/fs/cgroup rw - cgroup2 cgroup2 rw\n\
+             90 22 0:50 / /proc rw - proc proc rw,hidepid=invisible,gid=4\n\
+             91 41 0:51 / /proc/x rw - proc proc rw,hidepid=2\n";
+        assert_eq!(
+            proc_mount_options(mountinfo),
+            Some("rw,hidepid=invisible,gid=4")
+        );
+        assert_eq!(
+            proc_mount_options("1 2 0:1 / / rw - ext4 /dev/x rw\n"),
+            None
+        );
     }
 
     #[test]
