@@ -2092,6 +2092,27 @@ fn marked_alive(mark: &str) -> Vec<u32> {
         .collect()
 }
 
+/// Runs `cmd` with its stderr read, waits up to `within` for its exit, and
+/// kills every process still carrying `mark` (the command exports it):
+/// the exit status, what it said, and how many were left.
+fn run_and_sweep(
+    cmd: &mut Command,
+    mark: Option<&str>,
+    within: Duration,
+) -> (Option<ExitStatus>, String, usize) {
+    let mut child = cmd.stderr(Stdio::piped()).spawn().expect("spawn");
+    let status = exit_within(&mut child, within);
+    let mut said = String::new();
+    if let Some(mut e) = child.stderr.take() {
+        let _ = e.read_to_string(&mut said);
+    }
+    let left = mark.map(marked_alive).unwrap_or_default();
+    for pid in &left {
+        signal(*pid, "KILL");
+    }
+    (status, said, left.len())
+}
+
 /// From the ninth attack: an exec that started with a child of its own
 /// (a caller that starts background work and then `exec`s into flashsale)
 /// is no subreaper, and its end killed the supervisor, the one subreaper
@@ -2446,8 +2467,7 @@ fn an_exec_started_with_sigchld_ignored_still_sees_its_command_end() {
         cmd.args(exec.split_whitespace())
             .args(["--", "sh", "-c", "sleep 0.2; exit 3"])
             .env_remove("FLASHSALE_CONFIG")
-            .env("FLASHSALE_LOCK_NODES", urls(&nodes).join(","))
-            .stderr(Stdio::piped());
+            .env("FLASHSALE_LOCK_NODES", urls(&nodes).join(","));
         // SAFETY: signal(2) alone, between fork and exec.
         unsafe {
             cmd.pre_exec(|| {
@@ -2455,12 +2475,7 @@ fn an_exec_started_with_sigchld_ignored_still_sees_its_command_end() {
                 Ok(())
             });
         }
-        let mut child = cmd.spawn().expect("spawn");
-        let status = exit_within(&mut child, Duration::from_secs(30));
-        let mut said = String::new();
-        if let Some(mut e) = child.stderr.take() {
-            let _ = e.read_to_string(&mut said);
-        }
+        let (status, said, _) = run_and_sweep(&mut cmd, None, Duration::from_secs(30));
         assert_eq!(status.and_then(|s| s.code()), Some(3), "{exec}: {said:?}");
     }
     assert_eq!(
@@ -2493,29 +2508,20 @@ fn a_command_cannot_become_another_user_beyond_the_exec_s_reach() {
          {} --reuid=1 --regid=1 --clear-groups -- sleep 30 & sleep 0.5; exit 0",
         setuid.display()
     );
-    let mut exec = Command::new("runuser")
-        .args(["-u", "nobody", "--"])
-        .arg(flashsale_bin())
-        .args([
-            "lock", "exec", "--name", "suid", "--ttl", "2s", "--", "sh", "-c", &work,
-        ])
-        .env_remove("FLASHSALE_CONFIG")
-        .env("FLASHSALE_LOCK_NODES", urls(&nodes).join(","))
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("spawn");
-    let status = exit_within(&mut exec, Duration::from_secs(60));
-    let mut said = String::new();
-    if let Some(mut e) = exec.stderr.take() {
-        let _ = e.read_to_string(&mut said);
-    }
-    let left = marked_alive(&mark);
-    for pid in &left {
-        signal(*pid, "KILL");
-    }
+    let (status, said, left) = run_and_sweep(
+        Command::new("runuser")
+            .args(["-u", "nobody", "--"])
+            .arg(flashsale_bin())
+            .args([
+                "lock", "exec", "--name", "suid", "--ttl", "2s", "--", "sh", "-c", &work,
+            ])
+            .env_remove("FLASHSALE_CONFIG")
+            .env("FLASHSALE_LOCK_NODES", urls(&nodes).join(",")),
+        Some(&mark),
+        Duration::from_secs(60),
+    );
     assert_eq!(
-        left.len(),
-        0,
+        left, 0,
         "a process of the command outlived the exec: {status:?} {said:?}"
     );
     assert_eq!(status.and_then(|s| s.code()), Some(0), "{said:?}");
@@ -2540,28 +2546,8 @@ fn a_process_whose_name_is_cut_inside_a_character_is_killed_too() {
         "lock exec --name cut --ttl 2s",
         "semaphore exec --name cuts --permits 1 --lease 2s",
     ] {
-        let mut child = Command::new(flashsale_bin())
-            .args(exec.split_whitespace())
-            .args(["--", "sh", "-c", &work])
-            .env_remove("FLASHSALE_CONFIG")
-            .env("FLASHSALE_LOCK_NODES", urls(&nodes).join(","))
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("spawn");
-        let status = exit_within(&mut child, Duration::from_secs(60));
-        let mut said = String::new();
-        if let Some(mut e) = child.stderr.take() {
-            let _ = e.read_to_string(&mut said);
-        }
-        let left = marked_alive(&mark);
-        for pid in &left {
-            signal(*pid, "KILL");
-        }
-        assert_eq!(
-            left.len(),
-            0,
-            "{exec}: it outlived the exec: {status:?} {said:?}"
-        );
+        let (status, said, left) = wrapped_exec(&nodes, &[], exec, &work, Some(&mark));
+        assert_eq!(left, 0, "{exec}: it outlived the exec: {status:?} {said:?}");
         assert_eq!(status.and_then(|s| s.code()), Some(0), "{exec}: {said:?}");
     }
 }
@@ -2599,31 +2585,30 @@ fn an_exec_that_cannot_kill_what_its_command_may_become_runs_nothing() {
     );
 }
 
-/// Runs `exec` (a `lock exec` or `semaphore exec` with its arguments)
-/// through `wrapper` (a command line ending where flashsale's path goes)
-/// on `nodes`, its command `sh -c work`: exit status and stderr.
+/// Runs `exec` (a `lock exec` or `semaphore exec` with its arguments),
+/// through `wrapper` if one is given (a command line that ends where
+/// flashsale's path goes), on `nodes`, its command `sh -c work`; kills
+/// what of it still carries `mark` (see [`run_and_sweep`]).
 fn wrapped_exec(
     nodes: &[RedisServer],
     wrapper: &[&str],
     exec: &str,
     work: &str,
-) -> (Option<ExitStatus>, String) {
-    let mut child = Command::new(wrapper[0])
-        .args(&wrapper[1..])
-        .arg(flashsale_bin())
-        .args(exec.split_whitespace())
+    mark: Option<&str>,
+) -> (Option<ExitStatus>, String, usize) {
+    let mut cmd = match wrapper.split_first() {
+        Some((first, rest)) => {
+            let mut cmd = Command::new(first);
+            cmd.args(rest).arg(flashsale_bin());
+            cmd
+        }
+        None => Command::new(flashsale_bin()),
+    };
+    cmd.args(exec.split_whitespace())
         .args(["--", "sh", "-c", work])
         .env_remove("FLASHSALE_CONFIG")
-        .env("FLASHSALE_LOCK_NODES", urls(nodes).join(","))
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("spawn");
-    let status = exit_within(&mut child, Duration::from_secs(60));
-    let mut said = String::new();
-    if let Some(mut e) = child.stderr.take() {
-        let _ = e.read_to_string(&mut said);
-    }
-    (status, said)
+        .env("FLASHSALE_LOCK_NODES", urls(nodes).join(","));
+    run_and_sweep(&mut cmd, mark, Duration::from_secs(60))
 }
 
 /// From the fifteenth attack: under a /proc mounted with `hidepid=2`, an
@@ -2675,16 +2660,8 @@ fn a_command_whose_processes_proc_would_hide_never_runs() {
     ] {
         let wrapper = under_hidepid("nobody");
         let wrapper: Vec<&str> = wrapper.iter().map(String::as_str).collect();
-        let (status, said) = wrapped_exec(&nodes, &wrapper, exec, &work);
-        let left = marked_alive(&mark);
-        for pid in &left {
-            signal(*pid, "KILL");
-        }
-        assert_eq!(
-            left.len(),
-            0,
-            "{exec}: outlived the exec: {status:?} {said:?}"
-        );
+        let (status, said, left) = wrapped_exec(&nodes, &wrapper, exec, &work, Some(&mark));
+        assert_eq!(left, 0, "{exec}: outlived the exec: {status:?} {said:?}");
         assert!(
             !ran.exists(),
             "{exec}: the command ran: {status:?} {said:?}"
@@ -2696,12 +2673,8 @@ fn a_command_whose_processes_proc_would_hide_never_runs() {
         // Root sees through hidepid: the same command runs and is ended.
         let wrapper = under_hidepid("root");
         let wrapper: Vec<&str> = wrapper.iter().map(String::as_str).collect();
-        let (status, said) = wrapped_exec(&nodes, &wrapper, exec, &work);
-        let left = marked_alive(&mark);
-        for pid in &left {
-            signal(*pid, "KILL");
-        }
-        assert_eq!(left.len(), 0, "{exec} as root: outlived the exec: {said:?}");
+        let (status, said, left) = wrapped_exec(&nodes, &wrapper, exec, &work, Some(&mark));
+        assert_eq!(left, 0, "{exec} as root: outlived the exec: {said:?}");
         assert!(ran.exists(), "{exec} as root: did not run: {said:?}");
         assert_eq!(status.and_then(|s| s.code()), Some(0), "{exec}: {said:?}");
         std::fs::remove_file(&ran).expect("rm");
@@ -2730,7 +2703,8 @@ fn an_exec_whose_proc_belongs_to_another_pid_namespace_runs_nothing() {
         "lock exec --name pidns --ttl 2s --pid-namespace",
         "semaphore exec --name pidnss --permits 1 --lease 2s",
     ] {
-        let (status, said) = wrapped_exec(&nodes, &["unshare", "-Urpf", "--"], exec, &work);
+        let (status, said, _) =
+            wrapped_exec(&nodes, &["unshare", "-Urpf", "--"], exec, &work, None);
         assert!(
             !ran.exists(),
             "{exec}: the command ran: {status:?} {said:?}"
@@ -2740,11 +2714,12 @@ fn an_exec_whose_proc_belongs_to_another_pid_namespace_runs_nothing() {
             "{exec}: {status:?} {said:?}"
         );
         // With a /proc of its namespace, it runs.
-        let (status, said) = wrapped_exec(
+        let (status, said, _) = wrapped_exec(
             &nodes,
             &["unshare", "-Urpf", "--mount-proc", "--"],
             exec,
             &work,
+            None,
         );
         assert!(
             ran.exists(),
