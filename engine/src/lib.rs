@@ -62,6 +62,7 @@ pub mod keys;
 #[cfg(feature = "postgres")]
 pub mod ledger;
 pub mod lock;
+mod lua;
 pub mod metrics;
 pub mod order_id;
 pub mod order_state;

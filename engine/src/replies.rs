@@ -3,9 +3,12 @@
 //! script's header and, on the Rust side, only here: one enum per script and
 //! one function that turns a `redis::Value` into it. Everything above works
 //! with the enums and never with bare integers. Nothing here does I/O.
+//! The lock nodes' replies are the lock module's (`lock/scripts.rs`).
 
 use redis::Value;
 
+pub use crate::lua::BadReply;
+use crate::lua::{bad, int, text};
 use crate::order_state::OrderState;
 use crate::scripts::{self, refusal};
 
@@ -53,23 +56,6 @@ impl Refusal {
         } else {
             self
         }
-    }
-}
-
-/// A reply that does not have the shape its script promises.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("{script}.lua replied with an unexpected shape: {detail}")]
-pub struct BadReply {
-    /// The script.
-    pub script: &'static str,
-    /// What was wrong.
-    pub detail: String,
-}
-
-fn bad(script: &'static str, detail: impl Into<String>) -> BadReply {
-    BadReply {
-        script,
-        detail: detail.into(),
     }
 }
 
@@ -309,23 +295,6 @@ fn order_reply(script: &'static str, v: Value) -> Result<(Vec<Value>, Option<u64
         None => None,
     };
     Ok((items, expires))
-}
-
-fn int(script: &'static str, v: &Value) -> Result<i64, BadReply> {
-    match v {
-        Value::Int(n) => Ok(*n),
-        other => Err(bad(script, format!("expected an integer, got {other:?}"))),
-    }
-}
-
-fn text(script: &'static str, v: &Value) -> Result<String, BadReply> {
-    match v {
-        Value::BulkString(b) => {
-            String::from_utf8(b.clone()).map_err(|_| bad(script, "text is not UTF-8"))
-        }
-        Value::SimpleString(s) => Ok(s.clone()),
-        other => Err(bad(script, format!("expected text, got {other:?}"))),
-    }
 }
 
 fn bucket(script: &'static str, n: i64) -> Result<u32, BadReply> {
@@ -583,112 +552,9 @@ pub fn ledger_snapshot(v: Value) -> Result<LedgerSnapshot, BadReply> {
     })
 }
 
-/// `lock_acquire.lua` on one node.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct LockAcquireReply {
-    /// This node granted the lock.
-    pub granted: bool,
-    /// The lock's remaining ttl on this node, ms (when not granted).
-    pub pttl: i64,
-    /// The node's fencing counter (the grant's token on a single node).
-    pub fence: u64,
-}
-
-/// Decodes a `lock_acquire.lua` reply.
-pub fn lock_acquire(v: &Value) -> Result<LockAcquireReply, BadReply> {
-    const S: &str = "lock_acquire";
-    let Value::Array(items) = v else {
-        return Err(bad(S, format!("{v:?}")));
-    };
-    let [code, pttl, fence] = items.as_slice() else {
-        return Err(bad(S, format!("{} items", items.len())));
-    };
-    let granted = match int(S, code)? {
-        scripts::lock::DONE => true,
-        scripts::lock::NOT_HELD => false,
-        c => return Err(bad(S, format!("code {c}"))),
-    };
-    let fence = match fence {
-        Value::Int(i) => u64::try_from(*i).ok(),
-        other => text(S, other)?.parse().ok(),
-    }
-    .ok_or_else(|| bad(S, format!("fence {fence:?}")))?;
-    Ok(LockAcquireReply {
-        granted,
-        pttl: int(S, pttl)?,
-        fence,
-    })
-}
-
-/// What one node said to a release.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum LockRelease {
-    /// This grant did not hold the lock there (expired, or another's now).
-    NotHeld,
-    /// Released; nobody waited.
-    Released,
-    /// Released, and other clients wait for it: they were woken.
-    ReleasedToWaiters,
-}
-
-/// Decodes a `lock_release.lua` or `rw_release.lua` reply.
-pub fn lock_release(v: &Value) -> Result<LockRelease, BadReply> {
-    const S: &str = "lock_release";
-    match int(S, v)? {
-        scripts::lock::NOT_HELD => Ok(LockRelease::NotHeld),
-        scripts::lock::DONE => Ok(LockRelease::Released),
-        scripts::lock::RELEASED_TO_WAITERS => Ok(LockRelease::ReleasedToWaiters),
-        c => Err(bad(S, format!("code {c}"))),
-    }
-}
-
-/// Decodes a `lock_extend.lua` (or `rw_extend.lua`) reply: true when done,
-/// false when this grant does not hold the lock.
-pub fn lock_done(v: &Value) -> Result<bool, BadReply> {
-    const S: &str = "lock_release/lock_extend";
-    match int(S, v)? {
-        scripts::lock::DONE => Ok(true),
-        scripts::lock::NOT_HELD => Ok(false),
-        c => Err(bad(S, format!("code {c}"))),
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn every_lock_reply_shape_decodes() {
-        let reply =
-            |code: i64, fence: Value| Value::Array(vec![Value::Int(code), Value::Int(-2), fence]);
-        assert_eq!(
-            lock_acquire(&reply(1, Value::BulkString(b"17".to_vec()))),
-            Ok(LockAcquireReply {
-                granted: true,
-                pttl: -2,
-                fence: 17
-            })
-        );
-        assert_eq!(
-            lock_acquire(&reply(0, Value::Int(5))).map(|r| (r.granted, r.fence)),
-            Ok((false, 5))
-        );
-        assert!(lock_acquire(&reply(2, Value::Int(5))).is_err());
-        assert_eq!(lock_release(&Value::Int(0)), Ok(LockRelease::NotHeld));
-        assert_eq!(lock_release(&Value::Int(1)), Ok(LockRelease::Released));
-        assert_eq!(
-            lock_release(&Value::Int(2)),
-            Ok(LockRelease::ReleasedToWaiters)
-        );
-        assert!(lock_release(&Value::Int(3)).is_err());
-        assert!(lock_acquire(&reply(1, Value::Int(-5))).is_err());
-        assert!(lock_acquire(&reply(1, Value::BulkString(b"x".to_vec()))).is_err());
-        assert!(lock_acquire(&Value::Array(vec![Value::Int(1)])).is_err());
-        assert_eq!(lock_done(&Value::Int(1)), Ok(true));
-        assert_eq!(lock_done(&Value::Int(0)), Ok(false));
-        assert!(lock_done(&Value::Int(3)).is_err());
-        assert!(lock_done(&Value::Nil).is_err());
-    }
 
     #[test]
     fn every_create_bucket_and_ledger_reply_shape_decodes() {

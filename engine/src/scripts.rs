@@ -2,28 +2,11 @@
 //! codes each script's reply starts with, named once, next to the script
 //! (the Lua header says the same; `replies.rs` turns the codes into enums).
 //! Loading them on the masters is the cluster's job; this module only names
-//! them, so the hot path never hashes or copies script text.
+//! them, so the hot path never hashes or copies script text. The lock
+//! nodes' scripts are the lock module's (`lock/scripts.rs`).
 
-/// One script: its file name, its text and the SHA1 that `EVALSHA` uses.
-#[derive(Debug, Clone)]
-pub struct LuaScript {
-    /// File name under `lua/`, used as a metric label.
-    pub name: &'static str,
-    /// The script text.
-    pub code: &'static str,
-    /// Lowercase hex SHA1 of `code`, as `SCRIPT LOAD` returns it.
-    pub sha: String,
-}
-
-impl LuaScript {
-    pub(crate) fn new(name: &'static str, code: &'static str) -> Self {
-        LuaScript {
-            name,
-            code,
-            sha: redis::Script::new(code).get_hash().to_string(),
-        }
-    }
-}
+use crate::lua::code;
+pub use crate::lua::LuaScript;
 
 /// The refusals that purchase.lua and take.lua answer with and that request
 /// records store; named once, shared by both scripts.
@@ -172,44 +155,6 @@ const LEDGER_SNAPSHOT_LUA: &str = include_str!("../../lua/ledger_snapshot.lua");
 /// WAIT (the records themselves, no code).
 const ACK_LUA: &str = include_str!("../../lua/ack.lua");
 
-/// `lua/lock_acquire.lua`: SET NX PX on one lock node, with its fence.
-const LOCK_ACQUIRE_LUA: &str = include_str!("../../lua/lock_acquire.lua");
-/// `lua/lock_fence.lua`: raise a node's fencing counter (replies the counter).
-const LOCK_FENCE_LUA: &str = include_str!("../../lua/lock_fence.lua");
-/// `lua/lock_release.lua`: release if this grant holds the lock.
-const LOCK_RELEASE_LUA: &str = include_str!("../../lua/lock_release.lua");
-/// `lua/lock_extend.lua`: renew if this grant holds the lock.
-const LOCK_EXTEND_LUA: &str = include_str!("../../lua/lock_extend.lua");
-/// `lua/lock_waiting.lua`: count a waiter in or out (replies the count).
-const LOCK_WAITING_LUA: &str = include_str!("../../lua/lock_waiting.lua");
-/// `lua/semaphore_permits.lua`: read or raise a semaphore's total.
-const SEMAPHORE_PERMITS_LUA: &str = include_str!("../../lua/semaphore_permits.lua");
-/// `lua/semaphore_free.lua`: which permit slots are free on a node.
-const SEMAPHORE_FREE_LUA: &str = include_str!("../../lua/semaphore_free.lua");
-/// `lua/lock_fair_acquire.lua`: take a lock when first in its queue.
-const LOCK_FAIR_ACQUIRE_LUA: &str = include_str!("../../lua/lock_fair_acquire.lua");
-/// `lua/lock_dequeue.lua`: take a waiter out of a lock's queue.
-const LOCK_DEQUEUE_LUA: &str = include_str!("../../lua/lock_dequeue.lua");
-/// `lua/rw_acquire.lua`: take a read-write lock to read or to write.
-const RW_ACQUIRE_LUA: &str = include_str!("../../lua/rw_acquire.lua");
-/// `lua/rw_release.lua`: release one holder of a read-write lock.
-const RW_RELEASE_LUA: &str = include_str!("../../lua/rw_release.lua");
-/// `lua/rw_extend.lua`: renew one holder of a read-write lock.
-const RW_EXTEND_LUA: &str = include_str!("../../lua/rw_extend.lua");
-/// `lua/latch.lua`: a count-down latch (init, count down, read).
-const LATCH_LUA: &str = include_str!("../../lua/latch.lua");
-/// Reply codes of the lock scripts.
-pub mod lock {
-    /// lock_acquire: taken on this node; release/extend: done.
-    pub const DONE: i64 = 1;
-    /// lock_acquire: held by another grant; release/extend: this token does
-    /// not hold it.
-    pub const NOT_HELD: i64 = 0;
-    /// lock_release: released, and others wait for the lock (a wake-up went
-    /// out).
-    pub const RELEASED_TO_WAITERS: i64 = 2;
-}
-
 /// `lua/dead_letter.lua`: the order writer's dead letters.
 const DEAD_LETTER_LUA: &str = include_str!("../../lua/dead_letter.lua");
 /// `lua/forget_consumers.lua`: delete the writers' dead consumers.
@@ -288,77 +233,6 @@ impl Scripts {
             &self.ledger_snapshot,
         ]
     }
-}
-
-/// The scripts of the lock nodes.
-#[derive(Debug, Clone)]
-pub struct LockScripts {
-    /// `lua/lock_acquire.lua`.
-    pub acquire: LuaScript,
-    /// `lua/lock_fence.lua`.
-    pub fence: LuaScript,
-    /// `lua/lock_release.lua`.
-    pub release: LuaScript,
-    /// `lua/lock_extend.lua`.
-    pub extend: LuaScript,
-    /// `lua/lock_waiting.lua`.
-    pub waiting: LuaScript,
-    /// `lua/semaphore_permits.lua`.
-    pub permits: LuaScript,
-    /// `lua/latch.lua`.
-    pub latch: LuaScript,
-    /// `lua/semaphore_free.lua`.
-    pub free_slots: LuaScript,
-    /// `lua/lock_fair_acquire.lua`.
-    pub fair_acquire: LuaScript,
-    /// `lua/lock_dequeue.lua`.
-    pub dequeue: LuaScript,
-    /// `lua/rw_acquire.lua`.
-    pub rw_acquire: LuaScript,
-    /// `lua/rw_release.lua`.
-    pub rw_release: LuaScript,
-    /// `lua/rw_extend.lua`.
-    pub rw_extend: LuaScript,
-}
-
-impl LockScripts {
-    /// The lock scripts of this build.
-    pub fn new() -> Self {
-        LockScripts {
-            acquire: LuaScript::new("lock_acquire", code("lock_acquire", LOCK_ACQUIRE_LUA)),
-            fence: LuaScript::new("lock_fence", LOCK_FENCE_LUA),
-            release: LuaScript::new("lock_release", code("lock_release", LOCK_RELEASE_LUA)),
-            extend: LuaScript::new("lock_extend", LOCK_EXTEND_LUA),
-            waiting: LuaScript::new("lock_waiting", LOCK_WAITING_LUA),
-            permits: LuaScript::new("semaphore_permits", SEMAPHORE_PERMITS_LUA),
-            latch: LuaScript::new("latch", LATCH_LUA),
-            free_slots: LuaScript::new("semaphore_free", SEMAPHORE_FREE_LUA),
-            fair_acquire: LuaScript::new("lock_fair_acquire", LOCK_FAIR_ACQUIRE_LUA),
-            dequeue: LuaScript::new("lock_dequeue", LOCK_DEQUEUE_LUA),
-            rw_acquire: LuaScript::new("rw_acquire", RW_ACQUIRE_LUA),
-            rw_release: LuaScript::new("rw_release", RW_RELEASE_LUA),
-            rw_extend: LuaScript::new("rw_extend", RW_EXTEND_LUA),
-        }
-    }
-}
-
-impl Default for LockScripts {
-    fn default() -> Self {
-        Self::new()
-    }
-}
-
-/// The text of one script as this build runs it: in a `planted-bugs`
-/// build with a plant switched on, possibly broken on purpose (see
-/// `crate::planted`).
-fn code(name: &str, text: &'static str) -> &'static str {
-    #[cfg(feature = "planted-bugs")]
-    if let Some(broken) = crate::planted::rewrite(name, text) {
-        // Leaked once per engine: only planted test builds ever get here.
-        return Box::leak(broken.into_boxed_str());
-    }
-    let _ = name;
-    text
 }
 
 impl Default for Scripts {

@@ -540,6 +540,53 @@ fn no_two_files_of_a_crate_import_each_other_round_a_circle() {
     );
 }
 
+/// The lock module stands alone: it imports nothing of the inventory
+/// side (its scripts, replies, keys, engine), only what both sides share:
+/// the scripts' common shape (`lua.rs`), metrics, redaction of URLs, and
+/// the planted-bug hooks. Anything else reached from `lock/` is named.
+#[test]
+fn the_lock_module_imports_nothing_of_the_inventory() {
+    let crates = workspace_crates(&workspace());
+    let lib = &crates[0];
+    let lock = lib.root.join("lock");
+    let shared = ["lua.rs", "metrics.rs", "redact.rs", "planted.rs"].map(|f| lib.root.join(f));
+    let sources: BTreeMap<PathBuf, String> = lib
+        .files
+        .iter()
+        .map(|f| {
+            (
+                f.clone(),
+                code_of(&std::fs::read_to_string(f).unwrap_or_default()),
+            )
+        })
+        .collect();
+    let all = arrows(lib, &sources);
+    let from_lock: Vec<&Arrow> = all.iter().filter(|a| a.from.starts_with(&lock)).collect();
+    assert!(
+        from_lock.iter().any(|a| a.to.ends_with("lua.rs")),
+        "the lock module's imports were read: {from_lock:?}"
+    );
+    let outside: Vec<String> = from_lock
+        .iter()
+        .filter(|a| {
+            // By the file reached, and by the path's own words: a name the
+            // inventory hands on (`crate::replies::BadReply`) is still
+            // reached through it.
+            let named = a.path.strip_prefix("crate::").map(|p| p.split("::").next());
+            let named_outside = named.is_some_and(|m| {
+                !matches!(m, Some("lock" | "lua" | "metrics" | "redact" | "planted"))
+            });
+            named_outside || (!a.to.starts_with(&lock) && !shared.contains(&a.to))
+        })
+        .map(|a| format!("{} -> {} ({})", a.from.display(), a.to.display(), a.path))
+        .collect();
+    assert!(
+        outside.is_empty(),
+        "lock/ reaches the inventory:\n  {}",
+        outside.join("\n  ")
+    );
+}
+
 /// The check itself can fail: a crate written with a circle through a
 /// `mod.rs` that hands a name on, and one through an inline path, are
 /// both found; the same files without the back arrow are not.

@@ -748,7 +748,7 @@ impl LockClient {
         let mut shortest_pttl: Option<i64> = None;
         let mut detail = String::new();
         for (i, r) in replies.iter().enumerate() {
-            match r.as_ref().map(crate::replies::lock_acquire) {
+            match r.as_ref().map(super::scripts::lock_acquire) {
                 Ok(Ok(a)) => {
                     reachable += 1;
                     highest_fence = highest_fence.max(a.fence);

@@ -16,10 +16,11 @@ use super::gate::{Gate, Pass};
 use super::keeper::{Keepable, Keeper, Kept};
 use super::mode::{lock_key, Mode};
 use super::node::{LockNode, NodeError};
+use super::scripts::LockScripts;
 use super::waiters::Waiters;
 use super::{LockConfig, LockError};
+use crate::lua::LuaScript;
 use crate::metrics as m;
-use crate::scripts::{LockScripts, LuaScript};
 
 /// A lock held by this client: shared by the guards of a reentrant owner.
 pub(super) struct Held {

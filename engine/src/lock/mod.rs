@@ -39,6 +39,7 @@ pub mod multi;
 mod node;
 mod options;
 mod renewal;
+mod scripts;
 pub mod semaphore;
 mod waiters;
 mod watchdog;

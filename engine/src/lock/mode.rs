@@ -5,7 +5,8 @@
 
 use std::borrow::Cow;
 
-use crate::scripts::{LockScripts, LuaScript};
+use super::scripts::LockScripts;
+use crate::lua::LuaScript;
 
 /// The key that records a lock's holder on a node (also the key of each
 /// slot of a semaphore, which is a set of locks).

@@ -9,7 +9,7 @@ use std::time::Duration;
 use redis::aio::MultiplexedConnection;
 use redis::{Cmd, Value};
 
-use crate::scripts::LuaScript;
+use crate::lua::LuaScript;
 
 /// One lock node.
 pub struct LockNode {

@@ -152,7 +152,7 @@ impl LockClient {
             .await;
         let confirmed = replies
             .iter()
-            .filter(|r| matches!(r.as_ref().map(crate::replies::lock_done), Ok(Ok(true))))
+            .filter(|r| matches!(r.as_ref().map(super::scripts::lock_done), Ok(Ok(true))))
             .count();
         let still_valid = self.now_ms() < held.valid_until_ms.load(Ordering::SeqCst);
         if confirmed >= self.quorum() && still_valid {

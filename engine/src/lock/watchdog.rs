@@ -66,7 +66,7 @@ impl LockClient {
             .await;
         let confirmed = replies
             .iter()
-            .filter(|r| matches!(r.as_ref().map(crate::replies::lock_done), Ok(Ok(true))))
+            .filter(|r| matches!(r.as_ref().map(super::scripts::lock_done), Ok(Ok(true))))
             .count();
         if confirmed < self.quorum() {
             return Err(expired());
@@ -155,7 +155,7 @@ impl LockClient {
         token: &str,
         only: Option<&[usize]>,
     ) -> Released {
-        use crate::replies::LockRelease;
+        use super::scripts::LockRelease;
         let (key, wkey) = (mode.hold_key(name), mode.waiters_key(name));
         let replies = self
             .on_nodes(
@@ -170,7 +170,7 @@ impl LockClient {
             others_wait: false,
         };
         for r in &replies {
-            match r.as_ref().map(crate::replies::lock_release) {
+            match r.as_ref().map(super::scripts::lock_release) {
                 Ok(Ok(LockRelease::Released)) => out.count += 1,
                 Ok(Ok(LockRelease::ReleasedToWaiters)) => {
                     out.count += 1;
