@@ -49,6 +49,14 @@ mod doc_examples {
     struct Benchmarks;
 }
 
+// What an embedder needs is public: the `Engine` and its requests and
+// answers, errors, config, locks, the order writer, settings. A few
+// internals stay public for a named user: `scripts` (the bench runs the
+// very purchase script beside the engine), `keys` and `placement` (the
+// tests, the bench and an operator's tooling read a sale's keys and a
+// buyer's home bucket), `redact` (the bench prints URLs without their
+// secrets), `validate` and `ratelimit` (the `flashsale` binary's `serve`
+// is a crate of its own). `replies` and `lua` have no user outside.
 pub mod admin;
 mod batch;
 mod cluster;
@@ -76,7 +84,7 @@ pub mod purchase;
 pub mod ratelimit;
 pub mod redact;
 mod replication;
-pub mod replies;
+mod replies;
 pub mod sale;
 pub mod scripts;
 #[cfg(feature = "settings")]
@@ -97,6 +105,7 @@ pub use order_state::OrderState;
 #[cfg(feature = "postgres")]
 pub use orders::{OrderWriter, WriterConfig, WriterHandle, WriterReport};
 pub use purchase::{Confirmed, PurchaseRequest};
+pub use replies::BadReply;
 pub use sale::{LatePayment, SaleSpec};
 #[cfg(feature = "settings")]
 pub use settings::{ServerConfig, Settings, SettingsError};
