@@ -56,4 +56,19 @@ ensure_deps() {
   fi
 }
 
+# schemathesis (PyPI), for the test that holds the live `serve` to its
+# OpenAPI description: in a virtual environment of the project's own, at a
+# pinned version, so a new release cannot change what the suite checks.
+SCHEMATHESIS_VERSION=4.32.5
+ensure_schemathesis() {
+  local venv="$ROOT/target/schemathesis-venv"
+  if ! "$venv/bin/schemathesis" --version 2>/dev/null | grep -q "$SCHEMATHESIS_VERSION"; then
+    say "installing schemathesis $SCHEMATHESIS_VERSION into $venv"
+    mkdir -p "$(dirname "$venv")"
+    python3 -m venv "$venv"
+    "$venv/bin/pip" install -q "schemathesis==$SCHEMATHESIS_VERSION"
+  fi
+  export FLASHSALE_SCHEMATHESIS="$venv/bin/schemathesis"
+}
+
 pid_alive() { [ -f "$1" ] && kill -0 "$(cat "$1")" 2>/dev/null; }

@@ -46,6 +46,7 @@ const MAX_ROUNDS: usize = 64;
 pub const MAX_PAYMENT_REF: usize = 128;
 
 /// The answer to a payment or a cancel.
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct Transition {
     /// The order.
@@ -61,6 +62,7 @@ pub struct Transition {
 }
 
 /// A held order as [`Engine::order`] reads it.
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct OrderView {
     /// The order.

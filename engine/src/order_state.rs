@@ -6,6 +6,7 @@
 use serde::Serialize;
 
 /// Where a held order is in its life.
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum OrderState {

@@ -31,6 +31,7 @@ pub const MAX_HOLD_MS: u64 = 7 * 24 * 3600 * 1000;
 
 /// What a payment that comes after its hold ended gets
 /// ([`SaleSpec::late_payment`]).
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum LatePayment {

@@ -10,6 +10,7 @@ use crate::keys;
 use crate::validate;
 
 /// A sale as Redis holds it now, bucket by bucket.
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[derive(Debug, Clone, Serialize, PartialEq, Eq)]
 pub struct SaleStatus {
     /// The SKU.
@@ -35,6 +36,7 @@ pub struct SaleStatus {
 }
 
 /// One bucket as Redis holds it now.
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[derive(Debug, Clone, Serialize, PartialEq, Eq)]
 pub struct BucketStatus {
     /// Position in the sale.

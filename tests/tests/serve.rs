@@ -592,7 +592,7 @@ async fn hold_routes_pay_cancel_and_the_servers_sweeper_expire() {
     .await;
     assert_eq!(s, 201);
     let (s, a) = buy(&c, &base, "holdy", "ann", 1, "r1").await;
-    assert_eq!((s, a["status"].as_str()), (200, Some("held")), "{a}");
+    assert_eq!((s, a["state"].as_str()), (200, Some("held")), "{a}");
     assert!(a["expires_at_ms"].as_u64().is_some(), "{a}");
     let (_, b) = buy(&c, &base, "holdy", "bob", 1, "r1").await;
     let (a, b) = (

@@ -59,17 +59,21 @@ impl ApiError {
 }
 
 /// The body of every error answer.
-#[derive(Serialize)]
-struct ErrorBody<'a> {
+#[derive(Serialize, utoipa::ToSchema)]
+pub struct ErrorBody {
+    /// What went wrong, as a stable code: `sold_out`, `limit_exceeded`,
+    /// `invalid`, `unauthorized`... (each route lists its own).
+    #[schema(value_type = String)]
     error: &'static str,
-    message: &'a str,
+    /// The same for a person; its wording may change.
+    message: String,
 }
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         let body = ErrorBody {
             error: self.code,
-            message: &self.message,
+            message: self.message,
         };
         (self.status, Json(body)).into_response()
     }
@@ -245,25 +249,46 @@ fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
     bool::from(a.ct_eq(b))
 }
 
+/// The `{sku}` of a sale's routes (described only: the handlers take it as
+/// a string and refuse a bad one with 422 `invalid`).
+#[derive(utoipa::IntoParams)]
+#[into_params(parameter_in = Path)]
+#[allow(dead_code)]
+pub struct SkuPath {
+    /// The sale: 1-64 of `A-Z a-z 0-9 . _ - :`.
+    #[param(pattern = "^[A-Za-z0-9._:-]{1,64}$", min_length = 1, max_length = 64)]
+    sku: String,
+}
+
 /// `POST /v1/sales` body.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct CreateSale {
+    /// 1-64 of `A-Z a-z 0-9 . _ - :`.
+    #[schema(pattern = "^[A-Za-z0-9._:-]{1,64}$", min_length = 1, max_length = 64)]
     sku: String,
+    /// Units on sale, 1..=2^53-1.
+    #[schema(minimum = 1, maximum = 9007199254740991_u64)]
     stock: u64,
+    /// Stock buckets on distinct masters (absent = 1).
     #[serde(default = "one")]
+    #[schema(value_type = Option<u32>, minimum = 1, maximum = 64)]
     buckets: u32,
     #[serde(default)]
+    #[schema(value_type = Option<u32>)]
     per_user_limit: u32,
     /// Unix ms; absent = now.
     starts_at_ms: Option<u64>,
     /// Unix ms; absent = open-ended.
     ends_at_ms: Option<u64>,
-    /// Payment window of an order, ms; 0 (absent) = paid when confirmed.
+    /// Payment window of an order, ms; 0 (absent) = paid when confirmed;
+    /// at most 7 days.
     #[serde(default)]
+    #[schema(value_type = Option<u64>, maximum = 604800000_u64)]
     hold_ms: u64,
     /// "refuse" (absent) or "retake".
     #[serde(default)]
+    #[schema(value_type = Option<flashsale::LatePayment>)]
     late_payment: flashsale::LatePayment,
 }
 
@@ -301,6 +326,23 @@ fn operation_id(headers: &HeaderMap) -> Result<String, ApiError> {
     }
 }
 
+/// Creates a sale (admin). With an `Idempotency-Key`, a retry is applied once.
+#[utoipa::path(post, path = "/v1/sales", tag = "admin",
+    security(("admin_token" = [])),
+    params(("Idempotency-Key" = Option<String>, Header, description = "retries with the same key are applied once")),
+    request_body = CreateSale,
+    responses(
+        (status = 201, description = "created (or created before with this key)", body = flashsale::SaleStatus),
+        (status = 401, description = "`unauthorized`: no or wrong bearer token, or admin routes off", body = ErrorBody),
+        (status = 409, description = "`already_exists` or `closed`", body = ErrorBody),
+        (status = 413, description = "`payload_too_large`", body = ErrorBody),
+        (status = 415, description = "`unsupported_media_type`: not JSON", body = ErrorBody),
+        (status = 422, description = "`invalid` or `operation_mismatch`", body = ErrorBody),
+        (status = 503, description = "`unavailable`: Redis or a lock node did not answer in time, or the server is at `max_in_flight`; retry", body = ErrorBody),
+        (status = 400, description = "`bad_request`: a path segment that does not decode", body = ErrorBody),
+        (status = 408, description = "`request_timeout`: the body came too slowly, or the request outlived `server.request_timeout_ms`", body = ErrorBody),
+        (status = 500, description = "`internal`", body = ErrorBody),
+    ))]
 pub async fn create_sale(
     State(state): State<AppState>,
     headers: HeaderMap,
@@ -321,6 +363,18 @@ pub async fn create_sale(
     Ok((StatusCode::CREATED, Json(status)).into_response())
 }
 
+/// A sale's state and stock, bucket by bucket.
+#[utoipa::path(get, path = "/v1/sales/{sku}", tag = "sales",
+    params(SkuPath),
+    responses(
+        (status = 200, description = "the sale", body = flashsale::SaleStatus),
+        (status = 404, description = "`unknown_sale`", body = ErrorBody),
+        (status = 422, description = "`invalid`: not a valid sku", body = ErrorBody),
+        (status = 503, description = "`unavailable`: Redis or a lock node did not answer in time, or the server is at `max_in_flight`; retry", body = ErrorBody),
+        (status = 400, description = "`bad_request`: a path segment that does not decode", body = ErrorBody),
+        (status = 408, description = "`request_timeout`: the body came too slowly, or the request outlived `server.request_timeout_ms`", body = ErrorBody),
+        (status = 500, description = "`internal`", body = ErrorBody),
+    ))]
 pub async fn sale_status(
     State(state): State<AppState>,
     Path(sku): Path<String>,
@@ -329,12 +383,33 @@ pub async fn sale_status(
 }
 
 /// `POST /v1/sales/{sku}/restock` body.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct Restock {
+    /// Units to add, 1..=2^53-1.
+    #[schema(minimum = 1, maximum = 9007199254740991_u64)]
     qty: u64,
 }
 
+/// Adds units (admin). With an `Idempotency-Key`, a retry is applied once.
+#[utoipa::path(post, path = "/v1/sales/{sku}/restock", tag = "admin",
+    security(("admin_token" = [])),
+    params(SkuPath,
+        ("Idempotency-Key" = Option<String>, Header, description = "retries with the same key are applied once")),
+    request_body = Restock,
+    responses(
+        (status = 200, description = "restocked", body = flashsale::SaleStatus),
+        (status = 401, description = "`unauthorized`: no or wrong bearer token, or admin routes off", body = ErrorBody),
+        (status = 404, description = "`unknown_sale`", body = ErrorBody),
+        (status = 409, description = "`closed`", body = ErrorBody),
+        (status = 413, description = "`payload_too_large`", body = ErrorBody),
+        (status = 415, description = "`unsupported_media_type`: not JSON", body = ErrorBody),
+        (status = 422, description = "`invalid` or `operation_mismatch`", body = ErrorBody),
+        (status = 503, description = "`unavailable`: Redis or a lock node did not answer in time, or the server is at `max_in_flight`; retry", body = ErrorBody),
+        (status = 400, description = "`bad_request`: a path segment that does not decode", body = ErrorBody),
+        (status = 408, description = "`request_timeout`: the body came too slowly, or the request outlived `server.request_timeout_ms`", body = ErrorBody),
+        (status = 500, description = "`internal`", body = ErrorBody),
+    ))]
 pub async fn restock(
     State(state): State<AppState>,
     Path(sku): Path<String>,
@@ -345,6 +420,20 @@ pub async fn restock(
     Ok(Json(state.engine.restock_op(&sku, r.qty, &op).await?).into_response())
 }
 
+/// Closes a sale for good (admin): no purchase is confirmed after it.
+#[utoipa::path(post, path = "/v1/sales/{sku}/close", tag = "admin",
+    security(("admin_token" = [])),
+    params(SkuPath),
+    responses(
+        (status = 200, description = "closed (or closed before)", body = flashsale::SaleStatus),
+        (status = 401, description = "`unauthorized`: no or wrong bearer token, or admin routes off", body = ErrorBody),
+        (status = 404, description = "`unknown_sale`", body = ErrorBody),
+        (status = 422, description = "`invalid`", body = ErrorBody),
+        (status = 503, description = "`unavailable`: Redis or a lock node did not answer in time, or the server is at `max_in_flight`; retry", body = ErrorBody),
+        (status = 400, description = "`bad_request`: a path segment that does not decode", body = ErrorBody),
+        (status = 408, description = "`request_timeout`: the body came too slowly, or the request outlived `server.request_timeout_ms`", body = ErrorBody),
+        (status = 500, description = "`internal`", body = ErrorBody),
+    ))]
 pub async fn close(
     State(state): State<AppState>,
     Path(sku): Path<String>,
@@ -353,26 +442,55 @@ pub async fn close(
 }
 
 /// `POST /v1/sales/{sku}/purchase` body.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct Purchase {
+    /// The buyer: 1-128 bytes, no spaces, control or invisible characters,
+    /// in Unicode NFC.
+    #[schema(pattern = "^\\S+$", min_length = 1, max_length = 128)]
     user: String,
+    /// Units, 1..=`max_qty` (100 unless configured).
+    #[schema(minimum = 1)]
     qty: i64,
+    /// The client's id for this purchase: a retry with the same id gets the
+    /// same answer. Rules as for `user`.
+    #[schema(pattern = "^\\S+$", min_length = 1, max_length = 128)]
     request_id: String,
 }
 
 /// A confirmed purchase, as the buyer's client sees it.
-#[derive(Serialize)]
+#[derive(Serialize, utoipa::ToSchema)]
 pub struct PurchaseAnswer {
     order_id: String,
     sku: String,
     bucket: u32,
+    /// True when this request was answered before (a retry): the same order.
     replayed: bool,
-    /// `paid`, or `held` until `expires_at_ms` (a sale with holds).
-    status: flashsale::OrderState,
+    /// `paid`, or `held` until `expires_at_ms` (a sale with holds): the
+    /// same field, and the same names, as `GET /v1/orders/{order_id}`.
+    state: flashsale::OrderState,
     expires_at_ms: Option<u64>,
 }
 
+/// Buys `qty` units for `user`; a retry with the same `request_id` gets the
+/// same answer.
+#[utoipa::path(post, path = "/v1/sales/{sku}/purchase", tag = "sales",
+    params(SkuPath),
+    request_body = Purchase,
+    responses(
+        (status = 200, description = "confirmed: the order (`replayed` on a retry)", body = PurchaseAnswer),
+        (status = 404, description = "`unknown_sale`", body = ErrorBody),
+        (status = 409, description = "`sold_out`, `not_started`, `ended` or `closed`", body = ErrorBody),
+        (status = 410, description = "`order_lost`: a failover under ack = leader took this request's order back", body = ErrorBody),
+        (status = 413, description = "`payload_too_large`", body = ErrorBody),
+        (status = 415, description = "`unsupported_media_type`: not JSON", body = ErrorBody),
+        (status = 422, description = "`invalid`, or `request_mismatch` (this request_id was used with another qty)", body = ErrorBody),
+        (status = 429, description = "`limit_exceeded` (the per-user limit) or `rate_limited`", body = ErrorBody),
+        (status = 503, description = "`unavailable`: Redis or a lock node did not answer in time, or the server is at `max_in_flight`; retry", body = ErrorBody),
+        (status = 400, description = "`bad_request`: a path segment that does not decode", body = ErrorBody),
+        (status = 408, description = "`request_timeout`: the body came too slowly, or the request outlived `server.request_timeout_ms`", body = ErrorBody),
+        (status = 500, description = "`internal`", body = ErrorBody),
+    ))]
 pub async fn purchase(
     State(state): State<AppState>,
     Path(sku): Path<String>,
@@ -407,21 +525,41 @@ pub async fn purchase(
         sku,
         bucket: c.bucket,
         replayed: c.replayed,
-        status: c.status,
+        state: c.status,
         expires_at_ms: c.expires_at_ms,
     }))
 }
 
 /// `POST /v1/orders/{order_id}/pay` body.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct Pay {
+    /// The payment's reference: 1-128 bytes; a retry with the same one
+    /// answers the same.
+    #[schema(min_length = 1, max_length = 128)]
     payment_ref: String,
 }
 
 /// `POST /v1/orders/{order_id}/pay` (admin: the shop's backend, once the
 /// payment went through). A retry with the same `payment_ref` answers the
 /// same.
+#[utoipa::path(post, path = "/v1/orders/{order_id}/pay", tag = "admin",
+    security(("admin_token" = [])),
+    params(("order_id" = String, Path, description = "the held order")),
+    request_body = Pay,
+    responses(
+        (status = 200, description = "paid (`replayed` on a retry with the same payment_ref)", body = flashsale::Transition),
+        (status = 401, description = "`unauthorized`: no or wrong bearer token, or admin routes off", body = ErrorBody),
+        (status = 404, description = "`unknown_order`", body = ErrorBody),
+        (status = 409, description = "`no_holds`, `hold_expired`, `already_final` or `payment_conflict`", body = ErrorBody),
+        (status = 413, description = "`payload_too_large`", body = ErrorBody),
+        (status = 415, description = "`unsupported_media_type`: not JSON", body = ErrorBody),
+        (status = 422, description = "`invalid`", body = ErrorBody),
+        (status = 503, description = "`unavailable`: Redis or a lock node did not answer in time, or the server is at `max_in_flight`; retry", body = ErrorBody),
+        (status = 400, description = "`bad_request`: a path segment that does not decode", body = ErrorBody),
+        (status = 408, description = "`request_timeout`: the body came too slowly, or the request outlived `server.request_timeout_ms`", body = ErrorBody),
+        (status = 500, description = "`internal`", body = ErrorBody),
+    ))]
 pub async fn pay(
     State(state): State<AppState>,
     Path(order_id): Path<String>,
@@ -431,6 +569,20 @@ pub async fn pay(
 }
 
 /// `POST /v1/orders/{order_id}/cancel` (admin): the units go back on sale.
+#[utoipa::path(post, path = "/v1/orders/{order_id}/cancel", tag = "admin",
+    security(("admin_token" = [])),
+    params(("order_id" = String, Path, description = "the held order")),
+    responses(
+        (status = 200, description = "cancelled (`replayed` on a retry)", body = flashsale::Transition),
+        (status = 401, description = "`unauthorized`: no or wrong bearer token, or admin routes off", body = ErrorBody),
+        (status = 404, description = "`unknown_order`", body = ErrorBody),
+        (status = 409, description = "`no_holds`, `hold_expired` or `already_final`", body = ErrorBody),
+        (status = 422, description = "`invalid`", body = ErrorBody),
+        (status = 503, description = "`unavailable`: Redis or a lock node did not answer in time, or the server is at `max_in_flight`; retry", body = ErrorBody),
+        (status = 400, description = "`bad_request`: a path segment that does not decode", body = ErrorBody),
+        (status = 408, description = "`request_timeout`: the body came too slowly, or the request outlived `server.request_timeout_ms`", body = ErrorBody),
+        (status = 500, description = "`internal`", body = ErrorBody),
+    ))]
 pub async fn cancel(
     State(state): State<AppState>,
     Path(order_id): Path<String>,
@@ -441,6 +593,18 @@ pub async fn cancel(
 /// `GET /v1/orders/{order_id}`: a held order's state, sku, user, qty and
 /// deadline. The id is 128 random bits its buyer was given, so it is its
 /// own capability, as the purchase answer is.
+#[utoipa::path(get, path = "/v1/orders/{order_id}", tag = "sales",
+    params(("order_id" = String, Path, description = "the order, as the purchase answered it")),
+    responses(
+        (status = 200, description = "the order", body = flashsale::OrderView),
+        (status = 404, description = "`unknown_order`", body = ErrorBody),
+        (status = 409, description = "`no_holds`: its sale holds no orders", body = ErrorBody),
+        (status = 422, description = "`invalid`", body = ErrorBody),
+        (status = 503, description = "`unavailable`: Redis or a lock node did not answer in time, or the server is at `max_in_flight`; retry", body = ErrorBody),
+        (status = 400, description = "`bad_request`: a path segment that does not decode", body = ErrorBody),
+        (status = 408, description = "`request_timeout`: the body came too slowly, or the request outlived `server.request_timeout_ms`", body = ErrorBody),
+        (status = 500, description = "`internal`", body = ErrorBody),
+    ))]
 pub async fn order(
     State(state): State<AppState>,
     Path(order_id): Path<String>,
@@ -448,18 +612,28 @@ pub async fn order(
     Ok(Json(state.engine.order(&order_id).await?))
 }
 
+/// The process is up (it says nothing of Redis or PostgreSQL).
+#[utoipa::path(get, path = "/healthz", tag = "probes",
+    responses((status = 200, description = "`ok`", body = String, content_type = "text/plain")))]
 pub async fn healthz() -> &'static str {
     "ok"
 }
 
 /// `/readyz`: each dependency's state, "ok" or what is wrong.
-#[derive(Serialize)]
-struct Readiness {
+#[derive(Serialize, utoipa::ToSchema)]
+pub struct Readiness {
     ready: bool,
     redis: String,
     postgres: String,
 }
 
+/// Whether Redis and PostgreSQL answer (absent here when
+/// `server.metrics_listen` moves the probes to a listener of their own).
+#[utoipa::path(get, path = "/readyz", tag = "probes",
+    responses(
+        (status = 200, description = "ready", body = Readiness),
+        (status = 503, description = "a dependency is not ready", body = Readiness),
+    ))]
 pub async fn readyz(State(state): State<AppState>) -> Response {
     let redis = state.engine.readiness().await.map_err(|e| e.to_string());
     let pg = match flashsale::db::client(&state.pool).await {
@@ -484,6 +658,10 @@ pub async fn readyz(State(state): State<AppState>) -> Response {
     (status, Json(body)).into_response()
 }
 
+/// The Prometheus scrape (absent here when `server.metrics_listen` moves
+/// it to a listener of its own).
+#[utoipa::path(get, path = "/metrics", tag = "probes",
+    responses((status = 200, description = "Prometheus text format 0.0.4", body = String, content_type = "text/plain")))]
 pub async fn metrics(State(state): State<AppState>) -> Response {
     (
         [(

@@ -8,6 +8,7 @@
 //! routes never wait behind purchases. Every error answer is JSON.
 
 mod api;
+mod openapi;
 
 use std::future::Future;
 use std::io;
@@ -132,6 +133,7 @@ fn router(state: AppState, probes_here: bool) -> Router {
         .route("/v1/sales/{sku}", get(api::sale_status))
         .route("/v1/sales/{sku}/purchase", post(api::purchase))
         .route("/v1/orders/{order_id}", get(api::order))
+        .route("/openapi.json", get(openapi::openapi_json))
         .route("/healthz", get(api::healthz));
     let public = if probes_here {
         public
