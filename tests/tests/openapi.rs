@@ -85,6 +85,8 @@ async fn the_live_server_keeps_to_its_openapi_description() {
         .args(["--report", "ndjson", "--report-ndjson-path"])
         .arg(&report)
         .env("NO_COLOR", "1")
+        // Its cache of found crashes goes with the test's temp dir.
+        .current_dir(dir.path())
         .output()
         .expect("run schemathesis");
     let said = String::from_utf8_lossy(&out.stdout);
