@@ -2617,7 +2617,9 @@ fn wrapped_exec(
 /// The exec's kill never found such a process of its command: it tried for
 /// 20 s, said "forked faster" and let the lock lapse with the process still
 /// writing. An exec that cannot see everything its command may start now
-/// refuses to run it; root (CAP_SYS_PTRACE sees through hidepid) still runs.
+/// refuses to run it, before it takes or sets anything; root
+/// (CAP_SYS_PTRACE in the first user namespace sees through hidepid) still
+/// runs.
 #[test]
 fn a_command_whose_processes_proc_would_hide_never_runs() {
     use std::os::unix::fs::PermissionsExt;
@@ -2636,13 +2638,9 @@ fn a_command_whose_processes_proc_would_hide_never_runs() {
         hidden.display()
     );
     // A mount namespace of its own, whose /proc hides what its user may
-    // not ptrace; `$0 "$@"` is the exec's command line.
-    let under_hidepid = |user: &str| -> Vec<String> {
-        let run_as = if user == "root" {
-            String::new()
-        } else {
-            format!("runuser -u {user} -- ")
-        };
+    // not ptrace (but from group 12345); `$0 "$@"` is the exec's command
+    // line, run through `as_whom`.
+    let under_hidepid = |as_whom: &str| -> Vec<String> {
         vec![
             "unshare".into(),
             "-m".into(),
@@ -2651,33 +2649,66 @@ fn a_command_whose_processes_proc_would_hide_never_runs() {
             "--".into(),
             "sh".into(),
             "-c".into(),
-            format!("mount -t proc -o hidepid=2 proc /proc && exec {run_as}\"$0\" \"$@\""),
+            format!(
+                "mount -t proc -o hidepid=2,gid=12345 proc /proc && exec {as_whom} \"$0\" \"$@\""
+            ),
         ]
     };
+    // Each refused, from the fifteenth and sixteenth attacks: an ordinary
+    // user; root in a user namespace of its own, whose CAP_SYS_PTRACE
+    // counts only there (its command's unreadable program was hidden from
+    // it, and wrote on into the next holder's turn); a member of the
+    // mount's gid= group, a number the exec cannot compare with its own
+    // groups once in a user namespace; root without CAP_SYS_PTRACE even
+    // with --pid-namespace, whose exec still read /proc for the caller's
+    // children and for SIGTERM.
+    let refused = [
+        ("runuser -u nobody --", ""),
+        ("unshare -U -r --", ""),
+        ("setpriv --reuid=65534 --regid=65534 --groups=12345 --", ""),
+        ("setpriv --bounding-set=-sys_ptrace --", " --pid-namespace"),
+    ];
     for exec in [
         "lock exec --name hid --ttl 2s",
-        "semaphore exec --name hids --permits 1 --lease 2s",
+        "semaphore exec --name hids --permits 7 --lease 2s",
     ] {
-        let wrapper = under_hidepid("nobody");
-        let wrapper: Vec<&str> = wrapper.iter().map(String::as_str).collect();
-        let (status, said, left) = wrapped_exec(&nodes, &wrapper, exec, &work, Some(&mark));
-        assert_eq!(left, 0, "{exec}: outlived the exec: {status:?} {said:?}");
-        assert!(
-            !ran.exists(),
-            "{exec}: the command ran: {status:?} {said:?}"
-        );
-        assert!(
-            status.is_some_and(|s| !s.success()) && said.contains("hidepid"),
-            "{exec}: {status:?} {said:?}"
-        );
+        for (as_whom, flags) in refused {
+            let wrapper = under_hidepid(as_whom);
+            let wrapper: Vec<&str> = wrapper.iter().map(String::as_str).collect();
+            let exec = format!("{exec}{flags}");
+            let (status, said, left) = wrapped_exec(&nodes, &wrapper, &exec, &work, Some(&mark));
+            assert_eq!(
+                left, 0,
+                "{exec} ({as_whom}): outlived the exec: {status:?} {said:?}"
+            );
+            assert!(
+                !ran.exists(),
+                "{exec} ({as_whom}): the command ran: {status:?} {said:?}"
+            );
+            assert!(
+                status.is_some_and(|s| !s.success()) && said.contains("hidepid"),
+                "{exec} ({as_whom}): {status:?} {said:?}"
+            );
+            // Refused before it takes or sets anything.
+            assert_eq!(
+                nodes[0]
+                    .node
+                    .cmd::<i64>(&["EXISTS", "flashsale:sem:hids:permits"]),
+                0,
+                "{exec} ({as_whom}): the permit total was set"
+            );
+        }
         // Root sees through hidepid: the same command runs and is ended.
-        let wrapper = under_hidepid("root");
+        let wrapper = under_hidepid("");
         let wrapper: Vec<&str> = wrapper.iter().map(String::as_str).collect();
         let (status, said, left) = wrapped_exec(&nodes, &wrapper, exec, &work, Some(&mark));
         assert_eq!(left, 0, "{exec} as root: outlived the exec: {said:?}");
         assert!(ran.exists(), "{exec} as root: did not run: {said:?}");
         assert_eq!(status.and_then(|s| s.code()), Some(0), "{exec}: {said:?}");
         std::fs::remove_file(&ran).expect("rm");
+        let _ = nodes[0]
+            .node
+            .cmd::<i64>(&["DEL", "flashsale:sem:hids:permits"]);
     }
     assert_eq!(
         nodes[0].node.cmd::<i64>(&["EXISTS", "flashsale:lock:hid"]),

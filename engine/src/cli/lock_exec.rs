@@ -133,6 +133,9 @@ pub async fn command(lock_nodes: &[String], cmd: LockCommand) -> Result<ExitCode
 
 /// Runs the command under the lock.
 pub async fn run(lock_nodes: &[String], args: LockExecArgs) -> Result<ExitCode> {
+    // Before anything is taken or set: an exec that could not end its
+    // command refuses with the nodes as they were.
+    super::supervisor::preflight().map_err(|e| anyhow!("{e}"))?;
     // Before the wait: a signal while waiting must leave the queue, not
     // kill the process with its entry still in it.
     let mut stops = StopSignals::install()?;

@@ -66,6 +66,9 @@ pub async fn command(lock_nodes: &[String], cmd: SemaphoreCommand) -> Result<Exi
 }
 
 async fn run(lock_nodes: &[String], args: SemaphoreExecArgs) -> Result<ExitCode> {
+    // Before anything is taken or set: an exec that could not end its
+    // command refuses with the nodes as they were.
+    super::supervisor::preflight().map_err(|e| anyhow!("{e}"))?;
     let mut stops = StopSignals::install()?;
     let client = exec_client(lock_nodes, "--lease", args.lease)?;
     let code = run_with(&client, &mut stops, args).await;

@@ -227,8 +227,7 @@ impl Supervisor {
         // and a lease just before its renewal (due a third of the way in)
         // still has about two thirds left, which clears that bar with room.
         let patience = (lease * 2 / 5).max(Duration::from_millis(10));
-        within_reach()?;
-        proc_shows_everything(pid_namespace)?;
+        preflight()?;
         keep_children_to_reap();
         // SAFETY: getpid has no failure and no memory.
         let me = unsafe { libc::getpid() };
@@ -611,9 +610,19 @@ fn within_reach() -> io::Result<()> {
     Ok(())
 }
 
+/// What an exec checks before it takes a lock or sets anything: that it
+/// can end whatever its command may become ([`within_reach`]) and that
+/// /proc shows it all of it ([`proc_shows_everything`]). A refusal here
+/// leaves the nodes as they were; [`Supervisor::start`] checks again.
+pub fn preflight() -> io::Result<()> {
+    within_reach()?;
+    proc_shows_everything()
+}
+
 /// Refuses a /proc that cannot show this exec every process its command
-/// may start: the kill finds the command's processes there, and one it
-/// cannot see runs on past the lock (the fifteenth attack).
+/// may start: the kill, the caller's children it spares and the SIGTERM
+/// it forwards are all read from there, and a process it cannot see runs
+/// on past the lock (the fifteenth and sixteenth attacks).
 ///
 /// - /proc of another PID namespace (`unshare -pf` without `--mount-proc`):
 ///   its pids are not the ones kill(2) takes here. `/proc/self` names this
@@ -621,13 +630,19 @@ fn within_reach() -> io::Result<()> {
 /// - /proc mounted with `hidepid` (1, 2 or 4): a process this one may not
 ///   ptrace is hidden, and that includes its own processes that are not
 ///   dumpable (a program only executable, not readable; PR_SET_DUMPABLE 0).
-///   Seen through with CAP_SYS_PTRACE or as a member of the mount's `gid=`
-///   group. A command in a PID namespace of its own (`--pid-namespace`)
-///   needs no /proc: the kernel ends the namespace with its init.
+///   Only CAP_SYS_PTRACE held in the first user namespace sees through it
+///   for certain: a non-dumpable process belongs to the namespace of its
+///   program's owner, often the first, so root of a user namespace of its
+///   own does not see it (the sixteenth attack), and the mount's `gid=` is
+///   a number of the first namespace that cannot be compared with this
+///   process's groups from inside another. So this is not a prediction of
+///   what /proc will show but the one case the kernel promises; everything
+///   else under hidepid is refused, `--pid-namespace` too (its exec still
+///   reads /proc for the caller's children and for the SIGTERM it sends).
 ///
 /// A process cannot list its own children without /proc (this kernel has
 /// no `/proc/<pid>/task/<tid>/children`), hence a refusal, not a way round.
-fn proc_shows_everything(pid_namespace: bool) -> io::Result<()> {
+fn proc_shows_everything() -> io::Result<()> {
     // SAFETY: getpid has no failure and no memory.
     let me = unsafe { libc::getpid() };
     let seen = std::fs::read_link("/proc/self")
@@ -642,21 +657,17 @@ fn proc_shows_everything(pid_namespace: bool) -> io::Result<()> {
              command did not run",
         ));
     }
-    if pid_namespace {
-        return Ok(());
-    }
     let Ok(mounts) = std::fs::read_to_string("/proc/self/mountinfo") else {
         return Ok(());
     };
     let Some(options) = proc_mount_options(&mounts) else {
         return Ok(());
     };
-    let option = |name: &str| {
-        options
-            .split(',')
-            .find_map(|o| o.strip_prefix(name)?.strip_prefix('='))
-    };
-    let Some(hidepid) = option("hidepid").filter(|v| !matches!(*v, "0" | "off")) else {
+    let Some(hidepid) = options
+        .split(',')
+        .find_map(|o| o.strip_prefix("hidepid="))
+        .filter(|v| !matches!(*v, "0" | "off"))
+    else {
         return Ok(());
     };
     const CAP_SYS_PTRACE: u32 = 19;
@@ -666,18 +677,16 @@ fn proc_shows_everything(pid_namespace: bool) -> io::Result<()> {
         .find_map(|l| l.strip_prefix("CapEff:"))
         .and_then(|v| u64::from_str_radix(v.trim(), 16).ok())
         .unwrap_or(0);
-    let in_group = option("gid")
-        .and_then(|g| g.parse::<libc::gid_t>().ok())
-        .is_some_and(in_group);
-    if effective & (1 << CAP_SYS_PTRACE) != 0 || in_group {
+    if effective & (1 << CAP_SYS_PTRACE) != 0 && in_first_user_namespace() {
         return Ok(());
     }
     Err(io::Error::new(
         io::ErrorKind::PermissionDenied,
         format!(
-            "/proc is mounted with hidepid={hidepid}: it hides this exec's own processes that are \
-             not dumpable, which it could then never end; run the exec with CAP_SYS_PTRACE, as a \
-             member of the mount's gid= group, or with --pid-namespace; the command did not run"
+            "/proc is mounted with hidepid={hidepid}: it hides processes of this exec's command \
+             (those that are not dumpable), which it could then never end; run the exec as root \
+             (CAP_SYS_PTRACE) outside any user namespace, or on a /proc without hidepid; the \
+             command did not run"
         ),
     ))
 }
@@ -695,19 +704,18 @@ fn proc_mount_options(mountinfo: &str) -> Option<&str> {
         .and_then(|fs| fs.split(' ').nth(2))
 }
 
-/// Whether this process is of group `gid` (its effective or a
-/// supplementary one).
-fn in_group(gid: libc::gid_t) -> bool {
-    // SAFETY: getegid has no failure; getgroups fills at most the buffer
-    // it is given.
-    unsafe {
-        if libc::getegid() == gid {
-            return true;
-        }
-        let mut groups = [0 as libc::gid_t; 256];
-        let n = libc::getgroups(groups.len() as libc::c_int, groups.as_mut_ptr());
-        n > 0 && groups[..n as usize].contains(&gid)
-    }
+/// Whether this process is in the first user namespace: only there does
+/// its uid map cover every uid one to one.
+fn in_first_user_namespace() -> bool {
+    std::fs::read_to_string("/proc/self/uid_map").is_ok_and(|m| is_whole_uid_map(&m))
+}
+
+fn is_whole_uid_map(map: &str) -> bool {
+    let lines: Vec<Vec<&str>> = map
+        .lines()
+        .map(|l| l.split_whitespace().collect())
+        .collect();
+    matches!(lines.as_slice(), [fields] if fields.as_slice() == ["0", "0", "4294967295"])
 }
 
 /// Gives SIGCHLD back its default if the caller left it ignored (`perl -e
@@ -1624,6 +1632,16 @@ mod tests {
             proc_mount_options("1 2 0:1 / / rw - ext4 /dev/x rw\n"),
             None
         );
+    }
+
+    /// Only the first user namespace maps every uid to itself.
+    #[test]
+    fn only_a_whole_identity_uid_map_is_the_first_user_namespace() {
+        assert!(is_whole_uid_map("         0          0 4294967295\n"));
+        assert!(!is_whole_uid_map("         0          0          1\n"));
+        assert!(!is_whole_uid_map("         0       1000          1\n"));
+        assert!(!is_whole_uid_map(""));
+        assert!(!is_whole_uid_map("0 0 4294967295\n1 1 1\n"));
     }
 
     #[test]
