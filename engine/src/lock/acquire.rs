@@ -1,10 +1,12 @@
-//! Acquiring a lock: reentry for the same owner, the per-process FIFO gate
-//! (and a grant handed over through it by the task before: lock cohorting),
-//! one attempt on every node, and the grant (fencing round, watchdog start)
-//! once a majority said yes within the lock's validity. The same path takes
-//! a fair lock (each waiter queued on the nodes by arrival, with an entry
-//! lease it renews while it lives) and either side of a read-write lock
-//! (a waiting writer queues too, which keeps new readers out).
+//! Acquiring a lock: the calls (`lock`, `try_lock`, the read-write sides),
+//! reentry for the same owner, the per-process FIFO gate (and a grant handed
+//! over through it by the task before: lock cohorting), and the wait: one
+//! attempt on every node after another (`attempt.rs`) until a majority
+//! grants within the lock's validity, counted among the lock's waiters
+//! meanwhile (`waiter_count.rs`). The same path takes a fair lock (each
+//! waiter queued on the nodes by arrival, with an entry lease it renews
+//! while it lives) and either side of a read-write lock (a waiting writer
+//! queues too, which keeps new readers out).
 
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -12,48 +14,13 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::watch;
 
+use super::attempt::{Attempt, Request};
 use super::client::*;
-use super::fence;
 use super::gate::{Gate, Pass};
 use super::mode::Mode;
+use super::waiter_count::{count_ttl_ms, Counted, CountedIn};
 use super::{LockClient, LockError, LockGuard, LockOptions};
 use crate::metrics as m;
-
-/// The result of one attempt on every node.
-pub(super) enum Attempt {
-    /// Granted; `everywhere` when every node granted (a queued call then
-    /// left the queue on every node with its grant).
-    Granted {
-        held: Arc<Held>,
-        everywhere: bool,
-    },
-    Busy {
-        retry_in: Duration,
-    },
-    NoQuorum {
-        reachable: usize,
-        detail: String,
-    },
-}
-
-/// What one lock call asks the nodes for.
-pub(super) struct Request {
-    mode: Mode,
-    /// Fair locks and writers wait in a queue on the nodes, under this entry.
-    queue: Option<QueueEntry>,
-    /// A writer taking the read side: its own write token (a downgrade).
-    own_writer: Option<String>,
-    /// Fencing tokens to reserve above the grant's for hand-offs inside
-    /// this process (lock cohorting); 0 for none.
-    reserve: u64,
-}
-
-/// A waiter's place in a queue on the nodes.
-struct QueueEntry {
-    id: String,
-    /// µs since the epoch when the call began: every node orders by it.
-    arrival_us: String,
-}
 
 /// Largest number of fencing tokens a grant reserves for hand-offs inside
 /// its process: below 1,000, so on one node the counter stays under the
@@ -63,104 +30,6 @@ const MAX_COHORT: u32 = 255;
 /// After a pause for clients elsewhere that nobody used, how long (ms) the
 /// tasks of this process stop pausing for them.
 const NO_YIELD_AFTER_NOBODY_MS: u64 = 1_000;
-
-/// How long a waiter count lives (ms): a little past the longest wait, and
-/// never past a day (a wait of `Duration::MAX` means "as long as it takes").
-fn count_ttl_ms(wait: Duration) -> u128 {
-    (wait.min(MAX_LEASE) + Duration::from_secs(5)).as_millis()
-}
-
-/// Where a lock call counted itself among the lock's waiters (so that
-/// releases wake it), to be counted out of again.
-enum Counted {
-    No,
-    /// On every node, by a round of its own.
-    Everywhere,
-    /// On these nodes, by the attempt they refused.
-    On(Vec<usize>),
-}
-
-/// A call's place in the waiter counts: dropped (the call ended, or its
-/// future was dropped mid-wait), it counts the call out in a clean-up
-/// [`LockClient::settle`] waits for, so a waiter stopped by a signal does
-/// not leave releases publishing to nobody until the count's lease ends.
-struct CountedIn {
-    client: LockClient,
-    mode: Mode,
-    name: String,
-    wait: Duration,
-    state: Counted,
-}
-
-impl CountedIn {
-    /// Where it counted in, leaving nothing for the drop to count out.
-    fn take(&mut self) -> Counted {
-        std::mem::replace(&mut self.state, Counted::No)
-    }
-}
-
-impl Drop for CountedIn {
-    fn drop(&mut self) {
-        let counted = self.take();
-        if matches!(counted, Counted::No) {
-            return;
-        }
-        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
-            return;
-        };
-        let (client, mode, wait) = (self.client.clone(), self.mode, self.wait);
-        let name = std::mem::take(&mut self.name);
-        self.client.spawn_cleanup(&runtime, async move {
-            client.uncount(mode, &name, wait, &counted).await
-        });
-    }
-}
-
-impl Request {
-    /// Whether this request's attempt can count the caller in itself (the
-    /// plain lock's script can; the queued ones count by a round of their
-    /// own).
-    fn counts_in_attempt(&self) -> bool {
-        self.mode == Mode::Exclusive && self.queue.is_none()
-    }
-
-    /// The plain lock: no queue.
-    pub(super) fn plain() -> Request {
-        Request {
-            mode: Mode::Exclusive,
-            queue: None,
-            own_writer: None,
-            reserve: 0,
-        }
-    }
-
-    fn queued(mode: Mode) -> Request {
-        let arrival_us = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .unwrap_or_default()
-            .as_micros();
-        Request {
-            mode,
-            queue: Some(QueueEntry {
-                id: format!("{:032x}", rand::random::<u128>()),
-                arrival_us: arrival_us.to_string(),
-            }),
-            own_writer: None,
-            reserve: 0,
-        }
-    }
-}
-
-/// Where a new grant's fencing token comes from.
-pub(super) enum FenceSource {
-    /// The single lock node already chose and stored it.
-    Settled(u64),
-    /// Pick it above the highest counter seen and raise a majority to it.
-    Raise {
-        /// Highest counter the answering nodes reported.
-        highest_seen: u64,
-    },
-}
 
 impl LockClient {
     /// Takes `name`, waiting up to `opts.wait` while someone else holds it
@@ -244,7 +113,7 @@ impl LockClient {
         self.acquire_as(name, opts, wait, Mode::Exclusive).await
     }
 
-    async fn acquire_as(
+    pub(super) async fn acquire_as(
         &self,
         name: &str,
         opts: &LockOptions,
@@ -483,52 +352,6 @@ impl LockClient {
         result
     }
 
-    /// Takes this call out of the waiter count where it counted itself in.
-    async fn uncount(&self, mode: Mode, name: &str, wait: Duration, counted: &Counted) {
-        let only = match counted {
-            Counted::No => return,
-            Counted::Everywhere => None,
-            Counted::On(nodes) => Some(nodes.as_slice()),
-        };
-        self.count_round(mode, name, -1, wait, only).await;
-    }
-
-    /// Tasks of this client waiting in its own line for the plain lock
-    /// `name` (behind the one that holds it or asks the nodes for it).
-    pub fn queued(&self, name: &str) -> usize {
-        let gates = self.inner.gates.lock().unwrap_or_else(|p| p.into_inner());
-        gates.get(name).map_or(0, |g| g.queued())
-    }
-
-    /// Adds `delta` to the waiter count of the lock `name` on every node.
-    pub(super) async fn count_waiter(&self, name: &str, delta: i64, wait: Duration) {
-        self.count_waiter_of(Mode::Exclusive, name, delta, wait)
-            .await
-    }
-
-    /// Adds `delta` to the waiter count of `name` (of the kind `mode`) on
-    /// every node; the count expires a little after the longest wait, so a
-    /// waiter that died only costs extra wake-ups until then.
-    async fn count_waiter_of(&self, mode: Mode, name: &str, delta: i64, wait: Duration) {
-        self.count_round(mode, name, delta, wait, None).await;
-    }
-
-    /// Adds `delta` to the waiter count on every node, or on `only`.
-    async fn count_round(
-        &self,
-        mode: Mode,
-        name: &str,
-        delta: i64,
-        wait: Duration,
-        only: Option<&[usize]>,
-    ) {
-        let key = mode.waiters_key(name);
-        let ttl = count_ttl_ms(wait).to_string();
-        let delta = delta.to_string();
-        self.on_nodes(&self.inner.scripts.waiting, &[&key], &[&delta, &ttl], only)
-            .await;
-    }
-
     /// The gate of `name`, created on first use.
     pub(super) fn gate(&self, name: &str) -> Arc<Gate<Baton>> {
         let mut gates = self.inner.gates.lock().unwrap_or_else(|p| p.into_inner());
@@ -540,7 +363,12 @@ impl LockClient {
     /// caller's owner and lease. `None` (and the grant released on the
     /// nodes) when it is no longer valid, or a fixed lease could not be set
     /// on a majority.
-    async fn take_over(&self, baton: Baton, name: &str, opts: &LockOptions) -> Option<Arc<Held>> {
+    pub(super) async fn take_over(
+        &self,
+        baton: Baton,
+        name: &str,
+        opts: &LockOptions,
+    ) -> Option<Arc<Held>> {
         let before = baton.held()?.clone();
         let until = before.valid_until_ms.load(Ordering::SeqCst);
         if *before.lost.borrow()
@@ -600,7 +428,7 @@ impl LockClient {
     /// Starts keeping `held` (see `keeper`; with `renew_first`, a fixed
     /// lease handed over is first set again on the nodes, behind the
     /// holder) and records it as this client's.
-    fn keep(&self, held: &Arc<Held>, renew_first: bool) {
+    pub(super) fn keep(&self, held: &Arc<Held>, renew_first: bool) {
         self.start_keeping(held, renew_first);
         let mut map = self.inner.held.lock().unwrap_or_else(|p| p.into_inner());
         match map.get_mut(&held.name) {
@@ -638,12 +466,12 @@ impl LockClient {
     }
 
     /// The live hold of `owner` on `name` of the kind `mode`, if any.
-    fn holding(&self, mode: Mode, name: &str, owner: &str) -> Option<Arc<Held>> {
+    pub(super) fn holding(&self, mode: Mode, name: &str, owner: &str) -> Option<Arc<Held>> {
         let map = self.inner.held.lock().unwrap_or_else(|p| p.into_inner());
         self.live(&map, mode, name, owner)
     }
 
-    fn live(
+    pub(super) fn live(
         &self,
         map: &std::collections::HashMap<String, Vec<Arc<Held>>>,
         mode: Mode,
@@ -677,322 +505,6 @@ impl LockClient {
             released: false,
         })
     }
-
-    /// One Redlock round: SET NX PX on every node in parallel; on a majority
-    /// within validity, raise the fencing counters and keep the grant;
-    /// otherwise release what was taken. With `count` (the count's ttl, ms),
-    /// every node that refuses counts the caller among the lock's waiters;
-    /// returns those nodes too.
-    pub(super) async fn attempt(
-        &self,
-        name: &str,
-        opts: &LockOptions,
-        req: &Request,
-        count: Option<&str>,
-    ) -> (Attempt, Vec<usize>) {
-        let token = format!("{:032x}", rand::random::<u128>());
-        // From the first write on, this attempt owns keys on the nodes; if
-        // the caller drops it half-way (a timeout around `lock()`), the
-        // guard gives them back.
-        let outstanding = Outstanding {
-            client: self,
-            mode: req.mode,
-            name,
-            token: &token,
-            armed: true,
-        };
-        let result = self.attempt_with(name, opts, req, &token, count).await;
-        outstanding.disarm();
-        result
-    }
-
-    /// One attempt with `token`: ask every node, then grant, or give back
-    /// whatever nodes may hold of it.
-    async fn attempt_with(
-        &self,
-        name: &str,
-        opts: &LockOptions,
-        req: &Request,
-        token: &str,
-        count: Option<&str>,
-    ) -> (Attempt, Vec<usize>) {
-        let ttl = opts.lease.unwrap_or(self.inner.config.watchdog_ttl);
-        let ttl_ms = ttl.as_millis().max(1) as u64;
-        let started = Instant::now();
-        let mode = req.mode;
-        let ttl_s = ttl_ms.to_string();
-        let single = self.inner.nodes.len() == 1;
-        let since_epoch = self.inner.config.token_clock.since_epoch();
-        // One node settles the token itself; on several, each granting node
-        // raises its counter to this proposal in the same step.
-        let proposal = fence::proposal(since_epoch);
-        let clock = if single {
-            fence::next_token(0, since_epoch)
-        } else {
-            proposal
-        };
-        let replies = self
-            .ask_nodes(name, req, token, &ttl_s, single, clock, count)
-            .await;
-        let reserve = req.reserve;
-        // Nodes that refused and so counted us in (when asked to).
-        let mut counted = Vec::new();
-        let mut granted = Vec::new();
-        // Nodes that did not answer (timed out, broken link, a reply we could
-        // not read): they may still run, or have run, our SET NX.
-        let mut unanswered = Vec::new();
-        let mut reachable = 0;
-        let mut highest_fence = 0u64;
-        // Highest counter a granting node had before our call.
-        let mut highest_granting = 0u64;
-        let mut shortest_pttl: Option<i64> = None;
-        let mut detail = String::new();
-        for (i, r) in replies.iter().enumerate() {
-            match r.as_ref().map(super::scripts::lock_acquire) {
-                Ok(Ok(a)) => {
-                    reachable += 1;
-                    highest_fence = highest_fence.max(a.fence);
-                    if a.granted {
-                        granted.push(i);
-                        highest_granting = highest_granting.max(a.fence);
-                    } else {
-                        if count.is_some() {
-                            counted.push(i);
-                        }
-                        if a.pttl > 0 {
-                            shortest_pttl = Some(shortest_pttl.map_or(a.pttl, |p| p.min(a.pttl)));
-                        }
-                    }
-                }
-                Ok(Err(e)) => {
-                    unanswered.push(i);
-                    detail = e.to_string();
-                }
-                Err(e) => {
-                    unanswered.push(i);
-                    detail = format!("{}: {e}", self.inner.nodes[i].addr);
-                }
-            }
-        }
-        if granted.len() >= self.quorum() {
-            // On a single node the script settled the token in the same step.
-            let fence = if single {
-                FenceSource::Settled(highest_fence)
-            } else if highest_granting < proposal && granted.len() == self.inner.nodes.len() {
-                // Every node granted, was below the proposal and holds it
-                // now (see `fence`). When only a majority granted, the
-                // second round raises the others too: a granting node that
-                // restarts empty must leave the token on a majority.
-                FenceSource::Settled(proposal)
-            } else {
-                FenceSource::Raise {
-                    highest_seen: highest_fence,
-                }
-            };
-            if let Some(held) = self
-                .grant(
-                    name,
-                    opts,
-                    mode,
-                    token.to_owned(),
-                    ttl,
-                    started,
-                    fence,
-                    reserve,
-                )
-                .await
-            {
-                let everywhere = granted.len() == self.inner.nodes.len();
-                return (Attempt::Granted { held, everywhere }, counted);
-            }
-            self.release_token(mode, name, token, None).await;
-        } else if !granted.is_empty() || !unanswered.is_empty() {
-            // Give back the minority we got, and ask every node that did not
-            // answer too: a node that timed out still runs our SET NX when it
-            // gets to it (the release follows it on the same connection), and
-            // would otherwise keep our token for the whole lease, blocking
-            // the next majority. Nodes that refused hold nothing of ours.
-            let ours: Vec<usize> = granted.iter().chain(&unanswered).copied().collect();
-            self.release_token(mode, name, token, Some(&ours)).await;
-        }
-        if reachable < self.quorum() {
-            return (Attempt::NoQuorum { reachable, detail }, counted);
-        }
-        let retry_in = match shortest_pttl {
-            Some(ms) => Duration::from_millis(ms.max(1) as u64),
-            // Free, but someone queued goes first (or, for a reader, a
-            // writer waits): the release that follows their grant wakes us.
-            None if req.queue.is_some() || mode == Mode::Read => self.inner.config.queue_lease / 3,
-            None => Duration::from_millis(10),
-        };
-        (Attempt::Busy { retry_in }, counted)
-    }
-
-    /// One attempt's script on every node: the lock's own SET NX, the fair
-    /// lock's (first in the queue only), or a read-write lock's side.
-    #[allow(clippy::too_many_arguments)]
-    async fn ask_nodes(
-        &self,
-        name: &str,
-        req: &Request,
-        token: &str,
-        ttl_s: &str,
-        single: bool,
-        clock: u64,
-        count: Option<&str>,
-    ) -> Vec<Result<redis::Value, super::node::NodeError>> {
-        let mode = req.mode;
-        let clock_s = clock.to_string();
-        let (hkey, fkey) = (mode.hold_key(name), mode.fence_key(name));
-        let single = if single { "1" } else { "0" };
-        // Only the queued calls send the queue lease.
-        let lease = || (self.inner.config.queue_lease.as_millis().max(1) as u64).to_string();
-        let scripts = &self.inner.scripts;
-        match (mode, &req.queue) {
-            (Mode::Exclusive, None) => {
-                let reserve = req.reserve.to_string();
-                // What the counter becomes when the clock is above it: added
-                // here, as the script formats no number.
-                let raised = clock.saturating_add(req.reserve).to_string();
-                let wkey = mode.waiters_key(name);
-                self.on_all_nodes(
-                    &scripts.acquire,
-                    &[&hkey, &fkey, &wkey],
-                    &[
-                        token,
-                        ttl_s,
-                        single,
-                        &clock_s,
-                        &reserve,
-                        count.unwrap_or("0"),
-                        &raised,
-                    ],
-                )
-                .await
-            }
-            (Mode::Exclusive, Some(q)) => {
-                let (qkey, xkey) = mode.queue_keys(name);
-                let lease = lease();
-                self.on_all_nodes(
-                    &scripts.fair_acquire,
-                    &[&hkey, &fkey, &qkey, &xkey],
-                    &[token, ttl_s, single, &clock_s, &q.id, &q.arrival_us, &lease],
-                )
-                .await
-            }
-            (Mode::Read | Mode::Write, q) => {
-                let (qkey, _) = mode.queue_keys(name);
-                let side = if mode == Mode::Read { "r" } else { "w" };
-                let id = q.as_ref().map_or("-", |q| q.id.as_str());
-                let own = req.own_writer.as_deref().unwrap_or("");
-                let lease = lease();
-                self.on_all_nodes(
-                    &scripts.rw_acquire,
-                    &[&hkey, &qkey, &fkey],
-                    &[token, ttl_s, single, &clock_s, side, id, &lease, own],
-                )
-                .await
-            }
-        }
-    }
-
-    /// Completes a majority grant: picks the fencing token, raises the
-    /// counters of a majority to it (plus the `reserve` tokens above it that
-    /// hand-offs inside this process may take), and checks the validity left.
-    #[allow(clippy::too_many_arguments)]
-    pub(super) async fn grant(
-        &self,
-        name: &str,
-        opts: &LockOptions,
-        mode: Mode,
-        token: String,
-        ttl: Duration,
-        started: Instant,
-        fence: FenceSource,
-        reserve: u64,
-    ) -> Option<Arc<Held>> {
-        let fence = match fence {
-            FenceSource::Settled(f) => f,
-            FenceSource::Raise { highest_seen } => {
-                let fence =
-                    fence::next_token(highest_seen, self.inner.config.token_clock.since_epoch());
-                let fkey = mode.fence_key(name);
-                let fence_s = fence.saturating_add(reserve).to_string();
-                let raised = self
-                    .on_all_nodes(&self.inner.scripts.fence, &[&fkey], &[&fence_s])
-                    .await;
-                if raised.iter().filter(|r| r.is_ok()).count() < self.quorum() {
-                    return None;
-                }
-                fence
-            }
-        };
-        let validity = ttl.checked_sub(started.elapsed() + drift(ttl))?;
-        if validity.is_zero() {
-            return None;
-        }
-        let (lost, _) = watch::channel(false);
-        let now_ms = self.now_ms();
-        let held = Arc::new(Held {
-            mode,
-            name: name.to_owned(),
-            owner: opts.owner.clone(),
-            token,
-            fence,
-            fence_last: fence.saturating_add(reserve),
-            cohort_since_ms: now_ms,
-            leased: opts.lease.is_some(),
-            ttl,
-            count: AtomicU32::new(1),
-            valid_until_ms: AtomicU64::new(now_ms + validity.as_millis() as u64),
-            lost,
-            kept: Mutex::default(),
-            gate: Mutex::new(None),
-            lease_set: tokio::sync::Mutex::new(false),
-        });
-        self.keep(&held, false);
-        Some(held)
-    }
-}
-
-/// The keys of an attempt in flight. Dropped while armed (the attempt's
-/// future was dropped before it finished), it releases the token on every
-/// node, so a cancelled `lock()` leaves nothing held: without it, the nodes
-/// that granted keep the key, with no guard and no watchdog, until the lease
-/// runs out.
-struct Outstanding<'a> {
-    client: &'a LockClient,
-    mode: Mode,
-    name: &'a str,
-    token: &'a str,
-    armed: bool,
-}
-
-impl Outstanding<'_> {
-    /// The attempt finished: what it holds is a guard's now, or was given
-    /// back already.
-    fn disarm(mut self) {
-        self.armed = false;
-    }
-}
-
-impl Drop for Outstanding<'_> {
-    fn drop(&mut self) {
-        if !self.armed {
-            return;
-        }
-        // Drop cannot wait: a task releases. Without a runtime (it is shutting
-        // down) the lease is the only way back, as for a crashed process.
-        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
-            return;
-        };
-        let (client, mode) = (self.client.clone(), self.mode);
-        let (name, token) = (self.name.to_owned(), self.token.to_owned());
-        let releasing = client.clone();
-        releasing.spawn_cleanup(&runtime, async move {
-            client.release_token(mode, &name, &token, None).await;
-        });
-    }
 }
 
 /// A queued call's entry on the nodes: dropped (however the call ended), it
@@ -1008,12 +520,12 @@ struct Dequeue {
 
 impl Dequeue {
     /// Nothing to take out: every node dropped the entry with its grant.
-    fn disarm(mut self) {
+    pub(super) fn disarm(mut self) {
         self.armed = false;
     }
 
     /// Takes the entry out on every node before returning.
-    async fn now(mut self) {
+    pub(super) async fn now(mut self) {
         self.armed = false;
         let (qkey, xkey) = self.mode.queue_keys(&self.name);
         let scripts = &self.client.inner.scripts;

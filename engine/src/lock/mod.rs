@@ -28,6 +28,7 @@
 //! `semaphore.rs` leased permits as slots of locks; `latch.rs` a count-down latch; `multi.rs` several names all or none; `fence.rs` the tokens; `waiters.rs` the pub/sub wake-ups.
 
 mod acquire;
+mod attempt;
 mod client;
 pub mod fence;
 mod gate;
@@ -41,6 +42,7 @@ mod options;
 mod renewal;
 mod scripts;
 pub mod semaphore;
+mod waiter_count;
 mod waiters;
 mod watchdog;
 
