@@ -8,10 +8,23 @@
 //! - `WaitBatches`: group commit of `ack = replicated`;
 //! - the lock client for admin operations, when lock nodes are configured.
 //!
-//! The operations themselves live beside what they do: purchases in
-//! `purchase.rs`, admin writes in `admin.rs`, status in `status.rs`, the
-//! sweeper in `sweeper.rs`. They reach the parts only through the accessors
-//! here. It never talks to PostgreSQL.
+//! The operations live in `ops/`, one file per kind, and the background
+//! passes in `sweepers/`; each is an `impl Engine` block that reaches the
+//! parts only through the accessors here. Which method lives where:
+//!
+//! | file | methods |
+//! | --- | --- |
+//! | `engine.rs` | `connect`, `config`, `locks`, `stats`, `readiness`, `dedicated_connection`, `slot_map`, `load_scripts` |
+//! | `ops/purchase.rs` | `purchase` |
+//! | `ops/admin.rs` | `create_sale`, `create_sale_op`, `repair_sale`, `restock`, `restock_op`, `close_sale` |
+//! | `ops/status.rs` | `sale_status`, `list_sales` |
+//! | `ops/holds.rs` | `pay`, `cancel`, `order` |
+//! | `sweepers/fall_through.rs` | `settle_abandoned` |
+//! | `sweepers/expiry.rs` | `expire_due`, `spawn_hold_sweeper` |
+//! | `orders/writer.rs` | `spawn_order_writer` |
+//!
+//! (`ledger::reconcile` takes an engine; it is not a method.)
+//! It never talks to PostgreSQL (the order writer and the ledger do).
 
 use std::sync::Arc;
 use std::time::Instant;

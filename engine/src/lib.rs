@@ -57,7 +57,6 @@ mod doc_examples {
 // buyer's home bucket), `redact` (the bench prints URLs without their
 // secrets), `validate` and `ratelimit` (the `flashsale` binary's `serve`
 // is a crate of its own). `replies` and `lua` have no user outside.
-pub mod admin;
 mod batch;
 mod cluster;
 pub mod config;
@@ -65,13 +64,13 @@ pub mod config;
 pub mod db;
 pub mod engine;
 pub mod error;
-pub mod hold;
 pub mod keys;
 #[cfg(feature = "postgres")]
 pub mod ledger;
 pub mod lock;
 mod lua;
 pub mod metrics;
+pub mod ops;
 pub mod order_id;
 pub mod order_state;
 #[cfg(feature = "postgres")]
@@ -80,7 +79,6 @@ pub mod placement;
 #[cfg(feature = "planted-bugs")]
 #[doc(hidden)]
 pub mod planted;
-pub mod purchase;
 pub mod ratelimit;
 pub mod redact;
 mod replication;
@@ -89,8 +87,7 @@ pub mod sale;
 pub mod scripts;
 #[cfg(feature = "settings")]
 pub mod settings;
-pub mod status;
-mod sweeper;
+mod sweepers;
 pub mod validate;
 
 pub use config::{Ack, Backoff, Config, OrderRecord};
@@ -99,9 +96,10 @@ pub use error::{
     AdminError, ConfigError, ConnectError, HoldError, InvalidInput, NotReady, PurchaseError,
     Unavailable,
 };
-pub use hold::{ExpiryReport, OrderView, Transition};
 pub use metrics::Stats;
+pub use ops::{admin, holds, purchase, status};
 pub use order_state::OrderState;
+pub use order_state::{OrderView, Transition};
 #[cfg(feature = "postgres")]
 pub use orders::{OrderWriter, WriterConfig, WriterHandle, WriterReport};
 pub use purchase::{Confirmed, PurchaseRequest};
@@ -110,4 +108,5 @@ pub use sale::{LatePayment, SaleSpec};
 #[cfg(feature = "settings")]
 pub use settings::{ServerConfig, Settings, SettingsError};
 pub use status::{BucketStatus, SaleStatus};
-pub use sweeper::SweepReport;
+pub use sweepers::expiry::ExpiryReport;
+pub use sweepers::fall_through::SweepReport;

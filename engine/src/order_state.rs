@@ -1,7 +1,9 @@
-//! Where a held order is in its life: the four states the scripts, the
-//! engine's answers and PostgreSQL all name the same way. Its own module so
-//! that the reply decoders and the errors can name a state without
-//! importing the transitions that change it.
+//! The order-state model: where a held order is in its life (the four
+//! states the scripts, the engine's answers and PostgreSQL all name the
+//! same way), and the answers that show it (a transition's, a lookup's).
+//! Its own module so that the reply decoders and the errors can name a
+//! state without importing the transitions that change it (`ops/holds.rs`)
+//! or the sweeper that expires it (`sweepers/expiry.rs`).
 
 use serde::Serialize;
 
@@ -47,4 +49,38 @@ impl std::fmt::Display for OrderState {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(self.as_str())
     }
+}
+
+/// The answer to a payment or a cancel.
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Transition {
+    /// The order.
+    pub order_id: String,
+    /// Its state now.
+    pub state: OrderState,
+    /// When its hold ended or ends (ms since the Unix epoch, Redis time).
+    pub expires_at_ms: u64,
+    /// True when this exact transition happened before (a retry).
+    pub replayed: bool,
+    /// True when a late payment took a unit again (`late_payment = "retake"`).
+    pub retaken: bool,
+}
+
+/// A held order as [`Engine::order`](crate::Engine::order) reads it.
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct OrderView {
+    /// The order.
+    pub order_id: String,
+    /// Its sale.
+    pub sku: String,
+    /// The buyer.
+    pub user: String,
+    /// Units.
+    pub qty: u64,
+    /// Its state.
+    pub state: OrderState,
+    /// When its hold ends or ended (ms since the Unix epoch).
+    pub expires_at_ms: u64,
 }

@@ -2,8 +2,8 @@
 //! cached [`SaleHandle`] (tags, slots, keys, the local sold-out flag), and
 //! the `SaleCache` that owns the handles of one process. Each bucket's
 //! handle carries its batch queue (`batch.rs`). The writes that
-//! make and change a sale live in `admin.rs`; the status read, in
-//! `status.rs`.
+//! make and change a sale live in `ops/admin.rs`; the status read, in
+//! `ops/status.rs`.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};

@@ -189,7 +189,7 @@ impl OrderWriter {
         }
     }
 
-    /// Settles fall-throughs whose process died half-way (see `sweeper.rs`).
+    /// Settles fall-throughs whose process died half-way (see `sweepers/fall_through.rs`).
     async fn sweep(&mut self) {
         match self.engine.settle_abandoned().await {
             Ok(r) => self.report.settled_abandoned += r.settled,

@@ -146,7 +146,7 @@ pub fn purchase_outcome(r: Result<flashsale::Confirmed, PurchaseError>) -> Outco
 }
 
 /// A payment's or a cancel's answer as the history records it.
-fn transition_outcome(r: Result<flashsale::hold::Transition, flashsale::HoldError>) -> Outcome {
+fn transition_outcome(r: Result<flashsale::Transition, flashsale::HoldError>) -> Outcome {
     match r {
         Ok(t) => Outcome::Ok {
             value: OkValue::Transition {
