@@ -262,6 +262,8 @@ pub enum CreateBucketReply {
     Existed,
 }
 
+// Only reconcile (the postgres feature) reads a ledger.
+#[cfg(feature = "postgres")]
 /// `ledger_snapshot.lua`: one bucket's ledger at one instant.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct LedgerSnapshot {
@@ -534,6 +536,7 @@ pub fn created_bucket(v: Value) -> Result<CreateBucketReply, BadReply> {
     }
 }
 
+#[cfg(feature = "postgres")]
 /// Decodes a `ledger_snapshot.lua` reply.
 pub fn ledger_snapshot(v: Value) -> Result<LedgerSnapshot, BadReply> {
     const S: &str = "ledger_snapshot";
