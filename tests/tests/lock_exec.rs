@@ -1459,11 +1459,12 @@ fn a_closed_stderr_keeps_the_exit_codes() {
 /// From the fourth attack: SIGPWR, SIGXCPU, the real-time signals and the
 /// like ended the exec without a release, so the next holder waited out the
 /// lease. Each is handled as SIGTERM is: the command ends, the lock goes
-/// back at once.
+/// back at once. From the seventeenth: SIGABRT too, which systemd sends on
+/// a watchdog timeout (it is sent, not raised by a fault).
 #[test]
 fn every_catchable_terminating_signal_releases_the_lock() {
     let nodes = servers(1);
-    for sig in ["PWR", "XCPU", "RTMIN+3"] {
+    for sig in ["PWR", "XCPU", "RTMIN+3", "ABRT"] {
         let name = format!("sig-{}", sig.replace('+', "-"));
         let mut exec = flashsale_cmd(None, None, &urls(&nodes))
             .args([
@@ -2766,4 +2767,176 @@ fn an_exec_whose_proc_belongs_to_another_pid_namespace_runs_nothing() {
         0,
         "the lock was given back"
     );
+}
+
+/// From the seventeenth attack: the command's processes run as the exec's
+/// user, and could open the supervisor's control pipe through
+/// `/proc/<lease-reaper>/fd/<n>` (the number is its argv[1]): one forged
+/// heartbeat stamped far ahead, the pipe held open, and a kill -9 of the
+/// exec left the command writing beside the next holder (4 runs in 4). The
+/// exec and its supervisor are not dumpable now: their /proc entries belong
+/// to root, out of an ordinary user's reach.
+#[test]
+fn a_command_cannot_forge_its_exec_s_heartbeat() {
+    use std::os::unix::fs::PermissionsExt;
+    let nodes = servers(1);
+    let dir = tempfile::TempDir::new().expect("dir");
+    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o777)).expect("chmod");
+    let mark = format!("FLASHSALE_TEST_FORGE={}", std::process::id());
+    let forged = dir.path().join("forged");
+    // The supervisor is the command's parent; its argv[1] is the control
+    // pipe's descriptor. A beat is tag 2 and 8 bytes of send time.
+    let forge = format!(
+        "exec >/dev/null 2>&1; export {mark}; \
+         ctl=$(tr '\\0' '\\n' < /proc/$PPID/cmdline | sed -n 2p); \
+         exec 9>/proc/$PPID/fd/$ctl && printf '\\002\\377\\377\\377\\377\\377\\377\\377\\177' >&9 \
+           && touch {}; \
+         sleep 60",
+        forged.display()
+    );
+    let mut exec = Command::new("setpriv")
+        .args(["--reuid=65534", "--regid=65534", "--clear-groups", "--"])
+        .arg(flashsale_bin())
+        .args([
+            "lock", "exec", "--name", "forge", "--ttl", "1s", "--", "bash", "-c", &forge,
+        ])
+        .env_remove("FLASHSALE_CONFIG")
+        .env("FLASHSALE_LOCK_NODES", urls(&nodes).join(","))
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("spawn");
+    wait_for(
+        Duration::from_secs(30),
+        || !marked_alive(&mark).is_empty(),
+        || "the command never started".into(),
+    );
+    // Time for the forgery to be tried (it fails fast or succeeds fast).
+    std::thread::sleep(Duration::from_millis(500));
+    signal(exec.id(), "KILL");
+    let _ = exec.wait();
+    // The next holder gets the lock once the lease lapses; by then the
+    // supervisor must have ended the command.
+    let next = Command::new(flashsale_bin())
+        .args([
+            "lock", "exec", "--name", "forge", "--ttl", "1s", "--wait", "20s", "--", "true",
+        ])
+        .env_remove("FLASHSALE_CONFIG")
+        .env("FLASHSALE_LOCK_NODES", urls(&nodes).join(","))
+        .status()
+        .expect("next holder");
+    let left = marked_alive(&mark);
+    for pid in &left {
+        signal(*pid, "KILL");
+    }
+    assert_eq!(next.code(), Some(0), "the next holder got the lock");
+    assert!(
+        left.is_empty(),
+        "the command outlived its killed exec into the next holder's turn (forged: {})",
+        forged.exists()
+    );
+    assert!(!forged.exists(), "the control pipe could be opened");
+}
+
+/// From the seventeenth attack: the hidepid check read the options of the
+/// last /proc line in mountinfo, which after `mount --move` is not the
+/// mount on top: a plain /proc listed last hid a hidepid one in use, and
+/// the exec ran a command whose non-dumpable writer it could not see. The
+/// /proc in use is the one an open descriptor on it names (its mnt_id).
+#[test]
+fn a_hidepid_proc_moved_over_another_is_still_seen() {
+    let nodes = servers(1);
+    let dir = tempfile::TempDir::new().expect("dir");
+    let ran = dir.path().join("ran");
+    std::fs::create_dir(dir.path().join("mp")).expect("mp");
+    std::fs::create_dir(dir.path().join("mq")).expect("mq");
+    let script = format!(
+        "mount -t proc -o hidepid=2 proc {d}/mp && mount -t proc proc {d}/mq && \
+         mount --move {d}/mq /proc && mount --move {d}/mp /proc && \
+         exec setpriv --reuid=65534 --regid=65534 --clear-groups -- \"$0\" \"$@\"",
+        d = dir.path().display()
+    );
+    let work = format!("touch {}", ran.display());
+    std::fs::set_permissions(
+        dir.path(),
+        std::os::unix::fs::PermissionsExt::from_mode(0o777),
+    )
+    .expect("chmod");
+    let (status, said, _) = wrapped_exec(
+        &nodes,
+        &[
+            "unshare",
+            "-m",
+            "--propagation",
+            "private",
+            "--",
+            "sh",
+            "-c",
+            &script,
+        ],
+        "lock exec --name moved --ttl 2s",
+        &work,
+        None,
+    );
+    assert!(!ran.exists(), "the command ran: {status:?} {said:?}");
+    assert!(
+        status.is_some_and(|s| !s.success()) && said.contains("hidepid"),
+        "{status:?} {said:?}"
+    );
+}
+
+/// From the seventeenth attack: a caller that blocked SIGTERM (a signal
+/// mask is inherited across exec) made the exec deaf to it: SIGTERM while
+/// waiting was lost, and the command ran once the lock came free. The exec
+/// starts with no signal blocked.
+#[test]
+fn a_stop_signal_blocked_by_the_caller_still_stops_the_exec() {
+    let nodes = servers(1);
+    let dir = tempfile::TempDir::new().expect("dir");
+    let ran = dir.path().join("ran");
+    let mut holder = flashsale_cmd(None, None, &urls(&nodes))
+        .args([
+            "lock", "exec", "--name", "masked", "--ttl", "5s", "--", "sleep", "4",
+        ])
+        .spawn()
+        .expect("holder");
+    wait_for(
+        Duration::from_secs(30),
+        || {
+            nodes[0]
+                .node
+                .cmd::<i64>(&["EXISTS", "flashsale:lock:masked"])
+                == 1
+        },
+        || "the holder never took the lock".into(),
+    );
+    let blocked = "import os, signal, sys; \
+         signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM, signal.SIGINT}); \
+         os.execv(sys.argv[1], sys.argv[1:])";
+    let mut waiter = Command::new("python3")
+        .args(["-c", blocked])
+        .arg(flashsale_bin())
+        .args([
+            "lock", "exec", "--name", "masked", "--ttl", "5s", "--wait", "30s", "--", "touch",
+        ])
+        .arg(&ran)
+        .env_remove("FLASHSALE_CONFIG")
+        .env("FLASHSALE_LOCK_NODES", urls(&nodes).join(","))
+        .spawn()
+        .expect("waiter");
+    // Waiting: counted among the lock's waiters on the node.
+    wait_for(
+        Duration::from_secs(30),
+        || {
+            nodes[0]
+                .node
+                .cmd::<i64>(&["EXISTS", "flashsale:waiters:masked"])
+                == 1
+        },
+        || "the waiter never waited".into(),
+    );
+    signal(waiter.id(), "TERM");
+    let status = exit_within(&mut waiter, Duration::from_secs(3));
+    let _ = holder.wait();
+    assert_eq!(status.and_then(|s| s.code()), Some(143), "{status:?}");
+    assert!(!ran.exists(), "the command ran after SIGTERM");
 }

@@ -616,7 +616,32 @@ fn within_reach() -> io::Result<()> {
 /// leaves the nodes as they were; [`Supervisor::start`] checks again.
 pub fn preflight() -> io::Result<()> {
     within_reach()?;
-    proc_shows_everything()
+    proc_shows_everything()?;
+    keep_out_of_reach();
+    Ok(())
+}
+
+/// Makes this process not dumpable, so its /proc entries belong to root:
+/// the command runs as this user, and could otherwise open the pipes to
+/// the supervisor through `/proc/<pid>/fd/<n>`, forge a heartbeat stamped
+/// far ahead and hold the pipe open, and run on past the lock after a
+/// kill -9 of the exec (the seventeenth attack). The supervisor does the
+/// same in its own image; the command gets dumpable back at its execve. A
+/// command running as root reaches them anyway: no process can keep root
+/// out.
+fn keep_out_of_reach() {
+    // SAFETY: prctl on this process's own attribute.
+    unsafe { libc::prctl(libc::PR_SET_DUMPABLE, 0) };
+}
+
+/// Clears the signal mask this process inherited (see `main`).
+pub fn unblock_all_signals() {
+    // SAFETY: sigprocmask with a mask made here and no old mask asked for.
+    unsafe {
+        let mut none: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut none);
+        libc::sigprocmask(libc::SIG_SETMASK, &none, std::ptr::null_mut());
+    }
 }
 
 /// Refuses a /proc that cannot show this exec every process its command
@@ -660,8 +685,11 @@ fn proc_shows_everything() -> io::Result<()> {
     let Ok(mounts) = std::fs::read_to_string("/proc/self/mountinfo") else {
         return Ok(());
     };
-    let Some(options) = proc_mount_options(&mounts) else {
-        return Ok(());
+    let Some(options) = proc_in_use().and_then(|id| proc_mount_options(&mounts, id)) else {
+        return Err(io::Error::new(
+            io::ErrorKind::Unsupported,
+            "cannot tell which /proc is mounted here (hidepid or not); the command did not run",
+        ));
     };
     let Some(hidepid) = options
         .split(',')
@@ -691,17 +719,29 @@ fn proc_shows_everything() -> io::Result<()> {
     ))
 }
 
-/// The super options of the mount at /proc (the last one mounted there),
-/// from `/proc/self/mountinfo`.
-fn proc_mount_options(mountinfo: &str) -> Option<&str> {
-    mountinfo
-        .lines()
-        .filter_map(|line| {
-            let (mount, fs) = line.split_once(" - ")?;
-            (mount.split(' ').nth(4)? == "/proc").then_some(fs)
-        })
-        .next_back()
-        .and_then(|fs| fs.split(' ').nth(2))
+/// The mount id of the /proc this process reads: the one a descriptor
+/// opened on it names (`/proc/self/fdinfo`), not the last /proc line of
+/// mountinfo, which after `mount --move` need not be the mount on top
+/// (the seventeenth attack).
+fn proc_in_use() -> Option<u64> {
+    let dir = File::open("/proc").ok()?;
+    let fd = std::os::fd::AsRawFd::as_raw_fd(&dir);
+    let info = std::fs::read_to_string(format!("/proc/self/fdinfo/{fd}")).ok()?;
+    info.lines()
+        .find_map(|l| l.strip_prefix("mnt_id:"))
+        .and_then(|v| v.trim().parse().ok())
+}
+
+/// The super options of mount `id` (`/proc/self/mountinfo`), if it is a
+/// procfs mount.
+fn proc_mount_options(mountinfo: &str, id: u64) -> Option<&str> {
+    mountinfo.lines().find_map(|line| {
+        let (mount, fs) = line.split_once(" - ")?;
+        let this: u64 = mount.split(' ').next()?.parse().ok()?;
+        let mut fs = fs.split(' ');
+        (this == id && fs.next()? == "proc").then_some(())?;
+        fs.nth(1)
+    })
 }
 
 /// Whether this process is in the first user namespace: only there does
@@ -974,6 +1014,10 @@ fn supervise(control: libc::c_int, report: libc::c_int, patience: Duration) -> !
     unsafe {
         libc::prctl(libc::PR_SET_NAME, c"lease-reaper".as_ptr());
         libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1);
+        // Out of the command's reach: see `keep_out_of_reach`. Set again
+        // here, as a new image is dumpable; the namespace init, a fork,
+        // inherits it.
+        libc::prctl(libc::PR_SET_DUMPABLE, 0);
         for sig in supervisor_ignores() {
             libc::signal(sig, libc::SIG_IGN);
         }
@@ -1616,22 +1660,21 @@ mod tests {
         assert_eq!(looped, vec![9004]);
     }
 
-    /// The options of the last mount at /proc, not those of one below it
-    /// or of another mount point.
+    /// The options of the mount the id names, whatever order mountinfo
+    /// lists them in; none for a mount that is not procfs.
     #[test]
-    fn the_proc_mount_options_are_those_of_the_mount_on_top() {
+    fn the_proc_mount_options_are_those_of_the_mount_in_use() {
         let mountinfo = "22 27 0:21 / /proc rw,relatime - proc proc rw\n\
              41 31 0:38 / /sys/fs/cgroup rw - cgroup2 cgroup2 rw\n\
-             90 22 0:50 / /proc rw - proc proc rw,hidepid=invisible,gid=4\n\
-             91 41 0:51 / /proc/x rw - proc proc rw,hidepid=2\n";
+             63 64 0:50 / /proc rw - proc proc rw,hidepid=invisible,gid=4\n\
+             64 45 0:51 / /proc rw - proc proc rw\n";
         assert_eq!(
-            proc_mount_options(mountinfo),
+            proc_mount_options(mountinfo, 63),
             Some("rw,hidepid=invisible,gid=4")
         );
-        assert_eq!(
-            proc_mount_options("1 2 0:1 / / rw - ext4 /dev/x rw\n"),
-            None
-        );
+        assert_eq!(proc_mount_options(mountinfo, 64), Some("rw"));
+        assert_eq!(proc_mount_options(mountinfo, 41), None);
+        assert_eq!(proc_mount_options(mountinfo, 7), None);
     }
 
     /// Only the first user namespace maps every uid to itself.
