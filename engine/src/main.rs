@@ -62,7 +62,7 @@ fn main() -> ExitCode {
     // A signal mask is inherited across exec: a caller that blocked SIGTERM
     // (the seventeenth attack) made `lock exec` deaf to it, and `serve`
     // too. Before any thread starts, so every thread begins with none.
-    cli::supervisor::unblock_all_signals();
+    cli::signal_mask::unblock_all_signals();
     // A lock exec's supervisor runs this binary anew under its own name.
     cli::supervisor::run_if_supervisor();
     let cli = Cli::parse();

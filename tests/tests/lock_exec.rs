@@ -407,7 +407,10 @@ async fn a_lock_lost_while_the_command_drains_after_sigterm_kills_it_and_exits_7
 
 /// Runs `line` under a pseudo-terminal (`script(1)`) against `nodes`, with
 /// its input held open and never written; its exit status within 60 s
-/// (None: it hung, and was killed) and what the terminal showed.
+/// (None: it hung, and was killed) and what the terminal showed. The lines
+/// ask a 10 s lease: a 2 s one was lost to a loaded machine's slow renewal
+/// (one node, 100 ms timeout), which ends the command for the lost lock
+/// before the terminal stop these tests are about.
 fn under_a_terminal(nodes: &[RedisServer], line: &str) -> (Option<ExitStatus>, String) {
     let mut term = Command::new("script")
         .args(["-qec", line, "/dev/null"])
@@ -434,7 +437,7 @@ fn under_a_terminal(nodes: &[RedisServer], line: &str) -> (Option<ExitStatus>, S
 fn a_command_that_reads_the_terminal_is_ended_with_a_clear_error_not_left_holding_the_lock() {
     let nodes = servers(1);
     let line = format!(
-        "{} lock exec --name tty --ttl 2s -- sh -c 'read ans </dev/tty; echo got:$ans'",
+        "{} lock exec --name tty --ttl 10s -- sh -c 'read ans </dev/tty; echo got:$ans'",
         flashsale_bin().display()
     );
     let (status, out) = under_a_terminal(&nodes, &line);
@@ -1347,7 +1350,7 @@ fn a_wrapper_that_hides_a_terminal_read_does_not_hold_the_lock_for_ever() {
         ("wrapped-timeout", "timeout --foreground 600 cat"),
     ] {
         let line = format!(
-            "{} lock exec --name {name} --ttl 2s -- {wrapped}",
+            "{} lock exec --name {name} --ttl 10s -- {wrapped}",
             flashsale_bin().display()
         );
         let (status, out) = under_a_terminal(&nodes, &line);
@@ -1497,7 +1500,7 @@ fn every_catchable_terminating_signal_releases_the_lock() {
 fn a_command_that_pauses_its_own_worker_for_a_moment_is_let_be() {
     let nodes = servers(1);
     let line = format!(
-        "{} lock exec --name pauses --ttl 2s -- sh -c 'sleep 4 & p=$!; kill -STOP $p; sleep 2; kill -CONT $p; wait $p; echo finished'",
+        "{} lock exec --name pauses --ttl 10s -- sh -c 'sleep 4 & p=$!; kill -STOP $p; sleep 2; kill -CONT $p; wait $p; echo finished'",
         flashsale_bin().display()
     );
     let (status, out) = under_a_terminal(&nodes, &line);
@@ -2766,6 +2769,156 @@ fn an_exec_whose_proc_belongs_to_another_pid_namespace_runs_nothing() {
             .cmd::<i64>(&["EXISTS", "flashsale:lock:pidns"]),
         0,
         "the lock was given back"
+    );
+}
+
+/// From the eighteenth attack: in a PID namespace nested in one with its
+/// own /proc (`unshare -Urpf --mount-proc`, then `unshare -pf`), a write to
+/// `ns_last_pid` made the exec's pid in the inner namespace equal its pid
+/// in the outer one, so `/proc/self` matched getpid() while every later
+/// pid differed: the kill never found the command's orphan, which wrote on
+/// beside the next holder. /proc is now this process's namespace's only
+/// when `NSpid:` names one pid.
+#[test]
+fn an_exec_whose_pid_only_happens_to_match_its_proc_runs_nothing() {
+    // The inner shell sets its namespace's last pid to the outer pid of a
+    // process it just forked: its next child, the exec, gets the same pid
+    // in both namespaces.
+    let inner = "m=$(readlink /proc/self); echo $m > /proc/sys/kernel/ns_last_pid; \"$0\" \"$@\"";
+    let outer = format!("unshare -pf -- sh -c '{inner}' \"$0\" \"$@\"");
+    refused_before_running(
+        &["unshare", "-Urpf", "--mount-proc", "--", "sh", "-c", &outer],
+        "nspid",
+        "--mount-proc",
+    );
+}
+
+/// Runs `lock exec` and `semaphore exec` under `wrapper`, each with a
+/// command that leaves a process behind, and checks that each refused
+/// before its command ran, saying `says`, and left nothing running.
+fn refused_before_running(wrapper: &[&str], name: &str, says: &str) {
+    let nodes = servers(1);
+    let dir = tempfile::TempDir::new().expect("dir");
+    let ran = dir.path().join("ran");
+    let mark = format!("FLASHSALE_TEST_REFUSED_{name}={}", std::process::id());
+    let work = format!(
+        "touch {}; exec >/dev/null 2>&1; export {mark}; sleep 30 & exit 0",
+        ran.display()
+    );
+    for exec in [
+        format!("lock exec --name {name} --ttl 2s"),
+        format!("semaphore exec --name {name}s --permits 1 --lease 2s"),
+    ] {
+        let (status, said, left) = wrapped_exec(&nodes, wrapper, &exec, &work, Some(&mark));
+        assert_eq!(left, 0, "{exec}: outlived the exec: {status:?} {said:?}");
+        assert!(
+            !ran.exists(),
+            "{exec}: the command ran: {status:?} {said:?}"
+        );
+        assert!(
+            status.is_some_and(|s| !s.success()) && said.contains(says),
+            "{exec}: {status:?} {said:?}"
+        );
+    }
+}
+
+/// After the eighteenth attack, the fourth in a row to find a /proc the
+/// exec trusted and should not have: `--pid-namespace`, whose kill the
+/// kernel makes whole with no word from /proc, was root's alone (it needed
+/// CAP_SYS_ADMIN) and refused an ordinary user. It now runs their command
+/// in a PID namespace inside a user namespace of its own, as the same
+/// user, and what the command left running dies with it.
+#[test]
+fn an_ordinary_user_s_command_gets_a_pid_namespace_of_its_own() {
+    use std::os::unix::fs::PermissionsExt;
+    let nodes = servers(1);
+    let dir = tempfile::TempDir::new().expect("dir");
+    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o777)).expect("chmod");
+    let seen = dir.path().join("seen");
+    let mark = format!("FLASHSALE_TEST_USERNS={}", std::process::id());
+    let work = format!(
+        "{{ id -u; grep NSpid /proc/self/status; }} > {}; exec >/dev/null 2>&1; \
+         export {mark}; sleep 30 & exit 0",
+        seen.display()
+    );
+    let as_nobody = [
+        "setpriv",
+        "--reuid=65534",
+        "--regid=65534",
+        "--clear-groups",
+        "--",
+    ];
+    for exec in [
+        "lock exec --name userns --ttl 2s --pid-namespace",
+        "semaphore exec --name usernss --permits 1 --lease 2s --pid-namespace",
+    ] {
+        let (status, said, left) = wrapped_exec(&nodes, &as_nobody, exec, &work, Some(&mark));
+        assert_eq!(left, 0, "{exec}: outlived the exec: {status:?} {said:?}");
+        assert_eq!(status.and_then(|s| s.code()), Some(0), "{exec}: {said:?}");
+        let seen_text = std::fs::read_to_string(&seen).unwrap_or_default();
+        let mut lines = seen_text.lines();
+        assert_eq!(lines.next(), Some("65534"), "{exec}: runs as the same user");
+        let nspid = lines.next().map(|l| l.split_whitespace().count() - 1);
+        assert_eq!(nspid, Some(2), "{exec}: in a PID namespace: {seen_text:?}");
+        std::fs::remove_file(&seen).expect("rm");
+    }
+    assert_eq!(
+        nodes[0]
+            .node
+            .cmd::<i64>(&["EXISTS", "flashsale:lock:userns"]),
+        0,
+        "the lock was given back"
+    );
+}
+
+/// From the eighteenth attack: a directory bind-mounted over /proc in a
+/// user and mount namespace of the caller's, answering `self`, `status`,
+/// `uid_map`, `mountinfo` and `fdinfo` as a real one would, passed every
+/// check; the kill read its processes from it, found none, and the
+/// command's orphan wrote on beside the next holder. /proc must now be a
+/// procfs (`fstatfs` says PROC_SUPER_MAGIC) before anything it says counts.
+#[test]
+fn an_exec_on_a_proc_that_is_not_procfs_runs_nothing() {
+    let dir = tempfile::TempDir::new().expect("dir");
+    let fake = dir.path().join("fake-proc");
+    // A copy of what the shell's /proc says of it (the shell then becomes
+    // the exec, pid and all), with every descriptor's mount id the real
+    // /proc's.
+    let build = format!(
+        "set -e; p=$$; f={fake}; rm -rf $f; mkdir -p $f/$p/fdinfo; \
+         for n in status uid_map gid_map mountinfo; do cat /proc/$p/$n > $f/$p/$n; done; \
+         id=$(awk '$5 == \"/proc\" && / - proc / {{ print $1 }}' /proc/$p/mountinfo | tail -n1); \
+         for i in $(seq 0 255); do printf 'pos:\t0\nflags:\t0\nmnt_id:\t%s\n' $id > $f/$p/fdinfo/$i; done; \
+         ln -s \"$0\" $f/$p/exe; ln -s $p $f/self; \
+         mount --bind $f /proc; exec \"$0\" \"$@\"",
+        fake = fake.display()
+    );
+    refused_before_running(
+        &["unshare", "-Urm", "--", "sh", "-c", &build],
+        "fakeproc",
+        "not a procfs",
+    );
+}
+
+/// Found while fixing the eighteenth attack: a real /proc entry of another
+/// process (`mount --bind /proc/1 /proc/$$`) bound over the exec's own
+/// answers for it, `NSpid:` and all, so the new `NSpid:` check alone would
+/// pass it. (The old checks refused it only by chance: pid 1 had no
+/// descriptor of the number the exec looked up in `fdinfo`.) A file of
+/// `/proc/self` must be on the /proc mount itself.
+#[test]
+fn an_exec_whose_proc_entry_is_covered_by_another_runs_nothing() {
+    refused_before_running(
+        &[
+            "unshare",
+            "-Urm",
+            "--",
+            "sh",
+            "-c",
+            "mount --bind /proc/1 /proc/$$ && exec \"$0\" \"$@\"",
+        ],
+        "covered",
+        "covered by another mount",
     );
 }
 

@@ -63,10 +63,12 @@ pub mod config_check;
 pub mod demo;
 pub mod lock_exec;
 pub mod orders;
+pub mod own_proc;
 pub mod reconcile;
 pub mod sale;
 pub mod semaphore_exec;
 pub mod serve;
+pub mod signal_mask;
 pub mod supervisor;
 
 /// Resolves on SIGINT or SIGTERM.

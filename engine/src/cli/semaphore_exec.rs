@@ -42,7 +42,7 @@ pub struct SemaphoreExecArgs {
     #[arg(long, default_value = "10s", value_parser = parse_duration)]
     pub grace: Duration,
     /// Run the command in a PID namespace of its own (see `lock exec
-    /// --pid-namespace`; needs CAP_SYS_ADMIN).
+    /// --pid-namespace`; root needs CAP_SYS_ADMIN, others a user namespace).
     #[arg(long)]
     pub pid_namespace: bool,
     /// The command and its arguments, after `--`.

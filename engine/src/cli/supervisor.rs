@@ -68,6 +68,8 @@ use std::os::unix::ffi::{OsStrExt, OsStringExt};
 use std::os::unix::process::CommandExt;
 use std::time::{Duration, Instant};
 
+use super::own_proc::{cap_set, OwnProc};
+
 /// The supervisor's name (argv[0] and comm) in its new image.
 const SUPERVISOR_NAME: &str = "lease-reaper";
 
@@ -580,17 +582,11 @@ impl Drop for Supervisor {
 /// setuid bit and file capabilities; what is left is CAP_SETUID this
 /// process holds itself (or, as root, could regain at exec from its
 /// bounding set): then the command does not run.
-fn within_reach() -> io::Result<()> {
+fn within_reach(proc: &OwnProc) -> io::Result<()> {
     const CAP_KILL: u32 = 5;
     const CAP_SETUID: u32 = 7;
-    let status = std::fs::read_to_string("/proc/self/status")?;
-    let caps = |field: &str| {
-        status
-            .lines()
-            .find_map(|l| l.strip_prefix(field))
-            .and_then(|v| u64::from_str_radix(v.trim(), 16).ok())
-            .unwrap_or(0)
-    };
+    let status = proc.read_self("status")?;
+    let caps = |field: &str| cap_set(&status, field);
     let has = |set: u64, cap: u32| set & (1 << cap) != 0;
     if has(caps("CapEff:"), CAP_KILL) {
         return Ok(());
@@ -610,13 +606,15 @@ fn within_reach() -> io::Result<()> {
     Ok(())
 }
 
-/// What an exec checks before it takes a lock or sets anything: that it
-/// can end whatever its command may become ([`within_reach`]) and that
-/// /proc shows it all of it ([`proc_shows_everything`]). A refusal here
-/// leaves the nodes as they were; [`Supervisor::start`] checks again.
+/// What an exec checks before it takes a lock or sets anything: that
+/// /proc is its own ([`OwnProc::open`]), that it can end whatever its
+/// command may become ([`within_reach`]) and that /proc shows it all of
+/// it ([`OwnProc::shows_everything`]). A refusal here leaves the nodes as
+/// they were; [`Supervisor::start`] checks again.
 pub fn preflight() -> io::Result<()> {
-    within_reach()?;
-    proc_shows_everything()?;
+    let proc = OwnProc::open()?;
+    within_reach(&proc)?;
+    proc.shows_everything()?;
     keep_out_of_reach();
     Ok(())
 }
@@ -632,130 +630,6 @@ pub fn preflight() -> io::Result<()> {
 fn keep_out_of_reach() {
     // SAFETY: prctl on this process's own attribute.
     unsafe { libc::prctl(libc::PR_SET_DUMPABLE, 0) };
-}
-
-/// Clears the signal mask this process inherited (see `main`).
-pub fn unblock_all_signals() {
-    // SAFETY: sigprocmask with a mask made here and no old mask asked for.
-    unsafe {
-        let mut none: libc::sigset_t = std::mem::zeroed();
-        libc::sigemptyset(&mut none);
-        libc::sigprocmask(libc::SIG_SETMASK, &none, std::ptr::null_mut());
-    }
-}
-
-/// Refuses a /proc that cannot show this exec every process its command
-/// may start: the kill, the caller's children it spares and the SIGTERM
-/// it forwards are all read from there, and a process it cannot see runs
-/// on past the lock (the fifteenth and sixteenth attacks).
-///
-/// - /proc of another PID namespace (`unshare -pf` without `--mount-proc`):
-///   its pids are not the ones kill(2) takes here. `/proc/self` names this
-///   process by its pid in the namespace that mounted /proc.
-/// - /proc mounted with `hidepid` (1, 2 or 4): a process this one may not
-///   ptrace is hidden, and that includes its own processes that are not
-///   dumpable (a program only executable, not readable; PR_SET_DUMPABLE 0).
-///   Only CAP_SYS_PTRACE held in the first user namespace sees through it
-///   for certain: a non-dumpable process belongs to the namespace of its
-///   program's owner, often the first, so root of a user namespace of its
-///   own does not see it (the sixteenth attack), and the mount's `gid=` is
-///   a number of the first namespace that cannot be compared with this
-///   process's groups from inside another. So this is not a prediction of
-///   what /proc will show but the one case the kernel promises; everything
-///   else under hidepid is refused, `--pid-namespace` too (its exec still
-///   reads /proc for the caller's children and for the SIGTERM it sends).
-///
-/// A process cannot list its own children without /proc (this kernel has
-/// no `/proc/<pid>/task/<tid>/children`), hence a refusal, not a way round.
-fn proc_shows_everything() -> io::Result<()> {
-    // SAFETY: getpid has no failure and no memory.
-    let me = unsafe { libc::getpid() };
-    let seen = std::fs::read_link("/proc/self")
-        .ok()
-        .and_then(|p| p.to_str()?.parse::<libc::pid_t>().ok());
-    if seen != Some(me) {
-        return Err(io::Error::new(
-            io::ErrorKind::Unsupported,
-            "/proc here is not this process's PID namespace's (or is not mounted): its pids are \
-             not the ones this exec would signal, so it could not end its command's processes; \
-             give it a /proc of its own namespace (`unshare --pid --fork --mount-proc`); the \
-             command did not run",
-        ));
-    }
-    let Ok(mounts) = std::fs::read_to_string("/proc/self/mountinfo") else {
-        return Ok(());
-    };
-    let Some(options) = proc_in_use().and_then(|id| proc_mount_options(&mounts, id)) else {
-        return Err(io::Error::new(
-            io::ErrorKind::Unsupported,
-            "cannot tell which /proc is mounted here (hidepid or not); the command did not run",
-        ));
-    };
-    let Some(hidepid) = options
-        .split(',')
-        .find_map(|o| o.strip_prefix("hidepid="))
-        .filter(|v| !matches!(*v, "0" | "off"))
-    else {
-        return Ok(());
-    };
-    const CAP_SYS_PTRACE: u32 = 19;
-    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
-    let effective = status
-        .lines()
-        .find_map(|l| l.strip_prefix("CapEff:"))
-        .and_then(|v| u64::from_str_radix(v.trim(), 16).ok())
-        .unwrap_or(0);
-    if effective & (1 << CAP_SYS_PTRACE) != 0 && in_first_user_namespace() {
-        return Ok(());
-    }
-    Err(io::Error::new(
-        io::ErrorKind::PermissionDenied,
-        format!(
-            "/proc is mounted with hidepid={hidepid}: it hides processes of this exec's command \
-             (those that are not dumpable), which it could then never end; run the exec as root \
-             (CAP_SYS_PTRACE) outside any user namespace, or on a /proc without hidepid; the \
-             command did not run"
-        ),
-    ))
-}
-
-/// The mount id of the /proc this process reads: the one a descriptor
-/// opened on it names (`/proc/self/fdinfo`), not the last /proc line of
-/// mountinfo, which after `mount --move` need not be the mount on top
-/// (the seventeenth attack).
-fn proc_in_use() -> Option<u64> {
-    let dir = File::open("/proc").ok()?;
-    let fd = std::os::fd::AsRawFd::as_raw_fd(&dir);
-    let info = std::fs::read_to_string(format!("/proc/self/fdinfo/{fd}")).ok()?;
-    info.lines()
-        .find_map(|l| l.strip_prefix("mnt_id:"))
-        .and_then(|v| v.trim().parse().ok())
-}
-
-/// The super options of mount `id` (`/proc/self/mountinfo`), if it is a
-/// procfs mount.
-fn proc_mount_options(mountinfo: &str, id: u64) -> Option<&str> {
-    mountinfo.lines().find_map(|line| {
-        let (mount, fs) = line.split_once(" - ")?;
-        let this: u64 = mount.split(' ').next()?.parse().ok()?;
-        let mut fs = fs.split(' ');
-        (this == id && fs.next()? == "proc").then_some(())?;
-        fs.nth(1)
-    })
-}
-
-/// Whether this process is in the first user namespace: only there does
-/// its uid map cover every uid one to one.
-fn in_first_user_namespace() -> bool {
-    std::fs::read_to_string("/proc/self/uid_map").is_ok_and(|m| is_whole_uid_map(&m))
-}
-
-fn is_whole_uid_map(map: &str) -> bool {
-    let lines: Vec<Vec<&str>> = map
-        .lines()
-        .map(|l| l.split_whitespace().collect())
-        .collect();
-    matches!(lines.as_slice(), [fields] if fields.as_slice() == ["0", "0", "4294967295"])
 }
 
 /// Gives SIGCHLD back its default if the caller left it ignored (`perl -e
@@ -1053,11 +927,7 @@ fn supervise(control: libc::c_int, report: libc::c_int, patience: Duration) -> !
     // pids of its namespace, not the host's: so it is asked for, not
     // assumed. Without it, the walk in `kill_tree` is all there is.
     if spec.pid_namespace {
-        // SAFETY: unshare affects only the children this process makes next.
-        if unsafe { libc::unshare(libc::CLONE_NEWPID) } != 0 {
-            let errno = io::Error::last_os_error()
-                .raw_os_error()
-                .unwrap_or(libc::EPERM);
+        if let Err(errno) = new_pid_namespace() {
             let _ = to_exec.write_all(&Report::NoNamespace(errno).encode());
             std::process::exit(0)
         }
@@ -1102,6 +972,50 @@ fn supervise(control: libc::c_int, report: libc::c_int, patience: Duration) -> !
     // knows the command's processes are gone.
     let all_gone = kill_tree(std::process::id() as libc::pid_t, &[]);
     std::process::exit(if all_gone { 0 } else { 3 })
+}
+
+/// Makes the PID namespace the supervisor's next children are born in:
+/// with CAP_SYS_ADMIN (root), one of the user namespace this process is
+/// in; without, one owned by a user namespace of its own, which an
+/// ordinary user may make on most Linux systems, so `--pid-namespace` is
+/// not for root alone. That user namespace maps this process's uid and gid
+/// to themselves and nothing else: the command runs as the same user, with
+/// no capability left after its execve (its uid is not the namespace's
+/// root), and a setuid program owned by another user runs as this one
+/// (an unmapped owner's setuid bit is ignored). The error is the errno.
+fn new_pid_namespace() -> Result<(), i32> {
+    let errno = || {
+        io::Error::last_os_error()
+            .raw_os_error()
+            .unwrap_or(libc::EPERM)
+    };
+    // SAFETY: unshare affects only the children this process makes next.
+    if unsafe { libc::unshare(libc::CLONE_NEWPID) } == 0 {
+        return Ok(());
+    }
+    let as_root = errno();
+    if as_root != libc::EPERM {
+        return Err(as_root);
+    }
+    // SAFETY: getters with no failure and no memory.
+    let (uid, gid) = unsafe { (libc::geteuid(), libc::getegid()) };
+    // SAFETY: this image is single-threaded (unshare of a user namespace
+    // needs it); the namespaces hold for this process and the children it
+    // makes next.
+    if unsafe { libc::unshare(libc::CLONE_NEWUSER | libc::CLONE_NEWPID) } != 0 {
+        return Err(errno());
+    }
+    // The maps are this process's own /proc files, which are root's while
+    // it is not dumpable (`keep_out_of_reach`): dumpable for the writes
+    // only, before the command exists.
+    // SAFETY: prctl on this process's own attribute.
+    unsafe { libc::prctl(libc::PR_SET_DUMPABLE, 1) };
+    let mapped = std::fs::write("/proc/self/setgroups", "deny")
+        .and_then(|()| std::fs::write("/proc/self/uid_map", format!("{uid} {uid} 1")))
+        .and_then(|()| std::fs::write("/proc/self/gid_map", format!("{gid} {gid} 1")));
+    // SAFETY: as above.
+    unsafe { libc::prctl(libc::PR_SET_DUMPABLE, 0) };
+    mapped.map_err(|e| e.raw_os_error().unwrap_or(libc::EPERM))
 }
 
 /// The init of the command's PID namespace, in a fork of the supervisor:
@@ -1658,33 +1572,6 @@ mod tests {
         let mut looped = descendants(&procs, 9003);
         looped.sort_unstable();
         assert_eq!(looped, vec![9004]);
-    }
-
-    /// The options of the mount the id names, whatever order mountinfo
-    /// lists them in; none for a mount that is not procfs.
-    #[test]
-    fn the_proc_mount_options_are_those_of_the_mount_in_use() {
-        let mountinfo = "22 27 0:21 / /proc rw,relatime - proc proc rw\n\
-             41 31 0:38 / /sys/fs/cgroup rw - cgroup2 cgroup2 rw\n\
-             63 64 0:50 / /proc rw - proc proc rw,hidepid=invisible,gid=4\n\
-             64 45 0:51 / /proc rw - proc proc rw\n";
-        assert_eq!(
-            proc_mount_options(mountinfo, 63),
-            Some("rw,hidepid=invisible,gid=4")
-        );
-        assert_eq!(proc_mount_options(mountinfo, 64), Some("rw"));
-        assert_eq!(proc_mount_options(mountinfo, 41), None);
-        assert_eq!(proc_mount_options(mountinfo, 7), None);
-    }
-
-    /// Only the first user namespace maps every uid to itself.
-    #[test]
-    fn only_a_whole_identity_uid_map_is_the_first_user_namespace() {
-        assert!(is_whole_uid_map("         0          0 4294967295\n"));
-        assert!(!is_whole_uid_map("         0          0          1\n"));
-        assert!(!is_whole_uid_map("         0       1000          1\n"));
-        assert!(!is_whole_uid_map(""));
-        assert!(!is_whole_uid_map("0 0 4294967295\n1 1 1\n"));
     }
 
     #[test]
