@@ -1,0 +1,628 @@
+//! The supervisor's own image: the process `lock exec` forks and runs
+//! anew from `/proc/self/exe` (see the module above for why), which starts
+//! the command, watches the exec's heartbeat and ends the command's whole
+//! tree when the exec dies or goes silent.
+//!
+//! Why a file of its own: it is another process, single-threaded, with
+//! its own rules (async-signal-safe calls only between fork and exec);
+//! nothing here runs in the exec.
+
+use std::ffi::{CString, OsString};
+use std::fs::File;
+use std::io::{self, Read, Write};
+use std::os::fd::FromRawFd;
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::process::CommandExt;
+use std::time::{Duration, Instant};
+
+use super::process_tree::kill_tree;
+use super::wire::{
+    beat_deadline, decode_beat, decode_spec, monotonic_ns, Report, Spec, BEAT_LEN, MAX_SPEC,
+    SUPERVISOR_ENV, SUPERVISOR_NAME,
+};
+
+/// Highest descriptor closed before the supervisor's new image.
+pub(super) const MAX_FD: libc::c_int = 4096;
+
+/// How often the supervisor looks at its child when no byte comes.
+pub(super) const TICK_MS: libc::c_int = 20;
+
+/// The signals the supervisor ignores (they are meant for the exec or the
+/// command: a terminal's, a pipe's), and that the command gets back.
+pub(super) const IGNORED: [libc::c_int; 8] = [
+    libc::SIGINT,
+    libc::SIGTERM,
+    libc::SIGHUP,
+    libc::SIGQUIT,
+    libc::SIGPIPE,
+    libc::SIGTSTP,
+    libc::SIGTTIN,
+    libc::SIGTTOU,
+];
+
+/// Every signal the running supervisor ignores: all but SIGCHLD (it
+/// reaps), SIGCONT (continuing cannot be ignored anyway) and the two no
+/// process can ignore. A signal sent to the command's process group (log
+/// rotation's SIGUSR1, a checkpoint's SIGXCPU), which the supervisor leads,
+/// is the command's business; a fault of the supervisor's own (SIGSEGV)
+/// still ends it, since the kernel does not let a fault be ignored. The
+/// command gets them all back at their defaults.
+pub(super) fn supervisor_ignores() -> Vec<libc::c_int> {
+    let kept = [libc::SIGKILL, libc::SIGSTOP, libc::SIGCHLD, libc::SIGCONT];
+    (1..=libc::SIGRTMAX())
+        .filter(|sig| !kept.contains(sig))
+        .collect()
+}
+
+/// Makes this process not dumpable, so its /proc entries belong to root:
+/// the command runs as this user, and could otherwise open the pipes to
+/// the supervisor through `/proc/<pid>/fd/<n>`, forge a heartbeat stamped
+/// far ahead and hold the pipe open, and run on past the lock after a
+/// kill -9 of the exec (the seventeenth attack). The supervisor does the
+/// same in its own image; the command gets dumpable back at its execve. A
+/// command running as root reaches them anyway: no process can keep root
+/// out.
+pub(super) fn keep_out_of_reach() {
+    // SAFETY: prctl on this process's own attribute.
+    unsafe { libc::prctl(libc::PR_SET_DUMPABLE, 0) };
+}
+
+/// The command line and environment of the supervisor's new image, made
+/// before the fork: argv `lease-reaper <control fd> <report fd> <patience
+/// ms>`, and [`SUPERVISOR_ENV`].
+pub(super) struct SupervisorImage {
+    _strings: [CString; 5],
+    argv: [*const libc::c_char; 5],
+    envp: [*const libc::c_char; 2],
+}
+
+impl SupervisorImage {
+    pub(super) fn new(
+        control: libc::c_int,
+        report: libc::c_int,
+        patience_ms: libc::c_int,
+    ) -> Option<Self> {
+        let strings = [
+            CString::new(SUPERVISOR_NAME).ok()?,
+            CString::new(control.to_string()).ok()?,
+            CString::new(report.to_string()).ok()?,
+            CString::new(patience_ms.to_string()).ok()?,
+            CString::new(format!("{SUPERVISOR_ENV}=1")).ok()?,
+        ];
+        let argv = [
+            strings[0].as_ptr(),
+            strings[1].as_ptr(),
+            strings[2].as_ptr(),
+            strings[3].as_ptr(),
+            std::ptr::null(),
+        ];
+        let envp = [strings[4].as_ptr(), std::ptr::null()];
+        Some(SupervisorImage {
+            _strings: strings,
+            argv,
+            envp,
+        })
+    }
+}
+
+/// In the forked child: a group of its own, the signals meant for others
+/// ignored, only its two pipes (and the terminal's 0, 1, 2, which the
+/// command inherits) kept, then the new image. Async-signal-safe calls
+/// only; if the new image cannot start, the child exits and the exec sees
+/// its report pipe close before any report.
+pub(super) fn become_supervisor(
+    control: libc::c_int,
+    report: libc::c_int,
+    image: Option<&SupervisorImage>,
+) -> ! {
+    // SAFETY: async-signal-safe calls on this process's own state only.
+    unsafe {
+        libc::prctl(libc::PR_SET_NAME, c"lease-reaper".as_ptr());
+        libc::setpgid(0, 0);
+        for sig in IGNORED {
+            libc::signal(sig, libc::SIG_IGN);
+        }
+        let mut none: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut none);
+        libc::sigprocmask(libc::SIG_SETMASK, &none, std::ptr::null_mut());
+        // Everything else the exec had open (its connections, the other
+        // ends of these pipes) is the exec's.
+        for fd in 3..MAX_FD {
+            if fd != control && fd != report {
+                libc::close(fd);
+            }
+        }
+        if let Some(image) = image {
+            libc::fcntl(control, libc::F_SETFD, 0);
+            libc::fcntl(report, libc::F_SETFD, 0);
+            libc::execve(
+                c"/proc/self/exe".as_ptr(),
+                image.argv.as_ptr(),
+                image.envp.as_ptr(),
+            );
+        }
+        libc::_exit(1)
+    }
+}
+
+/// Called first thing in `main`. Returns (run the CLI) unless this process
+/// was started as a supervisor by [`Supervisor::start`]: named
+/// [`SUPERVISOR_NAME`], marked by [`SUPERVISOR_ENV`], leading its own group
+/// and holding two pipes; then it supervises and never returns.
+pub fn run_if_supervisor() {
+    if let Some((control, report, patience)) = supervisor_args() {
+        supervise(control, report, patience)
+    }
+}
+
+/// The pipes and patience of a process started as a supervisor, or None.
+pub(super) fn supervisor_args() -> Option<(libc::c_int, libc::c_int, Duration)> {
+    let args: Vec<OsString> = std::env::args_os().collect();
+    let [name, control, report, patience] = args.as_slice() else {
+        return None;
+    };
+    if name.as_bytes() != SUPERVISOR_NAME.as_bytes() || std::env::var_os(SUPERVISOR_ENV).is_none() {
+        return None;
+    }
+    let control: libc::c_int = control.to_str()?.parse().ok()?;
+    let report: libc::c_int = report.to_str()?.parse().ok()?;
+    let patience: u64 = patience.to_str()?.parse().ok()?;
+    let is_pipe = |fd| {
+        // SAFETY: fstat fills a zeroed struct it is given.
+        unsafe {
+            let mut st: libc::stat = std::mem::zeroed();
+            libc::fstat(fd, &mut st) == 0 && st.st_mode & libc::S_IFMT == libc::S_IFIFO
+        }
+    };
+    // SAFETY: getpid/getpgrp read this process's own state.
+    let leads = unsafe { libc::getpgrp() == libc::getpid() };
+    // A user who names a process lease-reaper by hand gets the CLI.
+    (leads && control != report && is_pipe(control) && is_pipe(report)).then_some((
+        control,
+        report,
+        Duration::from_millis(patience),
+    ))
+}
+
+/// The supervisor's life: reads the command, runs it, reports on it, and
+/// kills the whole tree below itself when the exec's pipe closes or stays
+/// silent for `patience`. Never returns.
+pub(super) fn supervise(control: libc::c_int, report: libc::c_int, patience: Duration) -> ! {
+    // SAFETY: prctl, signal and fcntl on this process's own state and
+    // descriptors.
+    unsafe {
+        libc::prctl(libc::PR_SET_NAME, c"lease-reaper".as_ptr());
+        libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1);
+        // Out of the command's reach: see `keep_out_of_reach`. Set again
+        // here, as a new image is dumpable; the namespace init, a fork,
+        // inherits it.
+        libc::prctl(libc::PR_SET_DUMPABLE, 0);
+        for sig in supervisor_ignores() {
+            libc::signal(sig, libc::SIG_IGN);
+        }
+        // Ignored SIGCHLD is inherited across exec, and makes the kernel
+        // reap children unasked: the command's end would never be seen.
+        libc::signal(libc::SIGCHLD, libc::SIG_DFL);
+        // The command must not hold them: the exec learns of the
+        // supervisor's death by its report pipe closing.
+        libc::fcntl(control, libc::F_SETFD, libc::FD_CLOEXEC);
+        libc::fcntl(report, libc::F_SETFD, libc::FD_CLOEXEC);
+    }
+    // SAFETY: both descriptors were handed to this image and are its own.
+    let (mut from_exec, mut to_exec) =
+        unsafe { (File::from_raw_fd(control), File::from_raw_fd(report)) };
+    // The command, then the word to start it, each within the patience:
+    // an exec stopped or starved meanwhile may have let its lease lapse,
+    // and a command handed over late must not start in another's turn.
+    let deadline = Instant::now() + patience;
+    let Some(spec) = read_spec(&mut from_exec, control, deadline) else {
+        // The exec is gone or stopped before the command started: nothing
+        // to kill.
+        std::process::exit(0)
+    };
+    let Some(deadline) = wait_for_go(control, Instant::now() + patience, patience) else {
+        std::process::exit(0)
+    };
+    // With `--pid-namespace`, a PID namespace of the command's own: its
+    // first process (`ns_init`) is the namespace's init, and when it dies,
+    // killed or done, the kernel kills every process left in the namespace
+    // at once, however fast they fork (the seventh attack outran the kill
+    // that walks /proc with twenty lines of processes that each fork their
+    // successor and exit). It needs CAP_SYS_ADMIN, and the command sees
+    // pids of its namespace, not the host's: so it is asked for, not
+    // assumed. Without it, the walk in `kill_tree` is all there is.
+    if spec.pid_namespace {
+        if let Err(errno) = new_pid_namespace() {
+            let _ = to_exec.write_all(&Report::NoNamespace(errno).encode());
+            std::process::exit(0)
+        }
+    }
+    let (first, reports_here) = if spec.pid_namespace {
+        // SAFETY: this image is single-threaded; the child runs `ns_init`,
+        // which never returns.
+        match unsafe { libc::fork() } {
+            0 => ns_init(&spec, &mut to_exec),
+            pid if pid > 0 => (pid, false),
+            _ => {
+                let errno = io::Error::last_os_error()
+                    .raw_os_error()
+                    .unwrap_or(libc::EAGAIN);
+                let _ = to_exec.write_all(&Report::NotStarted(errno).encode());
+                std::process::exit(0)
+            }
+        }
+    } else {
+        match spawn(&spec, true) {
+            Ok(pid) => {
+                let _ = to_exec.write_all(&Report::Started(pid).encode());
+                (pid, true)
+            }
+            Err(e) => {
+                let errno = e.raw_os_error().unwrap_or(libc::ENOENT);
+                let _ = to_exec.write_all(&Report::NotStarted(errno).encode());
+                std::process::exit(0)
+            }
+        }
+    };
+    let watched = if reports_here {
+        Watched::Command(first)
+    } else {
+        Watched::NamespaceInit(first)
+    };
+    watch_exec(control, patience, deadline, watched, &mut to_exec);
+    // SAFETY: kill(2) of our own child: as the namespace's init, its death
+    // takes every process of the namespace with it.
+    unsafe { libc::kill(first, libc::SIGKILL) };
+    // 0 only when nothing is left: the exec, waiting for this exit, then
+    // knows the command's processes are gone.
+    let all_gone = kill_tree(std::process::id() as libc::pid_t, &[]);
+    std::process::exit(if all_gone { 0 } else { 3 })
+}
+
+/// Makes the PID namespace the supervisor's next children are born in:
+/// with CAP_SYS_ADMIN (root), one of the user namespace this process is
+/// in; without, one owned by a user namespace of its own, which an
+/// ordinary user may make on most Linux systems, so `--pid-namespace` is
+/// not for root alone. That user namespace maps this process's uid and gid
+/// to themselves and nothing else: the command runs as the same user, with
+/// no capability left after its execve (its uid is not the namespace's
+/// root), and a setuid program owned by another user runs as this one
+/// (an unmapped owner's setuid bit is ignored). The error is the errno.
+pub(super) fn new_pid_namespace() -> Result<(), i32> {
+    let errno = || {
+        io::Error::last_os_error()
+            .raw_os_error()
+            .unwrap_or(libc::EPERM)
+    };
+    // SAFETY: unshare affects only the children this process makes next.
+    if unsafe { libc::unshare(libc::CLONE_NEWPID) } == 0 {
+        return Ok(());
+    }
+    let as_root = errno();
+    if as_root != libc::EPERM {
+        return Err(as_root);
+    }
+    // SAFETY: getters with no failure and no memory.
+    let (uid, gid) = unsafe { (libc::geteuid(), libc::getegid()) };
+    // SAFETY: this image is single-threaded (unshare of a user namespace
+    // needs it); the namespaces hold for this process and the children it
+    // makes next.
+    if unsafe { libc::unshare(libc::CLONE_NEWUSER | libc::CLONE_NEWPID) } != 0 {
+        return Err(errno());
+    }
+    // The maps are this process's own /proc files, which are root's while
+    // it is not dumpable (`keep_out_of_reach`): dumpable for the writes
+    // only, before the command exists.
+    // SAFETY: prctl on this process's own attribute.
+    unsafe { libc::prctl(libc::PR_SET_DUMPABLE, 1) };
+    let mapped = std::fs::write("/proc/self/setgroups", "deny")
+        .and_then(|()| std::fs::write("/proc/self/uid_map", format!("{uid} {uid} 1")))
+        .and_then(|()| std::fs::write("/proc/self/gid_map", format!("{gid} {gid} 1")));
+    // SAFETY: as above.
+    unsafe { libc::prctl(libc::PR_SET_DUMPABLE, 0) };
+    mapped.map_err(|e| e.raw_os_error().unwrap_or(libc::EPERM))
+}
+
+/// The init of the command's PID namespace, in a fork of the supervisor:
+/// starts the command, reports its start, stops and end to the exec, reaps
+/// the orphans that come to it, and exits when the command's first process
+/// ends, which kills whatever the command left in the namespace. As init it
+/// gets no signal it has no handler for (it sets none), so the exec's
+/// SIGTERM to the command's processes reaches the command, not it; SIGKILL
+/// from the supervisor (or the supervisor's death) ends it and the
+/// namespace.
+pub(super) fn ns_init(spec: &Spec, to_exec: &mut File) -> ! {
+    // SAFETY: prctl on this process's own state.
+    unsafe {
+        libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
+    }
+    let command = match spawn(spec, false) {
+        Ok(pid) => pid,
+        Err(e) => {
+            let errno = e.raw_os_error().unwrap_or(libc::ENOENT);
+            let _ = to_exec.write_all(&Report::NotStarted(errno).encode());
+            std::process::exit(0)
+        }
+    };
+    let _ = to_exec.write_all(&Report::Started(command).encode());
+    loop {
+        let mut status = 0;
+        // SAFETY: waitpid writes the status it is given.
+        let pid = unsafe { libc::waitpid(-1, &mut status, libc::WUNTRACED) };
+        if pid < 0 {
+            if io::Error::last_os_error().kind() == io::ErrorKind::Interrupted {
+                continue;
+            }
+            std::process::exit(0)
+        }
+        if pid != command {
+            continue;
+        }
+        if libc::WIFSTOPPED(status) {
+            let _ = to_exec.write_all(&Report::Stopped(libc::WSTOPSIG(status)).encode());
+            continue;
+        }
+        let _ = to_exec.write_all(&Report::Exited(status).encode());
+        std::process::exit(0)
+    }
+}
+
+/// Reads the command from the exec, giving up at `deadline`.
+pub(super) fn read_spec(
+    from_exec: &mut File,
+    control: libc::c_int,
+    deadline: Instant,
+) -> Option<Spec> {
+    let mut len = [0u8; 4];
+    read_by(from_exec, control, &mut len, deadline)?;
+    let len = u32::from_le_bytes(len) as usize;
+    if len > MAX_SPEC {
+        return None;
+    }
+    let mut bytes = vec![0u8; len];
+    read_by(from_exec, control, &mut bytes, deadline)?;
+    decode_spec(&bytes)
+}
+
+/// Fills `buf` from the exec's pipe, or None when it ends or `deadline`
+/// passes first.
+pub(super) fn read_by(
+    from_exec: &mut File,
+    control: libc::c_int,
+    buf: &mut [u8],
+    deadline: Instant,
+) -> Option<()> {
+    let mut got = 0;
+    while got < buf.len() {
+        let left = deadline.checked_duration_since(Instant::now())?;
+        let mut poll = libc::pollfd {
+            fd: control,
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        let wait = left.as_millis().clamp(1, TICK_MS as u128) as libc::c_int;
+        // SAFETY: polls one live pollfd.
+        if unsafe { libc::poll(&mut poll, 1, wait) } <= 0 {
+            continue;
+        }
+        match from_exec.read(&mut buf[got..]) {
+            Ok(0) => return None,
+            Ok(n) => got += n,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(_) => return None,
+        }
+    }
+    Some(())
+}
+
+/// Waits for the exec's first beat after the command (the word to start
+/// it) until `deadline`; the moment the command must end by, counted from
+/// the beat's sending, or None if the pipe ends, the deadline passes, or
+/// the beat is already older than the patience.
+pub(super) fn wait_for_go(
+    control: libc::c_int,
+    deadline: Instant,
+    patience: Duration,
+) -> Option<u64> {
+    let mut frame = [0u8; BEAT_LEN];
+    // SAFETY: the descriptor is this image's own; the File is forgotten
+    // below so it is not closed twice.
+    let mut pipe = unsafe { File::from_raw_fd(control) };
+    let read = read_by(&mut pipe, control, &mut frame, deadline);
+    std::mem::forget(pipe);
+    read?;
+    let ends = beat_deadline(decode_beat(&frame)?, patience);
+    (monotonic_ns() < ends).then_some(ends)
+}
+
+/// Whether this process may kill any process (CAP_KILL in its effective
+/// set): then its command keeps every privilege it would have.
+pub(super) fn may_kill_anyone() -> bool {
+    std::fs::read_to_string("/proc/self/status").is_ok_and(|s| {
+        s.lines()
+            .find_map(|l| l.strip_prefix("CapEff:"))
+            .and_then(|v| u64::from_str_radix(v.trim(), 16).ok())
+            .is_some_and(|eff| eff & (1 << 5) != 0)
+    })
+}
+
+/// Starts the command in the supervisor's group (the group it is in
+/// already, inherited; `join` names it from outside a namespace, where its
+/// id is visible), the signals the supervisor ignores given back their
+/// defaults, dying with its parent should it be killed.
+pub(super) fn spawn(spec: &Spec, join: bool) -> io::Result<libc::pid_t> {
+    let mut cmd = std::process::Command::new(&spec.argv[0]);
+    cmd.args(&spec.argv[1..])
+        .env_clear()
+        .envs(spec.env.iter().map(|(k, v)| (k, v)));
+    if join {
+        cmd.process_group(std::process::id() as i32);
+    }
+    // SAFETY: the closure runs between fork and exec in a child of this
+    // single-threaded process and only makes async-signal-safe calls.
+    let defaults = supervisor_ignores();
+    unsafe {
+        let me = libc::getpid();
+        // Unless this may kill any process (CAP_KILL), the command may not
+        // gain privileges: a setuid program (`sudo -u`, `su`) would
+        // run on as another user, which this user's SIGKILL cannot reach,
+        // past the lock (the thirteenth attack). With no_new_privs the
+        // setuid bit is not honoured, and every process of the command
+        // stays this user's, and killable.
+        let keep_privileges = may_kill_anyone();
+        cmd.pre_exec(move || {
+            if !keep_privileges {
+                libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0);
+                libc::prctl(
+                    libc::PR_CAP_AMBIENT,
+                    libc::PR_CAP_AMBIENT_CLEAR_ALL,
+                    0,
+                    0,
+                    0,
+                );
+            }
+            for sig in &defaults {
+                libc::signal(*sig, libc::SIG_DFL);
+            }
+            libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
+            if libc::getppid() != me {
+                libc::raise(libc::SIGKILL);
+            }
+            Ok(())
+        });
+    }
+    let child = cmd.spawn()?;
+    // Waited for with waitpid below, with every orphan that comes here.
+    Ok(child.id() as libc::pid_t)
+}
+
+/// Until the exec's pipe closes or no beat sent in the last `patience`
+/// has come (the first deadline is `deadline`, from the go): reaps what
+/// ends below, and reports the command's stops and its end.
+pub(super) fn watch_exec(
+    control: libc::c_int,
+    patience: Duration,
+    mut deadline: u64,
+    watched: Watched,
+    to_exec: &mut File,
+) {
+    let mut pending: Vec<u8> = Vec::with_capacity(BEAT_LEN * 8);
+    let mut bytes = [0u8; 64];
+    loop {
+        let mut poll = libc::pollfd {
+            fd: control,
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        // SAFETY: polls one live pollfd.
+        let ready = unsafe { libc::poll(&mut poll, 1, TICK_MS) };
+        if ready > 0 {
+            // SAFETY: reads into a live local buffer.
+            let n = unsafe { libc::read(control, bytes.as_mut_ptr().cast(), bytes.len()) };
+            if n == 0 {
+                return; // the exec is gone
+            }
+            if n > 0 {
+                pending.extend_from_slice(&bytes[..n as usize]);
+                deadline = deadline.max(latest_deadline(&mut pending, patience));
+            } else if io::Error::last_os_error().kind() != io::ErrorKind::Interrupted {
+                return;
+            }
+        }
+        if monotonic_ns() >= deadline {
+            return; // silence: the exec is stopped or hung
+        }
+        reap(watched, to_exec);
+    }
+}
+
+/// Takes every whole beat off the front of `pending`; the latest deadline
+/// they give (0 for none).
+pub(super) fn latest_deadline(pending: &mut Vec<u8>, patience: Duration) -> u64 {
+    let whole = pending.len() / BEAT_LEN * BEAT_LEN;
+    let latest = pending[..whole]
+        .chunks(BEAT_LEN)
+        .filter_map(decode_beat)
+        .map(|sent| beat_deadline(sent, patience))
+        .max()
+        .unwrap_or(0);
+    pending.drain(..whole);
+    latest
+}
+
+/// The supervisor's child: the command itself, or the init of the
+/// command's PID namespace, which tells the exec of the command itself.
+#[derive(Clone, Copy)]
+pub(super) enum Watched {
+    Command(libc::pid_t),
+    NamespaceInit(libc::pid_t),
+}
+
+/// Reaps every child that changed state and tells the exec of the
+/// command's. A namespace init that stopped is continued (a `pkill -STOP
+/// lease-reaper` stops it too, and a stopped init tells nothing); one that
+/// was killed took the command with it, and the exec is told so (one that
+/// ended on its own has told the command's end itself).
+pub(super) fn reap(watched: Watched, to_exec: &mut File) {
+    loop {
+        let mut status = 0;
+        // SAFETY: waitpid writes the status it is given.
+        let pid = unsafe { libc::waitpid(-1, &mut status, libc::WNOHANG | libc::WUNTRACED) };
+        if pid <= 0 {
+            return;
+        }
+        let report = match watched {
+            Watched::Command(c) if c == pid => Some(if libc::WIFSTOPPED(status) {
+                Report::Stopped(libc::WSTOPSIG(status))
+            } else {
+                Report::Exited(status)
+            }),
+            Watched::NamespaceInit(i) if i == pid => {
+                if libc::WIFSTOPPED(status) {
+                    // SAFETY: kill(2) of our own child, stopped, not reaped.
+                    unsafe { libc::kill(i, libc::SIGCONT) };
+                    None
+                } else if libc::WIFSIGNALED(status) {
+                    Some(Report::Exited(status))
+                } else {
+                    None
+                }
+            }
+            _ => None,
+        };
+        if let Some(report) = report {
+            let _ = to_exec.write_all(&report.encode());
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::wire::encode_beat;
+    use super::*;
+
+    /// From the seventh attack: the supervisor counted its patience from
+    /// reading a beat, so a beat read late (the supervisor stopped or
+    /// starved while the exec was stopped) gave the command a full patience
+    /// more, past the lease, beside the next holder. It counts from the
+    /// sending.
+    #[test]
+    fn a_beat_read_late_gives_the_command_no_more_time() {
+        let patience = Duration::from_millis(400);
+        let now = monotonic_ns();
+        let stale = now - 6_000_000_000;
+        let mut pending = encode_beat(stale).to_vec();
+        assert!(latest_deadline(&mut pending, patience) < now);
+        assert!(pending.is_empty());
+        // Several beats, a half one left for the next read.
+        let mut pending = encode_beat(stale).to_vec();
+        pending.extend(encode_beat(now));
+        pending.extend(&encode_beat(now)[..4]);
+        assert_eq!(
+            latest_deadline(&mut pending, patience),
+            beat_deadline(now, patience)
+        );
+        assert_eq!(pending.len(), 4);
+        assert_eq!(decode_beat(&[1, 0, 0, 0, 0, 0, 0, 0, 0]), None);
+    }
+}
