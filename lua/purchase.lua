@@ -70,8 +70,10 @@
 --   { 1, order_id, bucket}   confirmed, new order queued on KEYS[3] (paid)
 --   { 1, order_id, bucket, expires_ms}  the same, held until expires_ms (hold_ms > 0)
 --   { 2, order_id, bucket}   this request was confirmed before: same answer
---   { 3, "", stock}          home bucket short: quota reserved, request pending, walk the others
---   { 4, "", stock}          this request is pending from an earlier attempt: walk the others
+--   { 3, "", stock, since}   home bucket short: quota reserved, request pending, walk the
+--                            others; since: the walk's start (ms, its pending score),
+--                            which take.lua's walk limit counts from
+--   { 4, "", stock, since}   this request is pending from an earlier attempt: walk the others
 --   {-1, "", stock}          sold out (one-bucket sale, or every bucket refused this request)
 --   {-2, "", used}           per-user limit would be exceeded
 --   {-3, "", 0}              sale not started
@@ -182,7 +184,11 @@ local function buy(quota_key, record_key, order_key, qty_arg, order_id, user)
         -- attempt walks: propagate, so the engine's WAIT covers it.
         redis.call('SET', record_key, prior, 'KEEPTTL')
       end
-      return {4, '', current_stock()}
+      -- The walk's limit counts from the first attempt's start (its
+      -- pending score); a record whose score is gone (settled meanwhile)
+      -- gets 0: a walk past its limit, which takes nowhere.
+      local since = redis.call('ZSCORE', KEYS[4], string.sub(record_key, member_from))
+      return {4, '', current_stock(), tonumber(since or '0') or 0}
     end
     return {tonumber(rest), '', current_stock()}
   end
@@ -252,7 +258,7 @@ local function buy(quota_key, record_key, order_key, qty_arg, order_id, user)
   redis.call('ZADD', KEYS[4], now, string.sub(record_key, member_from))
   take_quota(quota_key, qty)
   redis.call('SET', record_key, 'P:' .. qty, 'EX', ttl)
-  return {3, '', have}
+  return {3, '', have, now}
 end
 
 -- The stock taken is written once, after the batch (a DECRBY per purchase

@@ -35,12 +35,17 @@
 --         quota can be given back there
 -- ARGV[8] "compact" or "fields": the form of the new order's stream entry
 --         (see purchase.lua's ARGV[3])
+-- ARGV[9] when the request's walk began: its score in the home bucket's
+--         pending set (ms, the home master's clock); "0" for "confirm"
+-- ARGV[10] the walk limit, ms (the engine's pending_timeout, >= 1): no take
+--         after since + limit, on this master's clock
 --
 -- Returns {code, order_id, n}:
 --   { 1, order_id, bucket}   taken, new order queued on KEYS[3] (paid)
 --   { 1, order_id, bucket, expires_ms}  the same, held until expires_ms (hold_ms > 0)
 --   { 2, order_id, bucket}   this request took here before: same answer
---   {-1, "", stock}          refused: not enough stock (or the sweeper's refusal)
+--   {-1, "", stock}          refused: not enough stock (or the sweeper's refusal, or the
+--                            walk is past its limit)
 --   {-4, "", stock}          refused: the sale's window is over (or not open)
 --   {-5, "", stock}          refused: sale closed
 --   {-6, "", 0}              no such sale in this bucket
@@ -50,6 +55,16 @@
 --
 -- Invariant: a request takes stock in a bucket at most once, and in at most
 -- one bucket of its sale.
+--
+-- Why a refusal is kept only until since + 2 * limit, not request_ttl (a day):
+-- a refused multi-bucket request left a record in every bucket for a day,
+-- and needs no authentication, so a flood of them filled Redis. A refusal
+-- must stand only while an attempt of the request could still take here,
+-- and no take happens once this master's clock is past since + limit: the
+-- record's expiry and that check read the same clock against the same
+-- since, whatever the skew between masters. The second limit covers this
+-- clock stepping back by as much. The home bucket's record, which answers
+-- every retry, keeps request_ttl.
 
 local MAX = 9007199254740991
 local sale = redis.call('HMGET', KEYS[1], 'state', 'bucket', 'starts_ms', 'ends_ms', 'hold_ms', 'sku', 'tag')
@@ -67,6 +82,12 @@ if not qty or qty < 1 or qty > MAX or qty ~= math.floor(qty)
    or (ARGV[5] ~= 'take' and ARGV[5] ~= 'refuse' and ARGV[5] ~= 'confirm')
    or (ARGV[8] ~= 'compact' and ARGV[8] ~= 'fields')
    or (hold_ms > 0 and not tonumber(ARGV[7] or '')) then
+  return {-7, '', 0}
+end
+local since_ms = tonumber(ARGV[9] or '')
+local walk_ms = tonumber(ARGV[10] or '')
+if not since_ms or since_ms < 0 or since_ms > MAX or since_ms ~= math.floor(since_ms)
+   or not walk_ms or walk_ms < 1 or walk_ms > 2147483648 or walk_ms ~= math.floor(walk_ms) then
   return {-7, '', 0}
 end
 local prior = redis.call('GET', KEYS[4])
@@ -100,11 +121,14 @@ if sale[1] ~= 'open' then
   refusal = -5
 elseif now_ms < tonumber(sale[3]) or (ends_ms > 0 and now_ms >= ends_ms) then
   refusal = -4
-elseif ARGV[5] == 'refuse' or stock < qty then
+elseif ARGV[5] == 'refuse' or stock < qty or now_ms >= since_ms + walk_ms then
   refusal = -1
 end
 if refusal then
-  redis.call('SET', KEYS[4], 'X:' .. qty .. ':' .. refusal, 'EX', ttl)
+  local keep_ms = math.min(since_ms + 2 * walk_ms - now_ms, ttl * 1000)
+  if keep_ms > 0 then
+    redis.call('SET', KEYS[4], 'X:' .. qty .. ':' .. refusal, 'PX', keep_ms)
+  end
   return {refusal, '', stock}
 end
 

@@ -44,7 +44,7 @@ pub struct Args {
     /// of peak that cap made a window of about 0.75 s).
     #[arg(long, default_value_t = 10.0)]
     pub paced_seconds: f64,
-    /// Scenarios to run (comma-separated: hot1,hotB,many,door; `none` for the lock benchmark only).
+    /// Scenarios to run (comma-separated: hot1,hotB,many,door,refused; `none` for the lock benchmark only).
     #[arg(long, default_value = "hot1,hotB,many,door", value_delimiter = ',')]
     pub scenarios: Vec<String>,
     /// Window of each cross-process lock run, seconds.

@@ -37,6 +37,25 @@ pub async fn engine_op(engine: Engine, skus: Arc<Vec<String>>, run: Arc<str>, i:
     }
 }
 
+/// One purchase of two units, as user and request `i`, on the `refused`
+/// row's sale, where no bucket holds two: every bucket refuses it.
+pub async fn refused_op(engine: Engine, sku: Arc<str>, run: Arc<str>, i: u64) -> Outcome {
+    let user = format!("{run}-u{i}");
+    match engine
+        .purchase(PurchaseRequest {
+            sku: &sku,
+            user: &user,
+            qty: 2,
+            request_id: &user,
+        })
+        .await
+    {
+        Ok(_) => Outcome::Confirmed,
+        Err(PurchaseError::SoldOut) => Outcome::SoldOut,
+        Err(_) => Outcome::Error,
+    }
+}
+
 /// One purchase on a sale with holds; buyers with an even `i` pay at once
 /// (the shop's backend, after the payment went through), the others never
 /// do and their holds expire.

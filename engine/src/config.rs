@@ -38,7 +38,9 @@ pub struct Config {
     pub request_ttl: Duration,
     /// A fall-through left pending longer than this (its process died
     /// between buckets and nobody retried) is settled by the sweeper
-    /// ([`crate::Engine::settle_abandoned`], run by the order writer).
+    /// ([`crate::Engine::settle_abandoned`], run by the order writer). It is
+    /// also the walk's limit: no bucket takes for a walk older than this,
+    /// so the other buckets keep a refusal only twice as long.
     #[serde(with = "millis", rename = "pending_timeout_ms")]
     pub pending_timeout: Duration,
     /// How often the hold sweeper (run by `flashsale serve`, see
@@ -131,6 +133,16 @@ impl Config {
             .collect();
         c.postgres_url = crate::redact::postgres_url(&c.postgres_url);
         c
+    }
+
+    /// How long a fall-through walk may take bucket stock, ms, counted from
+    /// its start (`take.lua`'s ARGV[10]): `pending_timeout`, the age at which
+    /// the sweeper closes a walk as abandoned, so no bucket takes for a walk
+    /// the sweeper may be closing, and a bucket's refusal is kept only
+    /// twice as long (a refused multi-bucket request no longer leaves its
+    /// records for `request_ttl`).
+    pub(crate) fn walk_limit_ms(&self) -> u64 {
+        (self.pending_timeout.as_millis() as u64).clamp(1, 1 << 31)
     }
 
     /// Seconds the scripts keep request records (their TTL argument).

@@ -83,11 +83,17 @@ pub enum PurchaseReply {
     FallThrough {
         /// Units left in the home bucket.
         home_stock: i64,
+        /// When the walk began (ms, the home master's clock): its limit
+        /// counts from here (see `take.lua`).
+        since_ms: u64,
     },
     /// An earlier attempt left this request pending: walk the other buckets.
     Pending {
         /// Units left in the home bucket.
         home_stock: i64,
+        /// When the first attempt's walk began (0 if no longer known: a
+        /// walk past its limit).
+        since_ms: u64,
     },
     /// Refused: sold out (a one-bucket sale, or every bucket refused this
     /// request before), ended or closed.
@@ -319,8 +325,15 @@ pub fn purchase(v: Value) -> Result<PurchaseReply, BadReply> {
             order_id: text(S, &items[1])?,
             bucket: bucket(S, n)?,
         },
-        code::FALL_THROUGH => PurchaseReply::FallThrough { home_stock: n },
-        code::PENDING => PurchaseReply::Pending { home_stock: n },
+        // Their fourth item is the walk's start, not a deadline.
+        code::FALL_THROUGH => PurchaseReply::FallThrough {
+            home_stock: n,
+            since_ms: expires_ms.unwrap_or(0),
+        },
+        code::PENDING => PurchaseReply::Pending {
+            home_stock: n,
+            since_ms: expires_ms.unwrap_or(0),
+        },
         code::LIMIT_REACHED => PurchaseReply::LimitReached { used: n },
         code::NOT_STARTED => PurchaseReply::NotStarted,
         code::UNKNOWN_SALE => PurchaseReply::UnknownSale,
@@ -632,10 +645,24 @@ mod tests {
                 },
             ),
             (
-                reply(3, "", 0),
-                PurchaseReply::FallThrough { home_stock: 0 },
+                Value::Array(vec![
+                    Value::Int(3),
+                    Value::BulkString(vec![]),
+                    Value::Int(0),
+                    Value::Int(1_764_000_000_123),
+                ]),
+                PurchaseReply::FallThrough {
+                    home_stock: 0,
+                    since_ms: 1_764_000_000_123,
+                },
             ),
-            (reply(4, "", 7), PurchaseReply::Pending { home_stock: 7 }),
+            (
+                reply(4, "", 7),
+                PurchaseReply::Pending {
+                    home_stock: 7,
+                    since_ms: 0,
+                },
+            ),
             (
                 reply(-1, "", 0),
                 PurchaseReply::Refused {

@@ -535,6 +535,13 @@ async fn an_order_the_stream_refuses_is_not_confirmed_and_takes_nothing() {
         .arg("0")
         .arg("0")
         .arg("compact")
+        // The walk began now, with a minute to take.
+        .arg(
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_millis() as u64),
+        )
+        .arg(60_000)
         .query(&mut node.conn());
     reply.expect_err("the refused XADD fails the take");
     let stock: i64 = node.cmd(&["GET", &keys.stock]);

@@ -782,3 +782,135 @@ async fn operation_id_reused_with_other_parameters_is_refused() {
         .expect("the same restock, retried");
     assert_eq!((status.initial, status.remaining), (10, 10), "applied once");
 }
+
+/// From the last attack on serve: a refused multi-bucket request left a
+/// record in every bucket for `request_ttl` (a day), and needs no
+/// authentication, so a flood of them filled Redis (about 665 B each). A
+/// bucket's refusal now lives only while a walk of the request could still
+/// take there (twice the walk limit, `pending_timeout`, from the walk's
+/// start); the home bucket's record, which answers every retry, keeps its
+/// day, so the answer does not change even after a restock.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_multi_bucket_request_keeps_only_its_home_record_past_the_walk_limit() {
+    let cluster = RedisCluster::start(3, 0);
+    let engine = engine_with(&cluster, |c| {
+        c.pending_timeout = Duration::from_millis(1000);
+    })
+    .await;
+    // A unit in each bucket; two units are more than any bucket holds.
+    let status = sale(
+        &engine,
+        SaleSpec {
+            buckets: 3,
+            ..SaleSpec::new("refused-records", 3)
+        },
+    )
+    .await;
+    let liz = user_with_home("liz", 3, 0);
+    let refused = engine
+        .purchase(req("refused-records", &liz, 2, "liz-1"))
+        .await;
+    assert!(
+        matches!(refused, Err(PurchaseError::SoldOut)),
+        "{refused:?}"
+    );
+    let record = |b: usize| {
+        let bucket = &status.buckets[b];
+        let key = flashsale::keys::BucketKeys::new(&bucket.tag).request(&liz, "liz-1");
+        let node = cluster.node(cluster.master_of_slot(bucket.slot));
+        let ttl: i64 = node.cmd(&["PTTL", &key]);
+        ttl
+    };
+    for b in [1, 2] {
+        let ttl = record(b);
+        assert!(
+            (1..=2000).contains(&ttl) || ttl == -2,
+            "bucket {b}'s refusal lives past twice the walk limit: PTTL {ttl}"
+        );
+    }
+    wait_until(
+        Duration::from_secs(30),
+        "the other buckets' refusals expire",
+        || async { record(1) == -2 && record(2) == -2 },
+    )
+    .await;
+    assert!(
+        record(0) > 3_600_000,
+        "the home record keeps request_ttl: PTTL {}",
+        record(0)
+    );
+    // Every bucket can now sell two units; the retry still gets its
+    // first answer, and nothing is taken.
+    engine.restock("refused-records", 6).await.expect("restock");
+    let retry = engine
+        .purchase(req("refused-records", &liz, 2, "liz-1"))
+        .await;
+    assert!(matches!(retry, Err(PurchaseError::SoldOut)), "{retry:?}");
+    let status = engine.sale_status("refused-records").await.expect("status");
+    assert!(stream_orders(&cluster, &status).is_empty());
+    assert_eq!(status.remaining, 9);
+}
+
+/// What makes a short-lived refusal safe: a walk takes nowhere once past
+/// its limit (`pending_timeout` from its start, each bucket's master
+/// judging by its own clock). A request left pending by an attempt that
+/// died before any take, retried after the limit when every bucket has
+/// stock, is refused and takes nothing: before, it took in the first
+/// bucket with stock, where a refusal could since have expired.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_walk_past_its_limit_takes_nowhere_even_with_stock() {
+    let cluster = RedisCluster::start(3, 0);
+    let engine = engine_with(&cluster, |c| {
+        c.pending_timeout = Duration::from_millis(1000);
+    })
+    .await;
+    let status = sale(
+        &engine,
+        SaleSpec {
+            buckets: 2,
+            per_user_limit: 5,
+            ..SaleSpec::new("old-walk", 1)
+        },
+    )
+    .await;
+    // Bucket 0 has the only unit; max (home 1) is left pending.
+    let max = user_with_home("max", 2, 1);
+    abandon_fall_through(
+        &cluster,
+        &status,
+        &max,
+        "max-1",
+        1,
+        1,
+        0,
+        Abandon::BeforeTake,
+    )
+    .await;
+    let home = &status.buckets[1];
+    let home_node = cluster.node(cluster.master_of_slot(home.slot));
+    let keys = flashsale::keys::BucketKeys::new(&home.tag);
+    let member = keys.request(&max, "max-1");
+    let member = member
+        .split_once(":r:")
+        .map(|(_, m)| m.to_string())
+        .expect("a request key");
+    let since: f64 = home_node.cmd(&["ZSCORE", &keys.pending, &member]);
+    // Until bucket 0's master is past the walk's limit on its own clock.
+    let other_node = cluster.node(cluster.master_of_slot(status.buckets[0].slot));
+    wait_until(
+        Duration::from_secs(30),
+        "bucket 0's clock passes the walk limit",
+        || async {
+            let now: Vec<u64> = other_node.cmd(&["TIME"]);
+            now.first().is_some_and(|s| s * 1000 > since as u64 + 1000)
+        },
+    )
+    .await;
+    engine.restock("old-walk", 4).await.expect("restock");
+    let before = engine.sale_status("old-walk").await.expect("status");
+    let retry = engine.purchase(req("old-walk", &max, 1, "max-1")).await;
+    assert!(matches!(retry, Err(PurchaseError::SoldOut)), "{retry:?}");
+    let after = engine.sale_status("old-walk").await.expect("status");
+    assert_eq!(after.remaining, before.remaining, "nothing was taken");
+    assert!(stream_orders(&cluster, &after).is_empty());
+}

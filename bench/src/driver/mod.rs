@@ -11,6 +11,7 @@ mod lock_row;
 mod naive_row;
 mod nodes;
 mod orders_rows;
+mod refused_row;
 
 use std::time::Duration;
 
@@ -374,10 +375,11 @@ pub async fn measure(b: &mut Bench) -> Result<(Vec<RunResult>, Vec<lockbench::Lo
                 }
             }
             "door" => results.extend(b.door_runs().await?),
+            "refused" => results.push(b.refused_run().await?),
             "none" => {}
             other => {
                 return Err(anyhow!(
-                    "unknown scenario {other:?} (hot1, hotB, many, none)"
+                    "unknown scenario {other:?} (hot1, hotB, many, door, refused, none)"
                 ))
             }
         }

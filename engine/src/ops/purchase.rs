@@ -76,10 +76,13 @@ impl From<Refusal> for PurchaseError {
 
 /// How a walk step treats a bucket: a buyer's walk takes; the sweeper's
 /// only makes refusals final; a replay only confirms the order is there.
+/// `since_ms` is when the request's walk began (its pending score, the
+/// home master's clock): no bucket takes past it plus `pending_timeout`,
+/// so a refusal need not be kept longer than that (see `take.lua`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum TakeMode {
-    Take,
-    Refuse,
+    Take { since_ms: u64 },
+    Refuse { since_ms: u64 },
     Confirm,
 }
 
@@ -203,7 +206,14 @@ impl Engine {
                     .await?;
                 self.replayed(&sale, order_id, bucket).await
             }
-            PurchaseReply::FallThrough { home_stock } | PurchaseReply::Pending { home_stock } => {
+            PurchaseReply::FallThrough {
+                home_stock,
+                since_ms,
+            }
+            | PurchaseReply::Pending {
+                home_stock,
+                since_ms,
+            } => {
                 metrics::counter!(m::FALLTHROUGHS).increment(1);
                 self.stats()
                     .fallthroughs
@@ -214,7 +224,7 @@ impl Engine {
                 if !replicated {
                     self.ack(home, request, Expect::Pending).await?;
                 }
-                self.fall_through(&sale, home, request, &nonce, home_stock)
+                self.fall_through(&sale, home, request, &nonce, home_stock, since_ms)
                     .await
             }
             PurchaseReply::Refused { why, home_stock } => {
@@ -447,9 +457,10 @@ impl Engine {
         request: RequestKey<'_>,
         nonce: &str,
         home_stock: i64,
+        since_ms: u64,
     ) -> Result<Confirmed, PurchaseError> {
         let walk = self
-            .walk(sale, home, request, nonce, TakeMode::Take)
+            .walk(sale, home, request, nonce, TakeMode::Take { since_ms })
             .await?;
         let settled = self.settle(home, request, &walk).await?;
         let answer = match settled.record {
@@ -571,7 +582,7 @@ impl Engine {
                 TakeReply::Refused { why, stock } => {
                     out.refusal = out.refusal.max(why);
                     out.all_empty &= stock <= 0;
-                    if mode == TakeMode::Take {
+                    if matches!(mode, TakeMode::Take { .. }) {
                         // A refusal is what lets the walk go on to the next
                         // bucket; a failover that forgot it could let a retry
                         // take here after this walk took further on.
@@ -614,19 +625,22 @@ impl Engine {
         if sale.hold_ms > 0 {
             keys.push(&order_key);
         }
+        let (word, since_ms) = match mode {
+            TakeMode::Take { since_ms } => ("take", since_ms),
+            TakeMode::Refuse { since_ms } => ("refuse", since_ms),
+            TakeMode::Confirm => ("confirm", 0),
+        };
         let mut call = ScriptCall::new(&self.scripts().take, b.slot, &keys);
         call.arg(request.qty)
             .arg(order_id)
             .arg(request.user)
             .arg(self.config().request_ttl_secs())
-            .arg(match mode {
-                TakeMode::Take => "take",
-                TakeMode::Refuse => "refuse",
-                TakeMode::Confirm => "confirm",
-            })
+            .arg(word)
             .arg(self.config().replicated_flag())
             .arg(home.index)
-            .arg(self.config().order_record.script_arg());
+            .arg(self.config().order_record.script_arg())
+            .arg(since_ms)
+            .arg(self.config().walk_limit_ms());
         Ok(self
             .cluster()
             .call(&call, replies::take)

@@ -81,19 +81,27 @@ impl Engine {
             .map(|d| d.as_millis() as u64)
             .unwrap_or(0);
         let cutoff = now_ms.saturating_sub(age.as_millis() as u64);
-        let members: Vec<String> = self
+        // With their scores: each is when its request's walk began, which
+        // the refusals this sweep makes final are kept from (`take.lua`).
+        let members: Vec<(String, f64)> = self
             .cluster()
             .run_cmd(
                 redis::cmd("ZRANGEBYSCORE")
                     .arg(&home.keys.pending)
                     .arg("-inf")
                     .arg(cutoff)
+                    .arg("WITHSCORES")
                     .arg("LIMIT")
                     .arg(0)
                     .arg(BATCH),
             )
             .await?;
-        for member in members {
+        for (member, since) in members {
+            let since_ms = if since.is_finite() && since > 0.0 {
+                since as u64
+            } else {
+                0
+            };
             report.found += 1;
             let Some((user, request_id)) = keys::parse_pending_member(&member) else {
                 tracing::warn!(member, "pending index entry of an unknown shape; removed");
@@ -119,7 +127,10 @@ impl Engine {
                 qty,
                 conn_gen: self.cluster().generation(),
             };
-            let settled = match self.walk(sale, home, request, "-", TakeMode::Refuse).await {
+            let settled = match self
+                .walk(sale, home, request, "-", TakeMode::Refuse { since_ms })
+                .await
+            {
                 Ok(walk) => self
                     .settle(home, request, &walk)
                     .await
