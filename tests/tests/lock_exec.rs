@@ -2621,9 +2621,7 @@ fn wrapped_exec(
 /// The exec's kill never found such a process of its command: it tried for
 /// 20 s, said "forked faster" and let the lock lapse with the process still
 /// writing. An exec that cannot see everything its command may start now
-/// refuses to run it, before it takes or sets anything; root
-/// (CAP_SYS_PTRACE in the first user namespace sees through hidepid) still
-/// runs.
+/// refuses to run it, before it takes or sets anything, whoever runs it.
 #[test]
 fn a_command_whose_processes_proc_would_hide_never_runs() {
     use std::os::unix::fs::PermissionsExt;
@@ -2658,19 +2656,22 @@ fn a_command_whose_processes_proc_would_hide_never_runs() {
             ),
         ]
     };
-    // Each refused, from the fifteenth and sixteenth attacks: an ordinary
-    // user; root in a user namespace of its own, whose CAP_SYS_PTRACE
-    // counts only there (its command's unreadable program was hidden from
-    // it, and wrote on into the next holder's turn); a member of the
-    // mount's gid= group, a number the exec cannot compare with its own
-    // groups once in a user namespace; root without CAP_SYS_PTRACE even
-    // with --pid-namespace, whose exec still read /proc for the caller's
-    // children and for SIGTERM.
+    // Each refused, from the fifteenth, sixteenth and nineteenth attacks:
+    // an ordinary user; root in a user namespace of its own, whose
+    // CAP_SYS_PTRACE counts only there (its command's unreadable program
+    // was hidden from it, and wrote on into the next holder's turn); a
+    // member of the mount's gid= group, a number the exec cannot compare
+    // with its own groups once in a user namespace; root without
+    // CAP_SYS_PTRACE even with --pid-namespace, whose exec still read
+    // /proc for the caller's children and for SIGTERM; and root itself,
+    // whose exception (CAP_SYS_PTRACE in the first user namespace) a user
+    // namespace with a whole uid map passed for the first, so it is gone.
     let refused = [
         ("runuser -u nobody --", ""),
         ("unshare -U -r --", ""),
         ("setpriv --reuid=65534 --regid=65534 --groups=12345 --", ""),
         ("setpriv --bounding-set=-sys_ptrace --", " --pid-namespace"),
+        ("", ""),
     ];
     for exec in [
         "lock exec --name hid --ttl 2s",
@@ -2702,17 +2703,6 @@ fn a_command_whose_processes_proc_would_hide_never_runs() {
                 "{exec} ({as_whom}): the permit total was set"
             );
         }
-        // Root sees through hidepid: the same command runs and is ended.
-        let wrapper = under_hidepid("");
-        let wrapper: Vec<&str> = wrapper.iter().map(String::as_str).collect();
-        let (status, said, left) = wrapped_exec(&nodes, &wrapper, exec, &work, Some(&mark));
-        assert_eq!(left, 0, "{exec} as root: outlived the exec: {said:?}");
-        assert!(ran.exists(), "{exec} as root: did not run: {said:?}");
-        assert_eq!(status.and_then(|s| s.code()), Some(0), "{exec}: {said:?}");
-        std::fs::remove_file(&ran).expect("rm");
-        let _ = nodes[0]
-            .node
-            .cmd::<i64>(&["DEL", "flashsale:sem:hids:permits"]);
     }
     assert_eq!(
         nodes[0].node.cmd::<i64>(&["EXISTS", "flashsale:lock:hid"]),
@@ -2837,7 +2827,8 @@ fn an_ordinary_user_s_command_gets_a_pid_namespace_of_its_own() {
     let seen = dir.path().join("seen");
     let mark = format!("FLASHSALE_TEST_USERNS={}", std::process::id());
     let work = format!(
-        "{{ id -u; grep NSpid /proc/self/status; }} > {}; exec >/dev/null 2>&1; \
+        "{{ id -u; grep NSpid /proc/self/status; grep NoNewPrivs /proc/self/status; }} > {}; \
+         exec >/dev/null 2>&1; \
          export {mark}; sleep 30 & exit 0",
         seen.display()
     );
@@ -2860,6 +2851,11 @@ fn an_ordinary_user_s_command_gets_a_pid_namespace_of_its_own() {
         assert_eq!(lines.next(), Some("65534"), "{exec}: runs as the same user");
         let nspid = lines.next().map(|l| l.split_whitespace().count() - 1);
         assert_eq!(nspid, Some(2), "{exec}: in a PID namespace: {seen_text:?}");
+        // From the nineteenth attack: the supervisor judged the command's
+        // privileges inside its own user namespace, where it holds every
+        // capability, and let it keep them (no no_new_privs).
+        let nnp = lines.next().and_then(|l| l.split_whitespace().nth(1));
+        assert_eq!(nnp, Some("1"), "{exec}: no new privileges: {seen_text:?}");
         std::fs::remove_file(&seen).expect("rm");
     }
     assert_eq!(
@@ -2869,6 +2865,44 @@ fn an_ordinary_user_s_command_gets_a_pid_namespace_of_its_own() {
         0,
         "the lock was given back"
     );
+}
+
+/// From the nineteenth attack: root without CAP_SYS_ADMIN asking for
+/// `--pid-namespace` got it inside a user namespace mapping root to root,
+/// where the command held every capability the caller had dropped: with
+/// DAC_OVERRIDE dropped, it read a file of mode 000. Root gets no user
+/// namespace now: it needs CAP_SYS_ADMIN, and says so.
+#[test]
+fn root_without_cap_sys_admin_gets_no_capability_back_in_a_pid_namespace() {
+    let nodes = servers(1);
+    let dir = tempfile::TempDir::new().expect("dir");
+    let secret = dir.path().join("secret");
+    std::fs::write(&secret, "secret").expect("write");
+    std::fs::set_permissions(&secret, std::os::unix::fs::PermissionsExt::from_mode(0o000))
+        .expect("chmod");
+    let ran = dir.path().join("ran");
+    let work = format!(
+        "touch {}; cat {} > {}.read",
+        ran.display(),
+        secret.display(),
+        ran.display()
+    );
+    let dropped = [
+        "setpriv",
+        "--bounding-set=-sys_admin,-dac_override,-dac_read_search",
+        "--inh-caps=-all",
+        "--",
+    ];
+    let (status, said, _) = wrapped_exec(
+        &nodes,
+        &dropped,
+        "lock exec --name rootns --ttl 2s --pid-namespace",
+        &work,
+        None,
+    );
+    assert!(!ran.exists(), "the command ran: {status:?} {said:?}");
+    assert_eq!(status.and_then(|s| s.code()), Some(126), "{said:?}");
+    assert!(said.contains("CAP_SYS_ADMIN"), "{said:?}");
 }
 
 /// From the eighteenth attack: a directory bind-mounted over /proc in a

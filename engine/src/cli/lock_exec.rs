@@ -61,10 +61,10 @@ pub struct LockExecArgs {
     pub grace: Duration,
     /// Run the command in a PID namespace of its own: when it ends, or the
     /// lock is lost, the kernel ends every process it started at once,
-    /// however fast they fork, with no trust in what /proc says. As root it
-    /// needs CAP_SYS_ADMIN; an ordinary user gets one inside a user
-    /// namespace of its own that maps only its uid and gid (most Linux
-    /// systems allow it). The command then sees the namespace's pids (a
+    /// however fast they fork, with no trust in what /proc says. Root needs
+    /// CAP_SYS_ADMIN; any other user gets one inside a user namespace of
+    /// its own that maps only its uid and gid (most Linux systems allow
+    /// it). The command then sees the namespace's pids (a
     /// pid file it writes names them, not the host's).
     #[arg(long)]
     pub pid_namespace: bool,
@@ -518,7 +518,7 @@ impl Supervised<'_> {
             Ending::NoNamespace(errno) => {
                 let e = std::io::Error::from_raw_os_error(errno);
                 say!(
-                    "flashsale: --pid-namespace: cannot make a PID namespace ({e}); it needs CAP_SYS_ADMIN, or user namespaces this user may make (see `sysctl user.max_user_namespaces`). The command did not run"
+                    "flashsale: --pid-namespace: cannot make a PID namespace ({e}); it needs CAP_SYS_ADMIN, or (for a user other than root) user namespaces this user may make (see `sysctl user.max_user_namespaces`). The command did not run"
                 );
                 EXIT_NOT_EXECUTABLE
             }

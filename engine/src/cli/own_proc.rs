@@ -20,9 +20,8 @@
 //!   its status names exactly one pid, this one. Comparing `/proc/self`
 //!   with getpid() was beaten by a write to `ns_last_pid` that gave the
 //!   exec the same pid in two namespaces (eighteenth).
-//! - /proc must not hide processes (`hidepid`) unless this process sees
-//!   through it for certain (fifteenth, sixteenth; see
-//!   [`OwnProc::shows_everything`]).
+//! - /proc must not hide processes (`hidepid`), whoever runs the exec
+//!   (fifteenth, sixteenth, nineteenth; see [`OwnProc::shows_everything`]).
 //!
 //! What no check here covers: a process of the caller's that changes the
 //! exec's mounts while it runs. The stronger design needs no /proc at
@@ -102,21 +101,17 @@ impl OwnProc {
         Ok(text)
     }
 
-    /// Refuses a /proc that hides processes (`hidepid` 1, 2 or 4) from
-    /// this exec: a process it cannot see runs on past the lock (the
-    /// fifteenth and sixteenth attacks). Under hidepid a process this one
-    /// may not ptrace is hidden, and that includes its own processes that
-    /// are not dumpable (a program only executable, not readable;
-    /// PR_SET_DUMPABLE 0). Only CAP_SYS_PTRACE held in the first user
-    /// namespace sees through it for certain: a non-dumpable process
-    /// belongs to the namespace of its program's owner, often the first,
-    /// so root of a user namespace of its own does not see it (the
-    /// sixteenth attack), and the mount's `gid=` is a number of the first
-    /// namespace that cannot be compared with this process's groups from
-    /// inside another. So this is not a prediction of what /proc will show
-    /// but the one case the kernel promises; everything else under hidepid
-    /// is refused, `--pid-namespace` too (its exec still reads /proc for
-    /// the caller's children and for the SIGTERM it sends).
+    /// Refuses a /proc that hides processes (`hidepid` 1, 2 or 4): a
+    /// process the exec cannot see runs on past the lock. Under hidepid a
+    /// process this one may not ptrace is hidden, and that includes its own
+    /// processes that are not dumpable (a program only executable, not
+    /// readable; PR_SET_DUMPABLE 0). Every hidepid is refused, root's too:
+    /// the exception this had for CAP_SYS_PTRACE in the first user
+    /// namespace was beaten three times (the fifteenth, sixteenth and
+    /// nineteenth attacks: a user namespace of root's whose uid map was
+    /// written whole, `0 0 4294967295`, passed for the first, and a process
+    /// whose group it did not map was hidden from it), so it is gone, not
+    /// patched a fourth time.
     ///
     /// A process cannot list its own children without /proc (this kernel
     /// has no `/proc/<pid>/task/<tid>/children`), hence a refusal, not a
@@ -136,34 +131,16 @@ impl OwnProc {
         else {
             return Ok(());
         };
-        const CAP_SYS_PTRACE: u32 = 19;
-        let status = self.read_self("status")?;
-        if has_cap(&status, "CapEff:", CAP_SYS_PTRACE) && self.in_first_user_namespace() {
-            return Ok(());
-        }
         Err(io::Error::new(
             io::ErrorKind::PermissionDenied,
             format!(
                 "/proc is mounted with hidepid={hidepid}: it hides processes of this exec's \
                  command (those that are not dumpable), which it could then never end; run the \
-                 exec as root (CAP_SYS_PTRACE) outside any user namespace, or on a /proc \
-                 without hidepid; the command did not run"
+                 exec on a /proc without hidepid (e.g. in a mount namespace of its own, \
+                 `unshare --mount --pid --fork --mount-proc`); the command did not run"
             ),
         ))
     }
-
-    /// Whether this process is in the first user namespace: only there
-    /// does its uid map cover every uid one to one.
-    fn in_first_user_namespace(&self) -> bool {
-        self.read_self("uid_map")
-            .is_ok_and(|m| is_whole_uid_map(&m))
-    }
-}
-
-/// Whether `set` (a `Cap...:` line of a status, e.g. `CapEff:`) holds
-/// capability `cap`.
-pub fn has_cap(status: &str, set: &str, cap: u32) -> bool {
-    cap_set(status, set) & (1 << cap) != 0
 }
 
 /// The capability set a status's `set` line names (none if absent).
@@ -231,14 +208,6 @@ fn proc_mount_options(mountinfo: &str, id: u64) -> Option<&str> {
     })
 }
 
-fn is_whole_uid_map(map: &str) -> bool {
-    let lines: Vec<Vec<&str>> = map
-        .lines()
-        .map(|l| l.split_whitespace().collect())
-        .collect();
-    matches!(lines.as_slice(), [fields] if fields.as_slice() == ["0", "0", "4294967295"])
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -258,16 +227,6 @@ mod tests {
         assert_eq!(proc_mount_options(mountinfo, 64), Some("rw"));
         assert_eq!(proc_mount_options(mountinfo, 41), None);
         assert_eq!(proc_mount_options(mountinfo, 7), None);
-    }
-
-    /// Only the first user namespace maps every uid to itself.
-    #[test]
-    fn only_a_whole_identity_uid_map_is_the_first_user_namespace() {
-        assert!(is_whole_uid_map("         0          0 4294967295\n"));
-        assert!(!is_whole_uid_map("         0          0          1\n"));
-        assert!(!is_whole_uid_map("         0       1000          1\n"));
-        assert!(!is_whole_uid_map(""));
-        assert!(!is_whole_uid_map("0 0 4294967295\n1 1 1\n"));
     }
 
     /// From the eighteenth attack: two pids that happen to be equal are

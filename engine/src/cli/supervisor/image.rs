@@ -231,6 +231,11 @@ pub(super) fn supervise(control: libc::c_int, report: libc::c_int, patience: Dur
     // successor and exit). It needs CAP_SYS_ADMIN, and the command sees
     // pids of its namespace, not the host's: so it is asked for, not
     // assumed. Without it, the walk in `kill_tree` is all there is.
+    // Decided here, by this process's own privileges: inside a user
+    // namespace of its own (`new_pid_namespace`) it holds every capability,
+    // which would wrongly let the command keep them all (the nineteenth
+    // attack).
+    let keep_privileges = may_kill_anyone();
     if spec.pid_namespace {
         if let Err(errno) = new_pid_namespace() {
             let _ = to_exec.write_all(&Report::NoNamespace(errno).encode());
@@ -241,7 +246,7 @@ pub(super) fn supervise(control: libc::c_int, report: libc::c_int, patience: Dur
         // SAFETY: this image is single-threaded; the child runs `ns_init`,
         // which never returns.
         match unsafe { libc::fork() } {
-            0 => ns_init(&spec, &mut to_exec),
+            0 => ns_init(&spec, keep_privileges, &mut to_exec),
             pid if pid > 0 => (pid, false),
             _ => {
                 let errno = io::Error::last_os_error()
@@ -252,7 +257,7 @@ pub(super) fn supervise(control: libc::c_int, report: libc::c_int, patience: Dur
             }
         }
     } else {
-        match spawn(&spec, true) {
+        match spawn(&spec, true, keep_privileges) {
             Ok(pid) => {
                 let _ = to_exec.write_all(&Report::Started(pid).encode());
                 (pid, true)
@@ -281,13 +286,14 @@ pub(super) fn supervise(control: libc::c_int, report: libc::c_int, patience: Dur
 
 /// Makes the PID namespace the supervisor's next children are born in:
 /// with CAP_SYS_ADMIN (root), one of the user namespace this process is
-/// in; without, one owned by a user namespace of its own, which an
-/// ordinary user may make on most Linux systems, so `--pid-namespace` is
-/// not for root alone. That user namespace maps this process's uid and gid
-/// to themselves and nothing else: the command runs as the same user, with
-/// no capability left after its execve (its uid is not the namespace's
-/// root), and a setuid program owned by another user runs as this one
-/// (an unmapped owner's setuid bit is ignored). The error is the errno.
+/// in; without, for a user other than root, one owned by a user namespace
+/// of its own, which an ordinary user may make on most Linux systems, so
+/// `--pid-namespace` is not for root alone. That user namespace maps this
+/// process's uid and gid to themselves and nothing else: the command runs
+/// as the same user, with no capability left after its execve (its uid is
+/// not the namespace's root, and `spawn` sets no_new_privs as outside), and
+/// a setuid program owned by another user runs as this one (an unmapped
+/// owner's setuid bit is ignored). The error is the errno.
 pub(super) fn new_pid_namespace() -> Result<(), i32> {
     let errno = || {
         io::Error::last_os_error()
@@ -299,11 +305,15 @@ pub(super) fn new_pid_namespace() -> Result<(), i32> {
         return Ok(());
     }
     let as_root = errno();
-    if as_root != libc::EPERM {
-        return Err(as_root);
-    }
     // SAFETY: getters with no failure and no memory.
     let (uid, gid) = unsafe { (libc::geteuid(), libc::getegid()) };
+    // Root without CAP_SYS_ADMIN gets no user namespace: it would map root
+    // to root and hand the command back, inside it, every capability the
+    // caller had dropped, over every file root owns (the nineteenth
+    // attack read a mode-000 file with DAC_OVERRIDE dropped).
+    if as_root != libc::EPERM || uid == 0 {
+        return Err(as_root);
+    }
     // SAFETY: this image is single-threaded (unshare of a user namespace
     // needs it); the namespaces hold for this process and the children it
     // makes next.
@@ -331,12 +341,12 @@ pub(super) fn new_pid_namespace() -> Result<(), i32> {
 /// SIGTERM to the command's processes reaches the command, not it; SIGKILL
 /// from the supervisor (or the supervisor's death) ends it and the
 /// namespace.
-pub(super) fn ns_init(spec: &Spec, to_exec: &mut File) -> ! {
+pub(super) fn ns_init(spec: &Spec, keep_privileges: bool, to_exec: &mut File) -> ! {
     // SAFETY: prctl on this process's own state.
     unsafe {
         libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
     }
-    let command = match spawn(spec, false) {
+    let command = match spawn(spec, false, keep_privileges) {
         Ok(pid) => pid,
         Err(e) => {
             let errno = e.raw_os_error().unwrap_or(libc::ENOENT);
@@ -449,8 +459,14 @@ pub(super) fn may_kill_anyone() -> bool {
 /// Starts the command in the supervisor's group (the group it is in
 /// already, inherited; `join` names it from outside a namespace, where its
 /// id is visible), the signals the supervisor ignores given back their
-/// defaults, dying with its parent should it be killed.
-pub(super) fn spawn(spec: &Spec, join: bool) -> io::Result<libc::pid_t> {
+/// defaults, dying with its parent should it be killed. Unless
+/// `keep_privileges` (the supervisor may kill any process, CAP_KILL, judged
+/// before any namespace of its own), the command may not gain privileges:
+/// a setuid program (`sudo -u`, `su`) would run on as another user, which
+/// this user's SIGKILL cannot reach, past the lock (the thirteenth attack).
+/// With no_new_privs the setuid bit is not honoured, and every process of
+/// the command stays this user's, and killable.
+pub(super) fn spawn(spec: &Spec, join: bool, keep_privileges: bool) -> io::Result<libc::pid_t> {
     let mut cmd = std::process::Command::new(&spec.argv[0]);
     cmd.args(&spec.argv[1..])
         .env_clear()
@@ -463,13 +479,6 @@ pub(super) fn spawn(spec: &Spec, join: bool) -> io::Result<libc::pid_t> {
     let defaults = supervisor_ignores();
     unsafe {
         let me = libc::getpid();
-        // Unless this may kill any process (CAP_KILL), the command may not
-        // gain privileges: a setuid program (`sudo -u`, `su`) would
-        // run on as another user, which this user's SIGKILL cannot reach,
-        // past the lock (the thirteenth attack). With no_new_privs the
-        // setuid bit is not honoured, and every process of the command
-        // stays this user's, and killable.
-        let keep_privileges = may_kill_anyone();
         cmd.pre_exec(move || {
             if !keep_privileges {
                 libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0);
