@@ -18,7 +18,7 @@ pub use binaries::*;
 pub use pg::PgDb;
 pub use proxy::TcpProxy;
 pub use redis_nodes::*;
-pub use serve::{ServeProcess, ADMIN_TOKEN};
+pub use serve::{create_sale, http_client, ServeProcess, ADMIN_TOKEN};
 pub use waiting::{wait_for, wait_until};
 
 /// An engine on `cluster` with the default knobs and a retry deadline that

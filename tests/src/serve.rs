@@ -92,3 +92,31 @@ impl Drop for ServeProcess {
         let _ = self.child.wait();
     }
 }
+
+/// An HTTP client for a `serve` under test: every request bounded.
+pub fn http_client() -> reqwest::Client {
+    reqwest::Client::builder()
+        .timeout(Duration::from_secs(30))
+        .build()
+        .expect("http client")
+}
+
+/// `POST /v1/sales` with the admin token: the status and the JSON answer
+/// (null if it was not JSON).
+pub async fn create_sale(
+    c: &reqwest::Client,
+    base: &str,
+    body: serde_json::Value,
+) -> (u16, serde_json::Value) {
+    let r = c
+        .post(format!("{base}/v1/sales"))
+        .bearer_auth(ADMIN_TOKEN)
+        .json(&body)
+        .send()
+        .await
+        .expect("create");
+    (
+        r.status().as_u16(),
+        r.json().await.unwrap_or(serde_json::Value::Null),
+    )
+}

@@ -8,9 +8,8 @@
 //! `serve` with its admin token.
 
 use std::process::Command;
-use std::time::Duration;
 
-use flashsale_tests::{PgDb, RedisCluster, ServeProcess, ADMIN_TOKEN};
+use flashsale_tests::{create_sale, http_client, PgDb, RedisCluster, ServeProcess, ADMIN_TOKEN};
 use serde_json::{json, Value};
 
 /// The schemathesis executable `ops/test` installed.
@@ -28,10 +27,7 @@ async fn the_live_server_keeps_to_its_openapi_description() {
     let pg = PgDb::create();
     let server = ServeProcess::start(&cluster, &pg, "", "");
     let base = server.base();
-    let c = reqwest::Client::builder()
-        .timeout(Duration::from_secs(30))
-        .build()
-        .expect("http client");
+    let c = http_client();
 
     // A sale for the generated requests to find, one with holds, and one
     // order: schemathesis mostly makes up names, and these give its
@@ -40,14 +36,7 @@ async fn the_live_server_keeps_to_its_openapi_description() {
         json!({"sku": "api-a", "stock": 1000, "buckets": 3}),
         json!({"sku": "api-h", "stock": 1000, "hold_ms": 600000}),
     ] {
-        let r = c
-            .post(format!("{base}/v1/sales"))
-            .bearer_auth(ADMIN_TOKEN)
-            .json(&body)
-            .send()
-            .await
-            .expect("create");
-        assert_eq!(r.status().as_u16(), 201);
+        assert_eq!(create_sale(&c, &base, body).await.0, 201);
     }
     let doc: Value = c
         .get(format!("{base}/openapi.json"))

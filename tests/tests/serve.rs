@@ -8,25 +8,18 @@ use std::process::{Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use flashsale_tests::{free_port, kill_on_drop, PgDb, RedisCluster, ServeProcess, ADMIN_TOKEN};
+use flashsale_tests::{
+    create_sale, free_port, http_client, kill_on_drop, PgDb, RedisCluster, ServeProcess,
+    ADMIN_TOKEN,
+};
 use serde_json::{json, Value};
 
 fn http() -> reqwest::Client {
-    reqwest::Client::builder()
-        .timeout(Duration::from_secs(30))
-        .build()
-        .expect("http client")
+    http_client()
 }
 
 async fn create(c: &reqwest::Client, base: &str, body: Value) -> (u16, Value) {
-    let r = c
-        .post(format!("{base}/v1/sales"))
-        .bearer_auth(ADMIN_TOKEN)
-        .json(&body)
-        .send()
-        .await
-        .expect("create");
-    (r.status().as_u16(), r.json().await.unwrap_or(Value::Null))
+    create_sale(c, base, body).await
 }
 
 async fn buy(

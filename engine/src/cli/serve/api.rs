@@ -58,6 +58,59 @@ impl ApiError {
     }
 }
 
+/// The error answers every route but the probes can give, named once for
+/// the OpenAPI description instead of on each route (with [`AdminErrors`]
+/// and [`BodyErrors`]). Never built: they document [`ApiError`]'s answers.
+#[derive(utoipa::IntoResponses)]
+#[allow(dead_code)]
+pub enum CommonErrors {
+    /// A path segment that does not decode.
+    #[response(
+        status = 400,
+        description = "`bad_request`: a path segment that does not decode"
+    )]
+    BadRequest(ErrorBody),
+    /// The body came too slowly, or the request took too long.
+    #[response(
+        status = 408,
+        description = "`request_timeout`: the body came too slowly, or the request outlived `server.request_timeout_ms`"
+    )]
+    RequestTimeout(ErrorBody),
+    /// A bug.
+    #[response(status = 500, description = "`internal`")]
+    Internal(ErrorBody),
+    /// Redis, a lock node or the server's capacity.
+    #[response(
+        status = 503,
+        description = "`unavailable`: Redis or a lock node did not answer in time, or the server is at `max_in_flight`; retry"
+    )]
+    Unavailable(ErrorBody),
+}
+
+/// The error answer of the admin routes (bearer token).
+#[derive(utoipa::IntoResponses)]
+#[allow(dead_code)]
+pub enum AdminErrors {
+    /// No or wrong token, or admin routes off.
+    #[response(
+        status = 401,
+        description = "`unauthorized`: no or wrong bearer token, or admin routes off"
+    )]
+    Unauthorized(ErrorBody),
+}
+
+/// The error answers of the routes that take a JSON body.
+#[derive(utoipa::IntoResponses)]
+#[allow(dead_code)]
+pub enum BodyErrors {
+    /// Over the body limit.
+    #[response(status = 413, description = "`payload_too_large`")]
+    PayloadTooLarge(ErrorBody),
+    /// Not JSON.
+    #[response(status = 415, description = "`unsupported_media_type`: not JSON")]
+    UnsupportedMediaType(ErrorBody),
+}
+
 /// The body of every error answer.
 #[derive(Serialize, utoipa::ToSchema)]
 pub struct ErrorBody {
@@ -333,15 +386,11 @@ fn operation_id(headers: &HeaderMap) -> Result<String, ApiError> {
     request_body = CreateSale,
     responses(
         (status = 201, description = "created (or created before with this key)", body = flashsale::SaleStatus),
-        (status = 401, description = "`unauthorized`: no or wrong bearer token, or admin routes off", body = ErrorBody),
         (status = 409, description = "`already_exists` or `closed`", body = ErrorBody),
-        (status = 413, description = "`payload_too_large`", body = ErrorBody),
-        (status = 415, description = "`unsupported_media_type`: not JSON", body = ErrorBody),
         (status = 422, description = "`invalid` or `operation_mismatch`", body = ErrorBody),
-        (status = 503, description = "`unavailable`: Redis or a lock node did not answer in time, or the server is at `max_in_flight`; retry", body = ErrorBody),
-        (status = 400, description = "`bad_request`: a path segment that does not decode", body = ErrorBody),
-        (status = 408, description = "`request_timeout`: the body came too slowly, or the request outlived `server.request_timeout_ms`", body = ErrorBody),
-        (status = 500, description = "`internal`", body = ErrorBody),
+        CommonErrors,
+        AdminErrors,
+        BodyErrors,
     ))]
 pub async fn create_sale(
     State(state): State<AppState>,
@@ -370,10 +419,7 @@ pub async fn create_sale(
         (status = 200, description = "the sale", body = flashsale::SaleStatus),
         (status = 404, description = "`unknown_sale`", body = ErrorBody),
         (status = 422, description = "`invalid`: not a valid sku", body = ErrorBody),
-        (status = 503, description = "`unavailable`: Redis or a lock node did not answer in time, or the server is at `max_in_flight`; retry", body = ErrorBody),
-        (status = 400, description = "`bad_request`: a path segment that does not decode", body = ErrorBody),
-        (status = 408, description = "`request_timeout`: the body came too slowly, or the request outlived `server.request_timeout_ms`", body = ErrorBody),
-        (status = 500, description = "`internal`", body = ErrorBody),
+        CommonErrors,
     ))]
 pub async fn sale_status(
     State(state): State<AppState>,
@@ -399,16 +445,12 @@ pub struct Restock {
     request_body = Restock,
     responses(
         (status = 200, description = "restocked", body = flashsale::SaleStatus),
-        (status = 401, description = "`unauthorized`: no or wrong bearer token, or admin routes off", body = ErrorBody),
         (status = 404, description = "`unknown_sale`", body = ErrorBody),
         (status = 409, description = "`closed`", body = ErrorBody),
-        (status = 413, description = "`payload_too_large`", body = ErrorBody),
-        (status = 415, description = "`unsupported_media_type`: not JSON", body = ErrorBody),
         (status = 422, description = "`invalid` or `operation_mismatch`", body = ErrorBody),
-        (status = 503, description = "`unavailable`: Redis or a lock node did not answer in time, or the server is at `max_in_flight`; retry", body = ErrorBody),
-        (status = 400, description = "`bad_request`: a path segment that does not decode", body = ErrorBody),
-        (status = 408, description = "`request_timeout`: the body came too slowly, or the request outlived `server.request_timeout_ms`", body = ErrorBody),
-        (status = 500, description = "`internal`", body = ErrorBody),
+        CommonErrors,
+        AdminErrors,
+        BodyErrors,
     ))]
 pub async fn restock(
     State(state): State<AppState>,
@@ -426,13 +468,10 @@ pub async fn restock(
     params(SkuPath),
     responses(
         (status = 200, description = "closed (or closed before)", body = flashsale::SaleStatus),
-        (status = 401, description = "`unauthorized`: no or wrong bearer token, or admin routes off", body = ErrorBody),
         (status = 404, description = "`unknown_sale`", body = ErrorBody),
         (status = 422, description = "`invalid`", body = ErrorBody),
-        (status = 503, description = "`unavailable`: Redis or a lock node did not answer in time, or the server is at `max_in_flight`; retry", body = ErrorBody),
-        (status = 400, description = "`bad_request`: a path segment that does not decode", body = ErrorBody),
-        (status = 408, description = "`request_timeout`: the body came too slowly, or the request outlived `server.request_timeout_ms`", body = ErrorBody),
-        (status = 500, description = "`internal`", body = ErrorBody),
+        CommonErrors,
+        AdminErrors,
     ))]
 pub async fn close(
     State(state): State<AppState>,
@@ -482,14 +521,10 @@ pub struct PurchaseAnswer {
         (status = 404, description = "`unknown_sale`", body = ErrorBody),
         (status = 409, description = "`sold_out`, `not_started`, `ended` or `closed`", body = ErrorBody),
         (status = 410, description = "`order_lost`: a failover under ack = leader took this request's order back", body = ErrorBody),
-        (status = 413, description = "`payload_too_large`", body = ErrorBody),
-        (status = 415, description = "`unsupported_media_type`: not JSON", body = ErrorBody),
         (status = 422, description = "`invalid`, or `request_mismatch` (this request_id was used with another qty)", body = ErrorBody),
         (status = 429, description = "`limit_exceeded` (the per-user limit) or `rate_limited`", body = ErrorBody),
-        (status = 503, description = "`unavailable`: Redis or a lock node did not answer in time, or the server is at `max_in_flight`; retry", body = ErrorBody),
-        (status = 400, description = "`bad_request`: a path segment that does not decode", body = ErrorBody),
-        (status = 408, description = "`request_timeout`: the body came too slowly, or the request outlived `server.request_timeout_ms`", body = ErrorBody),
-        (status = 500, description = "`internal`", body = ErrorBody),
+        CommonErrors,
+        BodyErrors,
     ))]
 pub async fn purchase(
     State(state): State<AppState>,
@@ -549,16 +584,12 @@ pub struct Pay {
     request_body = Pay,
     responses(
         (status = 200, description = "paid (`replayed` on a retry with the same payment_ref)", body = flashsale::Transition),
-        (status = 401, description = "`unauthorized`: no or wrong bearer token, or admin routes off", body = ErrorBody),
         (status = 404, description = "`unknown_order`", body = ErrorBody),
         (status = 409, description = "`no_holds`, `hold_expired`, `already_final` or `payment_conflict`", body = ErrorBody),
-        (status = 413, description = "`payload_too_large`", body = ErrorBody),
-        (status = 415, description = "`unsupported_media_type`: not JSON", body = ErrorBody),
         (status = 422, description = "`invalid`", body = ErrorBody),
-        (status = 503, description = "`unavailable`: Redis or a lock node did not answer in time, or the server is at `max_in_flight`; retry", body = ErrorBody),
-        (status = 400, description = "`bad_request`: a path segment that does not decode", body = ErrorBody),
-        (status = 408, description = "`request_timeout`: the body came too slowly, or the request outlived `server.request_timeout_ms`", body = ErrorBody),
-        (status = 500, description = "`internal`", body = ErrorBody),
+        CommonErrors,
+        AdminErrors,
+        BodyErrors,
     ))]
 pub async fn pay(
     State(state): State<AppState>,
@@ -574,14 +605,11 @@ pub async fn pay(
     params(("order_id" = String, Path, description = "the held order")),
     responses(
         (status = 200, description = "cancelled (`replayed` on a retry)", body = flashsale::Transition),
-        (status = 401, description = "`unauthorized`: no or wrong bearer token, or admin routes off", body = ErrorBody),
         (status = 404, description = "`unknown_order`", body = ErrorBody),
         (status = 409, description = "`no_holds`, `hold_expired` or `already_final`", body = ErrorBody),
         (status = 422, description = "`invalid`", body = ErrorBody),
-        (status = 503, description = "`unavailable`: Redis or a lock node did not answer in time, or the server is at `max_in_flight`; retry", body = ErrorBody),
-        (status = 400, description = "`bad_request`: a path segment that does not decode", body = ErrorBody),
-        (status = 408, description = "`request_timeout`: the body came too slowly, or the request outlived `server.request_timeout_ms`", body = ErrorBody),
-        (status = 500, description = "`internal`", body = ErrorBody),
+        CommonErrors,
+        AdminErrors,
     ))]
 pub async fn cancel(
     State(state): State<AppState>,
@@ -600,10 +628,7 @@ pub async fn cancel(
         (status = 404, description = "`unknown_order`", body = ErrorBody),
         (status = 409, description = "`no_holds`: its sale holds no orders", body = ErrorBody),
         (status = 422, description = "`invalid`", body = ErrorBody),
-        (status = 503, description = "`unavailable`: Redis or a lock node did not answer in time, or the server is at `max_in_flight`; retry", body = ErrorBody),
-        (status = 400, description = "`bad_request`: a path segment that does not decode", body = ErrorBody),
-        (status = 408, description = "`request_timeout`: the body came too slowly, or the request outlived `server.request_timeout_ms`", body = ErrorBody),
-        (status = 500, description = "`internal`", body = ErrorBody),
+        CommonErrors,
     ))]
 pub async fn order(
     State(state): State<AppState>,

@@ -91,6 +91,24 @@ mod tests {
         );
         for (path, ops) in paths {
             for (method, op) in ops.as_object().expect("operations") {
+                // The shared answers (`CommonErrors`, `AdminErrors`,
+                // `BodyErrors`) reach every route they belong to.
+                let mut owed = Vec::new();
+                if path.starts_with("/v1") {
+                    owed.extend(["400", "408", "500", "503"]);
+                }
+                if op.get("security").is_some() {
+                    owed.push("401");
+                }
+                if op.get("requestBody").is_some() {
+                    owed.extend(["413", "415"]);
+                }
+                for status in owed {
+                    assert!(
+                        op["responses"].get(status).is_some(),
+                        "{method} {path} does not describe {status}"
+                    );
+                }
                 for (status, answer) in op["responses"].as_object().expect("responses") {
                     if status.starts_with('4') || status == "500" {
                         let schema = &answer["content"]["application/json"]["schema"]["$ref"];
