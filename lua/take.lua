@@ -36,7 +36,8 @@
 -- ARGV[8] "compact" or "fields": the form of the new order's stream entry
 --         (see purchase.lua's ARGV[3])
 -- ARGV[9] when the request's walk began: its score in the home bucket's
---         pending set (ms, the home master's clock); "0" for "confirm"
+--         pending set (ms, the home master's clock); "0" for "confirm", or
+--         when the start is unknown (then a refusal is kept request_ttl)
 -- ARGV[10] the walk limit, ms (the engine's pending_timeout, >= 1): no take
 --         after since + limit, on this master's clock
 --
@@ -125,10 +126,17 @@ elseif ARGV[5] == 'refuse' or stock < qty or now_ms >= since_ms + walk_ms then
   refusal = -1
 end
 if refusal then
-  local keep_ms = math.min(since_ms + 2 * walk_ms - now_ms, ttl * 1000)
-  if keep_ms > 0 then
-    redis.call('SET', KEYS[4], 'X:' .. qty .. ':' .. refusal, 'PX', keep_ms)
+  -- Kept until since + 2 * limit, and always for at least one limit: under
+  -- ack = replicated the engine waits for a replica to hold the refusal, so
+  -- there must be one. A start of 0 is a start unknown (the request's
+  -- pending entry is gone): another attempt may still be walking with the
+  -- real one, so the refusal is kept as long as the request, as before the
+  -- limit, for that attempt to find.
+  local keep_ms = ttl * 1000
+  if since_ms > 0 then
+    keep_ms = math.min(math.max(since_ms + 2 * walk_ms - now_ms, walk_ms), keep_ms)
   end
+  redis.call('SET', KEYS[4], 'X:' .. qty .. ':' .. refusal, 'PX', keep_ms)
   return {refusal, '', stock}
 end
 

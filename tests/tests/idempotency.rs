@@ -895,14 +895,15 @@ async fn a_walk_past_its_limit_takes_nowhere_even_with_stock() {
         .map(|(_, m)| m.to_string())
         .expect("a request key");
     let since: f64 = home_node.cmd(&["ZSCORE", &keys.pending, &member]);
-    // Until bucket 0's master is past the walk's limit on its own clock.
+    // Until bucket 0's master is past twice the walk's limit on its own
+    // clock, when a refusal would no longer be needed there.
     let other_node = cluster.node(cluster.master_of_slot(status.buckets[0].slot));
     wait_until(
         Duration::from_secs(30),
-        "bucket 0's clock passes the walk limit",
+        "bucket 0's clock passes twice the walk limit",
         || async {
             let now: Vec<u64> = other_node.cmd(&["TIME"]);
-            now.first().is_some_and(|s| s * 1000 > since as u64 + 1000)
+            now.first().is_some_and(|s| s * 1000 > since as u64 + 2000)
         },
     )
     .await;
@@ -913,4 +914,71 @@ async fn a_walk_past_its_limit_takes_nowhere_even_with_stock() {
     let after = engine.sale_status("old-walk").await.expect("status");
     assert_eq!(after.remaining, before.remaining, "nothing was taken");
     assert!(stream_orders(&cluster, &after).is_empty());
+    // From the attack on this change: past twice the limit the refusal was
+    // not recorded at all, and under `ack = replicated` the walk waited for
+    // a replica to hold a record that never came (`unavailable`, not
+    // `sold_out`). A refusal is recorded for at least one limit.
+    let record = flashsale::keys::BucketKeys::new(&status.buckets[0].tag).request(&max, "max-1");
+    let ttl: i64 = other_node.cmd(&["PTTL", &record]);
+    assert!(
+        (1..=1000).contains(&ttl),
+        "bucket 0 records its refusal for one limit: PTTL {ttl}"
+    );
+}
+
+/// From the attack on the walk limit: a retry whose walk start was gone
+/// from the home bucket's pending set (read as 0) refused in every bucket
+/// without recording it, and settled the request as sold out, while an
+/// earlier attempt still walking with the real start took further on: an
+/// order for a request answered `sold_out`, its quota given back. With
+/// its start unknown, a walk's refusals are kept `request_ttl`, as before
+/// the walk limit, so the earlier attempt finds them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_retry_whose_walk_start_is_lost_keeps_its_refusals() {
+    let cluster = RedisCluster::start(3, 0);
+    let engine = engine_with(&cluster, |c| {
+        c.pending_timeout = Duration::from_millis(1000);
+    })
+    .await;
+    let status = sale(
+        &engine,
+        SaleSpec {
+            buckets: 2,
+            per_user_limit: 5,
+            ..SaleSpec::new("lost-start", 1)
+        },
+    )
+    .await;
+    let ned = user_with_home("ned", 2, 1);
+    abandon_fall_through(
+        &cluster,
+        &status,
+        &ned,
+        "ned-1",
+        1,
+        1,
+        0,
+        Abandon::BeforeTake,
+    )
+    .await;
+    let home = &status.buckets[1];
+    let home_node = cluster.node(cluster.master_of_slot(home.slot));
+    let keys = flashsale::keys::BucketKeys::new(&home.tag);
+    let member = keys.request(&ned, "ned-1");
+    let member = member
+        .split_once(":r:")
+        .map(|(_, m)| m.to_string())
+        .expect("a request key");
+    let removed: i64 = home_node.cmd(&["ZREM", &keys.pending, &member]);
+    assert_eq!(removed, 1, "setup: the pending entry was there");
+    let retry = engine.purchase(req("lost-start", &ned, 1, "ned-1")).await;
+    assert!(matches!(retry, Err(PurchaseError::SoldOut)), "{retry:?}");
+    let other = &status.buckets[0];
+    let other_node = cluster.node(cluster.master_of_slot(other.slot));
+    let record = flashsale::keys::BucketKeys::new(&other.tag).request(&ned, "ned-1");
+    let ttl: i64 = other_node.cmd(&["PTTL", &record]);
+    assert!(
+        ttl > 3_600_000,
+        "bucket 0 keeps its refusal as long as the request: PTTL {ttl}"
+    );
 }
