@@ -851,6 +851,28 @@ async fn a_refused_multi_bucket_request_keeps_only_its_home_record_past_the_walk
     assert_eq!(status.remaining, 9);
 }
 
+/// Where a request's entry in its home bucket's pending set lives: the
+/// home master, the set's key, and the member (the record key without its
+/// `{tag}:r:` prefix).
+fn pending_entry<'a>(
+    cluster: &'a RedisCluster,
+    home: &flashsale::BucketStatus,
+    user: &str,
+    request_id: &str,
+) -> (&'a flashsale_tests::RedisNode, String, String) {
+    let keys = flashsale::keys::BucketKeys::new(&home.tag);
+    let member = keys
+        .request(user, request_id)
+        .split_once(":r:")
+        .map(|(_, m)| m.to_string())
+        .expect("a request key");
+    (
+        cluster.node(cluster.master_of_slot(home.slot)),
+        keys.pending.clone(),
+        member,
+    )
+}
+
 /// What makes a short-lived refusal safe: a walk takes nowhere once past
 /// its limit (`pending_timeout` from its start, each bucket's master
 /// judging by its own clock). A request left pending by an attempt that
@@ -886,15 +908,8 @@ async fn a_walk_past_its_limit_takes_nowhere_even_with_stock() {
         Abandon::BeforeTake,
     )
     .await;
-    let home = &status.buckets[1];
-    let home_node = cluster.node(cluster.master_of_slot(home.slot));
-    let keys = flashsale::keys::BucketKeys::new(&home.tag);
-    let member = keys.request(&max, "max-1");
-    let member = member
-        .split_once(":r:")
-        .map(|(_, m)| m.to_string())
-        .expect("a request key");
-    let since: f64 = home_node.cmd(&["ZSCORE", &keys.pending, &member]);
+    let (home_node, pending, member) = pending_entry(&cluster, &status.buckets[1], &max, "max-1");
+    let since: f64 = home_node.cmd(&["ZSCORE", &pending, &member]);
     // Until bucket 0's master is past twice the walk's limit on its own
     // clock, when a refusal would no longer be needed there.
     let other_node = cluster.node(cluster.master_of_slot(status.buckets[0].slot));
@@ -961,15 +976,8 @@ async fn a_retry_whose_walk_start_is_lost_keeps_its_refusals() {
         Abandon::BeforeTake,
     )
     .await;
-    let home = &status.buckets[1];
-    let home_node = cluster.node(cluster.master_of_slot(home.slot));
-    let keys = flashsale::keys::BucketKeys::new(&home.tag);
-    let member = keys.request(&ned, "ned-1");
-    let member = member
-        .split_once(":r:")
-        .map(|(_, m)| m.to_string())
-        .expect("a request key");
-    let removed: i64 = home_node.cmd(&["ZREM", &keys.pending, &member]);
+    let (home_node, pending, member) = pending_entry(&cluster, &status.buckets[1], &ned, "ned-1");
+    let removed: i64 = home_node.cmd(&["ZREM", &pending, &member]);
     assert_eq!(removed, 1, "setup: the pending entry was there");
     let retry = engine.purchase(req("lost-start", &ned, 1, "ned-1")).await;
     assert!(matches!(retry, Err(PurchaseError::SoldOut)), "{retry:?}");
