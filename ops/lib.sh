@@ -37,6 +37,8 @@ ensure_deps() {
   command -v redis-server >/dev/null || apt_install redis-server
   command -v redis-cli >/dev/null && command -v redis-benchmark >/dev/null || apt_install redis-tools
   command -v psql >/dev/null || apt_install postgresql-client
+  # setcap, for the lock exec test of a file-capability command.
+  command -v setcap >/dev/null || apt_install libcap2-bin
   # Prometheus and promtool, for the monitoring tests and ops/prometheus.yml.
   command -v prometheus >/dev/null && command -v promtool >/dev/null || apt_install prometheus
   if ! pg_isready -q -h 127.0.0.1 -p 5432; then

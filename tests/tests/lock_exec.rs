@@ -1572,16 +1572,21 @@ fn children(parent: u32) -> Vec<u32> {
         .collect()
 }
 
-/// A child of `parent` among the next 4,096 pids above it, if any.
+/// The supervisor of the exec `parent`: a child of it among the next
+/// 4,096 pids above it named `lease-reaper` (the name it takes first
+/// thing after its fork). The exec's self-test child (`exec-self-test`),
+/// and a fork not yet named, are passed over.
 fn newer_child(parent: u32) -> Option<u32> {
     (parent + 1..parent + 4_096).find(|pid| {
         std::fs::read_to_string(format!("/proc/{pid}/stat"))
             .ok()
             .and_then(|s| {
-                let (_, rest) = s.rsplit_once(") ")?;
-                rest.split_whitespace().nth(1)?.parse::<u32>().ok()
+                let (head, rest) = s.rsplit_once(") ")?;
+                let named = head.ends_with("(lease-reaper");
+                let ppid = rest.split_whitespace().nth(1)?.parse::<u32>().ok()?;
+                Some(named && ppid == parent)
             })
-            == Some(parent)
+            .unwrap_or(false)
     })
 }
 
@@ -3131,4 +3136,198 @@ fn a_stop_signal_blocked_by_the_caller_still_stops_the_exec() {
     let _ = holder.wait();
     assert_eq!(status.and_then(|s| s.code()), Some(143), "{status:?}");
     assert!(!ran.exists(), "the command ran after SIGTERM");
+}
+
+/// A seccomp filter the caller installs on itself (no privilege needed
+/// under no_new_privs), inherited by the exec it starts: each rule makes
+/// one system call (with a first argument of `arg0`, if given) fail with
+/// `errno`, or succeed doing nothing when `errno` is 0.
+#[derive(Clone, Copy)]
+struct Fake {
+    call: libc::c_long,
+    arg0: Option<u32>,
+    errno: u32,
+}
+
+/// A classic BPF program for [`Fake`] rules: load the call's number, and
+/// for each rule, on a match (and a matching first argument) return its
+/// errno; allow everything else.
+fn seccomp_program(rules: &[Fake]) -> Vec<libc::sock_filter> {
+    const LD_W_ABS: u16 = 0x20;
+    const JEQ_K: u16 = 0x15;
+    const RET_K: u16 = 0x06;
+    const RET_ALLOW: u32 = 0x7fff_0000;
+    const RET_ERRNO: u32 = 0x0005_0000;
+    let op = |code, jt, jf, k| libc::sock_filter { code, jt, jf, k };
+    let mut prog = Vec::new();
+    for rule in rules {
+        // seccomp_data: nr at 0, the first argument's low word at 16.
+        prog.push(op(LD_W_ABS, 0, 0, 0));
+        match rule.arg0 {
+            None => {
+                prog.push(op(JEQ_K, 0, 1, rule.call as u32));
+            }
+            Some(arg) => {
+                prog.push(op(JEQ_K, 0, 3, rule.call as u32));
+                prog.push(op(LD_W_ABS, 0, 0, 16));
+                prog.push(op(JEQ_K, 0, 1, arg));
+            }
+        }
+        prog.push(op(RET_K, 0, 0, RET_ERRNO | rule.errno));
+    }
+    prog.push(op(RET_K, 0, 0, RET_ALLOW));
+    prog
+}
+
+/// `cmd`, whose process installs `rules` before its exec.
+fn under_seccomp(cmd: &mut Command, rules: &[Fake]) {
+    use std::os::unix::process::CommandExt;
+    let prog = seccomp_program(rules);
+    // SAFETY: the closure makes two prctl calls on the child's own state;
+    // the program it points at is moved into the closure and lives as
+    // long as it does.
+    unsafe {
+        cmd.pre_exec(move || {
+            let fprog = libc::sock_fprog {
+                len: prog.len() as u16,
+                filter: prog.as_ptr() as *mut libc::sock_filter,
+            };
+            if libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0
+                || libc::prctl(
+                    libc::PR_SET_SECCOMP,
+                    libc::SECCOMP_MODE_FILTER,
+                    &fprog as *const libc::sock_fprog,
+                ) != 0
+            {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+}
+
+/// From the twentieth attack: a seccomp filter the caller installed on
+/// the exec, which the supervisor inherits, made kill(2) fail with EPERM
+/// and wait4 say ECHILD; the kill took the refusals for "gone" and the
+/// empty answer for an empty tree, and the exec gave the lock back while
+/// the command's writer ran on beside the next holder (8 runs of 8, with
+/// and without `--pid-namespace`, where prctl(PR_SET_PDEATHSIG) was made
+/// to do nothing). The exec now proves it can kill and reap a child of
+/// its own before it takes anything, and refuses to run otherwise; each
+/// faked call is tried on both execs.
+#[test]
+fn an_exec_whose_kill_or_reap_a_seccomp_filter_fakes_runs_nothing() {
+    let nodes = servers(1);
+    let dir = tempfile::TempDir::new().expect("dir");
+    let ran = dir.path().join("ran");
+    let mark = format!("FLASHSALE_TEST_SECCOMP={}", std::process::id());
+    let work = format!(
+        "touch {}; exec >/dev/null 2>&1; export {mark}; sleep 30 & exit 0",
+        ran.display()
+    );
+    let fake = |call, arg0, errno| Fake { call, arg0, errno };
+    let cases = [
+        (
+            "kill refused",
+            fake(libc::SYS_kill, None, libc::EPERM as u32),
+        ),
+        ("kill does nothing", fake(libc::SYS_kill, None, 0)),
+        ("no child", fake(libc::SYS_wait4, None, libc::ECHILD as u32)),
+        ("empty /proc", fake(libc::SYS_getdents64, None, 0)),
+        (
+            "death signal does nothing",
+            fake(libc::SYS_prctl, Some(libc::PR_SET_PDEATHSIG as u32), 0),
+        ),
+    ];
+    for (case, rule) in cases {
+        for exec in [
+            "lock exec --name seccomp --ttl 10s",
+            "semaphore exec --name seccomps --permits 1 --lease 10s --pid-namespace",
+        ] {
+            let mut cmd = Command::new(flashsale_bin());
+            cmd.args(exec.split_whitespace())
+                .args(["--", "sh", "-c", &work])
+                .env_remove("FLASHSALE_CONFIG")
+                .env("FLASHSALE_LOCK_NODES", urls(&nodes).join(","));
+            under_seccomp(&mut cmd, &[rule]);
+            let (status, said, left) =
+                run_and_sweep(&mut cmd, Some(&mark), Duration::from_secs(60));
+            assert_eq!(left, 0, "{case}, {exec}: outlived the exec: {said:?}");
+            assert!(!ran.exists(), "{case}, {exec}: the command ran: {said:?}");
+            assert!(
+                status.is_some_and(|s| !s.success())
+                    && said.contains("cannot end a process of its own"),
+                "{case}, {exec}: {status:?} {said:?}"
+            );
+            assert_eq!(
+                nodes[0].node.cmd::<i64>(&["DBSIZE"]),
+                0,
+                "{case}, {exec}: nothing taken or set"
+            );
+        }
+    }
+}
+
+/// From the twentieth attack: in `--pid-namespace`'s user namespace (an
+/// ordinary user's), the supervisor holds every capability of that
+/// namespace, and no_new_privs caps a new program's privileges at the old
+/// ones, which were all: a program with file capabilities kept them
+/// (CapEff 0x202000), against the docs' "no capability left". The
+/// command's capability sets are emptied before it starts.
+#[test]
+fn a_file_capability_program_gets_nothing_in_an_ordinary_user_s_pid_namespace() {
+    use std::os::unix::fs::PermissionsExt;
+    let nodes = servers(1);
+    let dir = tempfile::TempDir::new().expect("dir");
+    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o777)).expect("chmod");
+    let grep = dir.path().join("capgrep");
+    std::fs::copy("/bin/grep", &grep).expect("copy grep");
+    std::fs::set_permissions(&grep, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+    let set = Command::new("setcap")
+        // Permitted only, not effective: a program whose file asks
+        // effective capabilities it cannot have is not run at all (the
+        // kernel's EPERM), which proves nothing here.
+        .args(["cap_net_raw,cap_sys_admin+p"])
+        .arg(&grep)
+        .status()
+        .expect("setcap (libcap2-bin; ops/test installs it)");
+    assert!(set.success(), "setcap: {set:?}");
+    let as_nobody = [
+        "setpriv",
+        "--reuid=65534",
+        "--regid=65534",
+        "--clear-groups",
+        "--",
+    ];
+    for exec in [
+        "lock exec --name filecaps --ttl 10s --pid-namespace",
+        "semaphore exec --name filecapss --permits 1 --lease 10s --pid-namespace",
+    ] {
+        // The program is the command itself: a shell in between would
+        // have no capability to keep, and neither would what it starts.
+        let out = Command::new(as_nobody[0])
+            .args(&as_nobody[1..])
+            .arg(flashsale_bin())
+            .args(exec.split_whitespace())
+            .arg("--")
+            .arg(&grep)
+            .args(["Cap", "/proc/self/status"])
+            .env_remove("FLASHSALE_CONFIG")
+            .env("FLASHSALE_LOCK_NODES", urls(&nodes).join(","))
+            .output()
+            .expect("run");
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(out.status.success(), "{exec}: {out:?}");
+        for set in ["CapInh:", "CapPrm:", "CapEff:", "CapBnd:", "CapAmb:"] {
+            let value = text
+                .lines()
+                .find_map(|l| l.strip_prefix(set))
+                .map(str::trim);
+            assert_eq!(
+                value,
+                Some("0000000000000000"),
+                "{exec}: {set} of a file-capability program: {text:?}"
+            );
+        }
+    }
 }

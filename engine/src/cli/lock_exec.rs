@@ -461,6 +461,15 @@ impl Supervised<'_> {
                 guard.abandon();
                 return Ok(ExitCode::from(EXIT_LOCK_LOST));
             }
+            Ended::Blind(why) => {
+                say!(
+                    "flashsale: the command's processes cannot be known ended ({why}); {} is left \
+                     to lapse with its lease, not given back",
+                    self.what
+                );
+                guard.abandon();
+                return Ok(ExitCode::from(EXIT_LOCK_LOST));
+            }
             Ended::Doubtful => {
                 // Killed (or given up) before it had killed everything, with
                 // no subreaper above it: the command's other processes went

@@ -235,18 +235,26 @@ pub(super) fn supervise(control: libc::c_int, report: libc::c_int, patience: Dur
     // namespace of its own (`new_pid_namespace`) it holds every capability,
     // which would wrongly let the command keep them all (the nineteenth
     // attack).
-    let keep_privileges = may_kill_anyone();
+    let mut privileges = if may_kill_anyone() {
+        Privileges::Keep
+    } else {
+        Privileges::NoNew
+    };
     if spec.pid_namespace {
-        if let Err(errno) = new_pid_namespace() {
-            let _ = to_exec.write_all(&Report::NoNamespace(errno).encode());
-            std::process::exit(0)
+        match new_pid_namespace() {
+            Err(errno) => {
+                let _ = to_exec.write_all(&Report::NoNamespace(errno).encode());
+                std::process::exit(0)
+            }
+            Ok(UserNamespace::Own) => privileges = Privileges::None,
+            Ok(UserNamespace::Caller) => {}
         }
     }
     let (first, reports_here) = if spec.pid_namespace {
         // SAFETY: this image is single-threaded; the child runs `ns_init`,
         // which never returns.
         match unsafe { libc::fork() } {
-            0 => ns_init(&spec, keep_privileges, &mut to_exec),
+            0 => ns_init(&spec, privileges, &mut to_exec),
             pid if pid > 0 => (pid, false),
             _ => {
                 let errno = io::Error::last_os_error()
@@ -257,7 +265,7 @@ pub(super) fn supervise(control: libc::c_int, report: libc::c_int, patience: Dur
             }
         }
     } else {
-        match spawn(&spec, true, keep_privileges) {
+        match spawn(&spec, true, privileges) {
             Ok(pid) => {
                 let _ = to_exec.write_all(&Report::Started(pid).encode());
                 (pid, true)
@@ -280,7 +288,7 @@ pub(super) fn supervise(control: libc::c_int, report: libc::c_int, patience: Dur
     unsafe { libc::kill(first, libc::SIGKILL) };
     // 0 only when nothing is left: the exec, waiting for this exit, then
     // knows the command's processes are gone.
-    let all_gone = kill_tree(std::process::id() as libc::pid_t, &[]);
+    let all_gone = kill_tree(std::process::id() as libc::pid_t, &[]).is_ok();
     std::process::exit(if all_gone { 0 } else { 3 })
 }
 
@@ -294,7 +302,7 @@ pub(super) fn supervise(control: libc::c_int, report: libc::c_int, patience: Dur
 /// not the namespace's root, and `spawn` sets no_new_privs as outside), and
 /// a setuid program owned by another user runs as this one (an unmapped
 /// owner's setuid bit is ignored). The error is the errno.
-pub(super) fn new_pid_namespace() -> Result<(), i32> {
+pub(super) fn new_pid_namespace() -> Result<UserNamespace, i32> {
     let errno = || {
         io::Error::last_os_error()
             .raw_os_error()
@@ -302,7 +310,7 @@ pub(super) fn new_pid_namespace() -> Result<(), i32> {
     };
     // SAFETY: unshare affects only the children this process makes next.
     if unsafe { libc::unshare(libc::CLONE_NEWPID) } == 0 {
-        return Ok(());
+        return Ok(UserNamespace::Caller);
     }
     let as_root = errno();
     // SAFETY: getters with no failure and no memory.
@@ -330,7 +338,90 @@ pub(super) fn new_pid_namespace() -> Result<(), i32> {
         .and_then(|()| std::fs::write("/proc/self/gid_map", format!("{gid} {gid} 1")));
     // SAFETY: as above.
     unsafe { libc::prctl(libc::PR_SET_DUMPABLE, 0) };
-    mapped.map_err(|e| e.raw_os_error().unwrap_or(libc::EPERM))
+    mapped
+        .map(|()| UserNamespace::Own)
+        .map_err(|e| e.raw_os_error().unwrap_or(libc::EPERM))
+}
+
+/// Whose user namespace the command's PID namespace belongs to.
+pub(super) enum UserNamespace {
+    /// The caller's: this process had CAP_SYS_ADMIN there.
+    Caller,
+    /// One this process made, in which it holds every capability.
+    Own,
+}
+
+/// What the command may keep of the supervisor's privileges.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(super) enum Privileges {
+    /// Everything: the supervisor may kill any process (CAP_KILL), so
+    /// whoever the command becomes stays within its reach.
+    Keep,
+    /// No new ones (no_new_privs, no ambient capabilities): the setuid
+    /// bit and file capabilities are not honoured.
+    NoNew,
+    /// None at all: in a user namespace of the supervisor's own, where it
+    /// holds every capability of that namespace, no_new_privs alone let
+    /// a file-capability program keep them (it caps new privileges at the
+    /// old, which were all); the command's permitted, inheritable and
+    /// bounding sets are emptied first (the twentieth attack).
+    None,
+}
+
+/// Sets PR_SET_PDEATHSIG to SIGKILL and reads it back: true only when it
+/// holds. Async-signal-safe.
+pub(super) fn dies_with_parent() -> bool {
+    let mut sig: libc::c_int = 0;
+    // SAFETY: prctl on this process's own attribute; the get writes one
+    // int into a live local.
+    unsafe {
+        libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) == 0
+            && libc::prctl(libc::PR_GET_PDEATHSIG, &mut sig as *mut libc::c_int) == 0
+            && sig == libc::SIGKILL
+    }
+}
+
+/// Empties this process's capability sets: the bounding set (which a
+/// file-capability program's permitted set is cut to), then the
+/// permitted, effective and inheritable sets. Async-signal-safe; false if
+/// a step failed.
+fn drop_every_capability() -> bool {
+    const CAPS: libc::c_ulong = 64;
+    #[repr(C)]
+    struct Header {
+        version: u32,
+        pid: libc::c_int,
+    }
+    #[repr(C)]
+    #[derive(Clone, Copy)]
+    struct Data {
+        effective: u32,
+        permitted: u32,
+        inheritable: u32,
+    }
+    // _LINUX_CAPABILITY_VERSION_3: two 32-bit words of each set.
+    let header = Header {
+        version: 0x2008_0522,
+        pid: 0,
+    };
+    let data = [Data {
+        effective: 0,
+        permitted: 0,
+        inheritable: 0,
+    }; 2];
+    // SAFETY: prctl and capset on this process's own sets; capset reads
+    // the two live locals it is given.
+    unsafe {
+        for cap in 0..CAPS {
+            // EINVAL past the kernel's last capability.
+            if libc::prctl(libc::PR_CAPBSET_DROP, cap, 0, 0, 0) != 0
+                && *libc::__errno_location() != libc::EINVAL
+            {
+                return false;
+            }
+        }
+        libc::syscall(libc::SYS_capset, &header as *const Header, data.as_ptr()) == 0
+    }
 }
 
 /// The init of the command's PID namespace, in a fork of the supervisor:
@@ -341,12 +432,15 @@ pub(super) fn new_pid_namespace() -> Result<(), i32> {
 /// SIGTERM to the command's processes reaches the command, not it; SIGKILL
 /// from the supervisor (or the supervisor's death) ends it and the
 /// namespace.
-pub(super) fn ns_init(spec: &Spec, keep_privileges: bool, to_exec: &mut File) -> ! {
-    // SAFETY: prctl on this process's own state.
-    unsafe {
-        libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
+pub(super) fn ns_init(spec: &Spec, privileges: Privileges, to_exec: &mut File) -> ! {
+    // Checked, not assumed: a filter that makes prctl succeed doing
+    // nothing (the twentieth attack) would leave the namespace alive after
+    // the supervisor's death.
+    if !dies_with_parent() {
+        let _ = to_exec.write_all(&Report::NotStarted(libc::EPERM).encode());
+        std::process::exit(0)
     }
-    let command = match spawn(spec, false, keep_privileges) {
+    let command = match spawn(spec, false, privileges) {
         Ok(pid) => pid,
         Err(e) => {
             let errno = e.raw_os_error().unwrap_or(libc::ENOENT);
@@ -459,14 +553,15 @@ pub(super) fn may_kill_anyone() -> bool {
 /// Starts the command in the supervisor's group (the group it is in
 /// already, inherited; `join` names it from outside a namespace, where its
 /// id is visible), the signals the supervisor ignores given back their
-/// defaults, dying with its parent should it be killed. Unless
-/// `keep_privileges` (the supervisor may kill any process, CAP_KILL, judged
-/// before any namespace of its own), the command may not gain privileges:
-/// a setuid program (`sudo -u`, `su`) would run on as another user, which
+/// defaults, dying with its parent should it be killed. Unless `privileges`
+/// says keep (the supervisor may kill any process, CAP_KILL, judged before
+/// any namespace of its own), the command may not gain privileges: a
+/// setuid program (`sudo -u`, `su`) would run on as another user, which
 /// this user's SIGKILL cannot reach, past the lock (the thirteenth attack).
 /// With no_new_privs the setuid bit is not honoured, and every process of
-/// the command stays this user's, and killable.
-pub(super) fn spawn(spec: &Spec, join: bool, keep_privileges: bool) -> io::Result<libc::pid_t> {
+/// the command stays this user's, and killable. A step that fails (one a
+/// seccomp filter refused) fails the start: the command does not run.
+pub(super) fn spawn(spec: &Spec, join: bool, privileges: Privileges) -> io::Result<libc::pid_t> {
     let mut cmd = std::process::Command::new(&spec.argv[0]);
     cmd.args(&spec.argv[1..])
         .env_clear()
@@ -480,8 +575,17 @@ pub(super) fn spawn(spec: &Spec, join: bool, keep_privileges: bool) -> io::Resul
     unsafe {
         let me = libc::getpid();
         cmd.pre_exec(move || {
-            if !keep_privileges {
-                libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0);
+            let refused = || io::Error::from_raw_os_error(libc::EPERM);
+            if privileges == Privileges::None && !drop_every_capability() {
+                return Err(refused());
+            }
+            if privileges != Privileges::Keep
+                && (libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0
+                    || libc::prctl(libc::PR_GET_NO_NEW_PRIVS, 0, 0, 0, 0) != 1)
+            {
+                return Err(refused());
+            }
+            if privileges != Privileges::Keep {
                 libc::prctl(
                     libc::PR_CAP_AMBIENT,
                     libc::PR_CAP_AMBIENT_CLEAR_ALL,
@@ -493,7 +597,9 @@ pub(super) fn spawn(spec: &Spec, join: bool, keep_privileges: bool) -> io::Resul
             for sig in &defaults {
                 libc::signal(*sig, libc::SIG_DFL);
             }
-            libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
+            if !dies_with_parent() {
+                return Err(refused());
+            }
             if libc::getppid() != me {
                 libc::raise(libc::SIGKILL);
             }

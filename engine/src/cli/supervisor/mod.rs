@@ -78,7 +78,8 @@ mod wire;
 
 use image::{become_supervisor, keep_out_of_reach, SupervisorImage};
 use process_tree::{
-    children_of, descendants, kill_below, kill_marked, kill_tree, processes, KILL_FOR,
+    can_end_a_child, children_of, descendants, kill_below, kill_marked, kill_tree, processes,
+    Unended, KILL_FOR,
 };
 use wire::{encode_beat, encode_spec, monotonic_ns, MARK_VAR};
 
@@ -145,7 +146,10 @@ impl Supervisor {
         keep_children_to_reap();
         // SAFETY: getpid has no failure and no memory.
         let me = unsafe { libc::getpid() };
-        let spared = children_of(&processes(), me);
+        let spared = match processes() {
+            Ok(procs) => children_of(&procs, me),
+            Err(e) => return Err(io::Error::other(e.to_string())),
+        };
         // A subreaper only when this process started nothing before: the
         // orphans a caller's children leave (a caller that `exec`s into
         // flashsale) would come here too, and could not be told from the
@@ -358,7 +362,8 @@ impl Supervisor {
     /// case it was stopped), and reaps it: Some(true) when it killed
     /// everything below it, Some(false) when it gave up or was killed,
     /// None when it is still there.
-    fn wait_out(&mut self, limit: Duration) -> Option<bool> {
+    /// An ECHILD for it (never reaped) is a lie, not an end: `Blind`.
+    fn wait_out(&mut self, limit: Duration) -> Result<Option<bool>, Unended> {
         let until = Instant::now() + limit;
         while Instant::now() < until {
             let mut status = 0;
@@ -371,14 +376,20 @@ impl Supervisor {
                 self.reaped = true;
                 let done = libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0;
                 self.left_work |= !done;
-                return Some(done);
+                return Ok(Some(done));
             }
             if pid < 0 {
-                return None;
+                let e = io::Error::last_os_error();
+                if e.raw_os_error() != Some(libc::EINTR) {
+                    return Err(Unended::Blind(format!(
+                        "waitpid of the supervisor (pid {}) failed: {e}",
+                        self.pid
+                    )));
+                }
             }
             std::thread::sleep(Duration::from_millis(1));
         }
-        None
+        Ok(None)
     }
 
     /// Whether the exec was ever silent longer than the supervisor waits:
@@ -389,8 +400,10 @@ impl Supervisor {
     }
 
     /// Sends `sig` to every process of the command (not the supervisor).
+    /// A /proc that cannot be read sends nothing: the kill at the end
+    /// checks every answer.
     pub fn signal_command(&self, sig: libc::c_int) {
-        let procs = processes();
+        let procs = processes().unwrap_or_default();
         for pid in descendants(&procs, self.pid) {
             // SAFETY: kill(2) of a process below our own child.
             unsafe { libc::kill(pid, sig) };
@@ -402,7 +415,7 @@ impl Supervisor {
     /// command's group is never the terminal's), or by a SIGSTOP nobody
     /// may undo. One /proc scan: about once a second, not at every beat.
     pub fn scan(&self) -> Option<StoppedMember> {
-        let procs = processes();
+        let procs = processes().ok()?;
         let below: HashSet<libc::pid_t> = descendants(&procs, self.pid).into_iter().collect();
         procs
             .iter()
@@ -428,6 +441,15 @@ impl Supervisor {
             return Ended::Clean;
         }
         self.ended = true;
+        match self.kill_everything() {
+            Ok(()) if self.left_work && !self.subreaper() => Ended::Doubtful,
+            Ok(()) => Ended::Clean,
+            Err(Unended::ForkedFaster) => Ended::ForkedFaster,
+            Err(Unended::Blind(why)) => Ended::Blind(why),
+        }
+    }
+
+    fn kill_everything(&mut self) -> Result<(), Unended> {
         let started = Instant::now();
         // The supervisor does the kill: it is a subreaper, so every orphan
         // of the command comes to it, and it is done only when waitpid
@@ -442,30 +464,24 @@ impl Supervisor {
             // Killed or given up half-way (the twelfth attack killed it
             // while it killed), it leaves the rest to this process, which
             // ends it below: never a reason to skip the kill.
-            if self.wait_out(KILL_FOR + Duration::from_secs(2)).is_none()
-                && !kill_below(self.pid, started)
-            {
-                return Ended::ForkedFaster;
+            if self.wait_out(KILL_FOR + Duration::from_secs(2))?.is_none() {
+                kill_below(self.pid, started)?;
             }
         }
         // SAFETY: getpid has no failure and no memory.
-        let tree = kill_tree(unsafe { libc::getpid() }, &self.spared);
+        kill_tree(unsafe { libc::getpid() }, &self.spared)?;
         // No subreaper (the exec had children before): what left the tree
         // went to init, with the mark.
-        let marked = self.subreaper() || kill_marked(self.mark.as_bytes(), &self.spared, started);
-        if !(tree && marked) {
-            Ended::ForkedFaster
-        } else if self.left_work && !self.subreaper() {
-            Ended::Doubtful
-        } else {
-            Ended::Clean
+        if !self.subreaper() {
+            kill_marked(self.mark.as_bytes(), &self.spared, started)?;
         }
+        Ok(())
     }
 }
 
 /// How the end of the command's processes went: whether the grant may go
 /// back.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Ended {
     /// Nothing of the command is left: the grant may go back.
     Clean,
@@ -477,6 +493,11 @@ pub enum Ended {
     /// A process forked faster than it was killed for [`KILL_FOR`]: the
     /// grant is left to lapse.
     ForkedFaster,
+    /// The kernel's answers could not be had or disagreed (a kill refused,
+    /// /proc unreadable, waitpid's "no child" while /proc shows one): what
+    /// is left cannot be known gone, and the grant is left to lapse. The
+    /// reason, for the user.
+    Blind(String),
 }
 
 impl Drop for Supervisor {
@@ -521,12 +542,15 @@ fn within_reach(proc: &OwnProc) -> io::Result<()> {
 /// What an exec checks before it takes a lock or sets anything: that
 /// /proc is its own ([`OwnProc::open`]), that it can end whatever its
 /// command may become ([`within_reach`]) and that /proc shows it all of
-/// it ([`OwnProc::shows_everything`]). A refusal here leaves the nodes as
-/// they were; [`Supervisor::start`] checks again.
+/// it ([`OwnProc::shows_everything`]), and that it can kill and reap a
+/// child of its own ([`can_end_a_child`]). A refusal here leaves the nodes
+/// as they were; [`Supervisor::start`] checks again.
 pub fn preflight() -> io::Result<()> {
     let proc = OwnProc::open()?;
     within_reach(&proc)?;
     proc.shows_everything()?;
+    keep_children_to_reap();
+    can_end_a_child()?;
     keep_out_of_reach();
     Ok(())
 }
