@@ -69,6 +69,8 @@ pub mod sale;
 pub mod semaphore_exec;
 pub mod serve;
 pub mod signal_mask;
+pub mod stop_signals;
+pub mod supervised;
 pub mod supervisor;
 
 /// Resolves on SIGINT or SIGTERM.

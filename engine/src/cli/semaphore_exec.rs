@@ -12,10 +12,9 @@ use std::time::{Duration, Instant};
 use anyhow::{anyhow, Result};
 use flashsale::lock::{LockClient, LockError, PermitOptions, Semaphore};
 
-use super::lock_exec::{
-    exec_client, exec_owner, parse_duration, stopped_while_waiting, StopSignals, Supervised,
-    Waited, EXIT_NOT_ACQUIRED,
-};
+use super::lock_exec::{exec_client, exec_owner, parse_duration, EXIT_NOT_ACQUIRED};
+use super::stop_signals::{stopped_while_waiting, StopSignals, Waited};
+use super::supervised::Supervised;
 
 /// Arguments of `semaphore exec`.
 #[derive(Debug, Clone, clap::Args)]

@@ -12,7 +12,7 @@
 //! supervisor that hears nothing for its patience kills them all: an exec
 //! that is stopped (SIGSTOP, Ctrl-Z) or hung renews no lease, and its
 //! command must not run into the next holder's turn. The exec beats only
-//! while the grant outlasts the patience (`lock_exec::may_beat`), so a
+//! while the grant outlasts the patience (`supervised::may_beat`), so a
 //! supervisor counting from the last beat always ends the command before
 //! the lease can end.
 //!
@@ -138,7 +138,7 @@ impl Supervisor {
         pid_namespace: bool,
     ) -> io::Result<Self> {
         // Two fifths of the lease: the exec beats only while the lease
-        // outlasts the patience by a fifth of it (`lock_exec::may_beat`),
+        // outlasts the patience by a fifth of it (`supervised::may_beat`),
         // and a lease just before its renewal (due a third of the way in)
         // still has about two thirds left, which clears that bar with room.
         let patience = (lease * 2 / 5).max(Duration::from_millis(10));
@@ -300,7 +300,7 @@ impl Supervisor {
     /// Tells the supervisor the exec lives, continuing it first (one
     /// stopped on its own would kill nothing). The first beat after the
     /// hand-over is also the word to start the command: the exec gives it
-    /// only while the grant outlasts the patience (`lock_exec::may_beat`).
+    /// only while the grant outlasts the patience (`supervised::may_beat`).
     pub fn beat(&mut self) {
         if self.ended {
             return;
