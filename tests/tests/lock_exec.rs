@@ -128,8 +128,19 @@ async fn killed_exec_leaves_no_command_behind(args: &[&str], name: &str) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_lock_exec_killed_with_kill_9_leaves_nothing_of_its_command_running() {
-    killed_exec_leaves_no_command_behind(&["lock", "exec", "--name", "L1", "--ttl", "2s"], "L1")
-        .await;
+    killed_exec_leaves_no_command_behind(
+        &[
+            "lock",
+            "exec",
+            "--no-pid-namespace",
+            "--name",
+            "L1",
+            "--ttl",
+            "2s",
+        ],
+        "L1",
+    )
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -144,6 +155,7 @@ async fn a_semaphore_exec_killed_with_kill_9_leaves_nothing_of_its_command_runni
         .args([
             "semaphore",
             "exec",
+            "--no-pid-namespace",
             "--name",
             "S1",
             "--permits",
@@ -208,7 +220,16 @@ async fn none_left_after_kill_9(name: &str, script: &str, pid_file: &Path, count
     let nodes = servers(3);
     let mut exec = flashsale_cmd(None, None, &urls(&nodes))
         .args([
-            "lock", "exec", "--name", name, "--ttl", "2s", "--", "sh", "-c",
+            "lock",
+            "exec",
+            "--no-pid-namespace",
+            "--name",
+            name,
+            "--ttl",
+            "2s",
+            "--",
+            "sh",
+            "-c",
         ])
         .arg(script)
         .spawn()
@@ -279,7 +300,16 @@ fn a_killed_supervisor_ends_everything_the_command_started() {
     );
     let mut exec = flashsale_cmd(None, None, &urls(&nodes))
         .args([
-            "lock", "exec", "--name", "sup", "--ttl", "2s", "--", "sh", "-c",
+            "lock",
+            "exec",
+            "--no-pid-namespace",
+            "--name",
+            "sup",
+            "--ttl",
+            "2s",
+            "--",
+            "sh",
+            "-c",
         ])
         .arg(&script)
         .stderr(Stdio::piped())
@@ -333,8 +363,19 @@ async fn a_signalled_exec_kills_a_command_that_ignores_sigterm_after_its_grace()
         );
         let mut exec = flashsale_cmd(None, None, &urls(&nodes))
             .args([
-                "lock", "exec", "--name", "stubborn", "--ttl", "2s", "--grace", "1s", "--", "sh",
-                "-c", &script,
+                "lock",
+                "exec",
+                "--no-pid-namespace",
+                "--name",
+                "stubborn",
+                "--ttl",
+                "2s",
+                "--grace",
+                "1s",
+                "--",
+                "sh",
+                "-c",
+                &script,
             ])
             .spawn()
             .expect("spawn exec");
@@ -380,7 +421,18 @@ async fn a_lock_lost_while_the_command_drains_after_sigterm_kills_it_and_exits_7
     );
     let mut exec = flashsale_cmd(None, None, &urls(&nodes))
         .args([
-            "lock", "exec", "--name", "drain", "--ttl", "1s", "--grace", "5s", "--", "sh", "-c",
+            "lock",
+            "exec",
+            "--no-pid-namespace",
+            "--name",
+            "drain",
+            "--ttl",
+            "1s",
+            "--grace",
+            "5s",
+            "--",
+            "sh",
+            "-c",
             &script,
         ])
         .spawn()
@@ -437,7 +489,7 @@ fn under_a_terminal(nodes: &[RedisServer], line: &str) -> (Option<ExitStatus>, S
 fn a_command_that_reads_the_terminal_is_ended_with_a_clear_error_not_left_holding_the_lock() {
     let nodes = servers(1);
     let line = format!(
-        "{} lock exec --name tty --ttl 10s -- sh -c 'read ans </dev/tty; echo got:$ans'",
+        "{} lock exec --no-pid-namespace --name tty --ttl 10s -- sh -c 'read ans </dev/tty; echo got:$ans'",
         flashsale_bin().display()
     );
     let (status, out) = under_a_terminal(&nodes, &line);
@@ -463,6 +515,7 @@ fn semaphore_exec_waits_out_a_brief_loss_of_the_majority() {
         .args([
             "semaphore",
             "exec",
+            "--no-pid-namespace",
             "--name",
             "brief",
             "--permits",
@@ -503,6 +556,7 @@ fn semaphore_exec_without_a_majority_for_its_whole_wait_exits_75() {
         .args([
             "semaphore",
             "exec",
+            "--no-pid-namespace",
             "--name",
             "none",
             "--permits",
@@ -533,6 +587,7 @@ async fn a_semaphore_exec_with_an_invalid_owner_leaves_the_permit_total_alone() 
         .args([
             "semaphore",
             "exec",
+            "--no-pid-namespace",
             "--name",
             "total",
             "--permits",
@@ -578,7 +633,16 @@ async fn a_fair_waiter_signalled_before_it_holds_the_lock_leaves_the_queue() {
     for sig in ["TERM", "INT", "HUP", "QUIT", "USR1"] {
         let mut exec = flashsale_cmd(None, None, &urls(&nodes))
             .args([
-                "lock", "exec", "--fair", "--name", "line", "--wait", "120s", "--", "true",
+                "lock",
+                "exec",
+                "--no-pid-namespace",
+                "--fair",
+                "--name",
+                "line",
+                "--wait",
+                "120s",
+                "--",
+                "true",
             ])
             .spawn()
             .expect("spawn exec");
@@ -624,6 +688,7 @@ async fn a_lock_named_like_a_permit_slot_does_not_take_the_permit() {
         .args([
             "semaphore",
             "exec",
+            "--no-pid-namespace",
             "--name",
             "SX",
             "--permits",
@@ -746,7 +811,17 @@ fn next_holder(nodes: &[RedisServer], name: &str, log: &Path) -> ExitStatus {
     );
     flashsale_cmd(None, None, &urls(nodes))
         .args([
-            "lock", "exec", "--name", name, "--wait", "60s", "--", "sh", "-c", &script,
+            "lock",
+            "exec",
+            "--no-pid-namespace",
+            "--name",
+            name,
+            "--wait",
+            "60s",
+            "--",
+            "sh",
+            "-c",
+            &script,
         ])
         .status()
         .expect("run the next holder")
@@ -762,7 +837,16 @@ fn a_lost_lock_kills_the_command_before_the_next_holder_is_inside() {
     let (log, pid_file) = (dir.path().join("log"), dir.path().join("a.pid"));
     let mut first = flashsale_cmd(None, None, &urls(&nodes))
         .args([
-            "lock", "exec", "--name", "lost", "--ttl", "1s", "--", "sh", "-c",
+            "lock",
+            "exec",
+            "--no-pid-namespace",
+            "--name",
+            "lost",
+            "--ttl",
+            "1s",
+            "--",
+            "sh",
+            "-c",
         ])
         .arg(stubborn_logger(&log, &pid_file))
         .stderr(Stdio::piped())
@@ -810,7 +894,16 @@ fn a_stopped_exec_does_not_leave_its_command_running_into_the_next_turn() {
     let (log, pid_file) = (dir.path().join("log"), dir.path().join("a.pid"));
     let mut first = flashsale_cmd(None, None, &urls(&nodes))
         .args([
-            "lock", "exec", "--name", "stopped", "--ttl", "1s", "--", "sh", "-c",
+            "lock",
+            "exec",
+            "--no-pid-namespace",
+            "--name",
+            "stopped",
+            "--ttl",
+            "1s",
+            "--",
+            "sh",
+            "-c",
         ])
         .arg(stubborn_logger(&log, &pid_file))
         .spawn()
@@ -856,7 +949,7 @@ fn ctrl_z_stops_the_exec_and_a_stopped_job_holds_no_lock() {
     // From a wrapper script, as the second attack did (the job the shell
     // stops is the wrapper's, not the exec's alone).
     let line = format!(
-        "bash -c \"{} lock exec --name ctrlz --ttl 1s -- sh -c 'echo \\$\\$ > {}; sleep 60'; echo after\"\n",
+        "bash -c \"{} lock exec --no-pid-namespace --name ctrlz --ttl 1s -- sh -c 'echo \\$\\$ > {}; sleep 60'; echo after\"\n",
         flashsale_bin().display(),
         pid_file.display()
     );
@@ -936,7 +1029,17 @@ fn one_server_behind_two_addresses_is_refused_even_when_info_is_not_allowed() {
     ];
     let out = flashsale_cmd(None, None, &list)
         .args([
-            "lock", "exec", "--read", "--name", "d5", "--wait", "2s", "--", "echo", "RAN",
+            "lock",
+            "exec",
+            "--no-pid-namespace",
+            "--read",
+            "--name",
+            "d5",
+            "--wait",
+            "2s",
+            "--",
+            "echo",
+            "RAN",
         ])
         .output()
         .expect("run");
@@ -966,7 +1069,17 @@ fn an_unconfirmed_release_keeps_the_commands_exit_code() {
     );
     let mut exec = flashsale_cmd(None, None, &urls(&nodes))
         .args([
-            "lock", "exec", "--name", "rel", "--ttl", "10s", "--", "sh", "-c", &script,
+            "lock",
+            "exec",
+            "--no-pid-namespace",
+            "--name",
+            "rel",
+            "--ttl",
+            "10s",
+            "--",
+            "sh",
+            "-c",
+            &script,
         ])
         .spawn()
         .expect("spawn");
@@ -991,10 +1104,19 @@ fn an_unconfirmed_release_keeps_the_commands_exit_code() {
 fn a_lease_too_short_to_learn_its_loss_in_time_is_refused() {
     let nodes = servers(1);
     for args in [
-        vec!["lock", "exec", "--name", "short", "--ttl", "90ms"],
+        vec![
+            "lock",
+            "exec",
+            "--no-pid-namespace",
+            "--name",
+            "short",
+            "--ttl",
+            "90ms",
+        ],
         vec![
             "semaphore",
             "exec",
+            "--no-pid-namespace",
             "--name",
             "short",
             "--permits",
@@ -1030,7 +1152,7 @@ fn a_killed_supervisor_never_kills_the_execs_caller() {
     let survived = dir.path().join("survived");
     let started = dir.path().join("started");
     let script = format!(
-        "{bin} lock exec --name rp --ttl 1s -- sh -c 'echo $$ > {started}; exec setsid sleep 3'; \
+        "{bin} lock exec --no-pid-namespace --name rp --ttl 1s -- sh -c 'echo $$ > {started}; exec setsid sleep 3'; \
          sleep 1; echo yes > {survived}",
         bin = flashsale_bin().display(),
         started = started.display(),
@@ -1116,7 +1238,16 @@ fn one_server_behind_two_addresses_is_refused_under_a_least_privilege_acl() {
     ];
     let out = flashsale_cmd(None, None, &list)
         .args([
-            "lock", "exec", "--name", "acl", "--wait", "2s", "--", "echo", "RAN",
+            "lock",
+            "exec",
+            "--no-pid-namespace",
+            "--name",
+            "acl",
+            "--wait",
+            "2s",
+            "--",
+            "echo",
+            "RAN",
         ])
         .output()
         .expect("run");
@@ -1153,6 +1284,7 @@ async fn a_semaphore_waiter_signalled_while_waiting_leaves_no_waiter_count() {
         .args([
             "semaphore",
             "exec",
+            "--no-pid-namespace",
             "--name",
             "S3",
             "--permits",
@@ -1189,7 +1321,16 @@ fn stopping_the_exec_by_its_name_does_not_stop_its_reaper() {
     let (log, pid_file) = (dir.path().join("log"), dir.path().join("a.pid"));
     let mut first = flashsale_cmd(None, None, &urls(&nodes))
         .args([
-            "lock", "exec", "--name", "named", "--ttl", "1s", "--", "sh", "-c",
+            "lock",
+            "exec",
+            "--no-pid-namespace",
+            "--name",
+            "named",
+            "--ttl",
+            "1s",
+            "--",
+            "sh",
+            "-c",
         ])
         .arg(stubborn_logger(&log, &pid_file))
         .spawn()
@@ -1230,6 +1371,7 @@ fn stopping_the_exec_by_its_command_line_does_not_stop_its_reaper() {
         .args([
             "lock",
             "exec",
+            "--no-pid-namespace",
             "--name",
             "by-cmdline",
             "--ttl",
@@ -1287,6 +1429,7 @@ async fn a_stopped_reaper_is_continued_before_the_exec_can_die() {
         .args([
             "lock",
             "exec",
+            "--no-pid-namespace",
             "--name",
             "stopreaper",
             "--ttl",
@@ -1350,7 +1493,7 @@ fn a_wrapper_that_hides_a_terminal_read_does_not_hold_the_lock_for_ever() {
         ("wrapped-timeout", "timeout --foreground 600 cat"),
     ] {
         let line = format!(
-            "{} lock exec --name {name} --ttl 10s -- {wrapped}",
+            "{} lock exec --no-pid-namespace --name {name} --ttl 10s -- {wrapped}",
             flashsale_bin().display()
         );
         let (status, out) = under_a_terminal(&nodes, &line);
@@ -1379,7 +1522,18 @@ fn a_command_under_timeout_is_killed_when_the_lock_is_lost() {
     let (log, pid_file) = (dir.path().join("log"), dir.path().join("a.pid"));
     let mut first = flashsale_cmd(None, None, &urls(&nodes))
         .args([
-            "lock", "exec", "--name", "timed", "--ttl", "1s", "--", "timeout", "120", "sh", "-c",
+            "lock",
+            "exec",
+            "--no-pid-namespace",
+            "--name",
+            "timed",
+            "--ttl",
+            "1s",
+            "--",
+            "timeout",
+            "120",
+            "sh",
+            "-c",
         ])
         .arg(stubborn_logger(&log, &pid_file))
         .stderr(Stdio::piped())
@@ -1433,12 +1587,29 @@ fn a_closed_stderr_keeps_the_exit_codes() {
         exit_within(&mut child, Duration::from_secs(60)).and_then(|s| s.code())
     };
     assert_eq!(
-        run(&["lock", "exec", "--name", "closed", "--", "/nonexistent/x"]),
+        run(&[
+            "lock",
+            "exec",
+            "--no-pid-namespace",
+            "--name",
+            "closed",
+            "--",
+            "/nonexistent/x"
+        ]),
         Some(127),
         "not found"
     );
     let mut holder = flashsale_cmd(None, None, &urls(&nodes))
-        .args(["lock", "exec", "--name", "closed", "--", "sleep", "60"])
+        .args([
+            "lock",
+            "exec",
+            "--no-pid-namespace",
+            "--name",
+            "closed",
+            "--",
+            "sleep",
+            "60",
+        ])
         .spawn()
         .expect("spawn holder");
     wait_for(
@@ -1452,7 +1623,15 @@ fn a_closed_stderr_keeps_the_exit_codes() {
         || "the holder never took the lock".into(),
     );
     let busy = run(&[
-        "lock", "exec", "--name", "closed", "--wait", "200ms", "--", "true",
+        "lock",
+        "exec",
+        "--no-pid-namespace",
+        "--name",
+        "closed",
+        "--wait",
+        "200ms",
+        "--",
+        "true",
     ]);
     let _ = holder.kill();
     let _ = holder.wait();
@@ -1471,7 +1650,16 @@ fn every_catchable_terminating_signal_releases_the_lock() {
         let name = format!("sig-{}", sig.replace('+', "-"));
         let mut exec = flashsale_cmd(None, None, &urls(&nodes))
             .args([
-                "lock", "exec", "--name", &name, "--ttl", "60s", "--", "sleep", "120",
+                "lock",
+                "exec",
+                "--no-pid-namespace",
+                "--name",
+                &name,
+                "--ttl",
+                "60s",
+                "--",
+                "sleep",
+                "120",
             ])
             .spawn()
             .expect("spawn");
@@ -1500,7 +1688,7 @@ fn every_catchable_terminating_signal_releases_the_lock() {
 fn a_command_that_pauses_its_own_worker_for_a_moment_is_let_be() {
     let nodes = servers(1);
     let line = format!(
-        "{} lock exec --name pauses --ttl 10s -- sh -c 'sleep 4 & p=$!; kill -STOP $p; sleep 2; kill -CONT $p; wait $p; echo finished'",
+        "{} lock exec --no-pid-namespace --name pauses --ttl 10s -- sh -c 'sleep 4 & p=$!; kill -STOP $p; sleep 2; kill -CONT $p; wait $p; echo finished'",
         flashsale_bin().display()
     );
     let (status, out) = under_a_terminal(&nodes, &line);
@@ -1519,6 +1707,7 @@ fn a_stderr_nobody_reads_never_holds_the_lock() {
         .args([
             "lock",
             "exec",
+            "--no-pid-namespace",
             "--name",
             "blocked",
             "--ttl",
@@ -1608,7 +1797,16 @@ fn exec_with_its_supervisor_stopped_early(
     for _ in 0..10 {
         let mut exec = flashsale_cmd(None, None, &urls(nodes))
             .args([
-                "lock", "exec", "--name", name, "--ttl", "1s", "--", "sh", "-c",
+                "lock",
+                "exec",
+                "--no-pid-namespace",
+                "--name",
+                name,
+                "--ttl",
+                "1s",
+                "--",
+                "sh",
+                "-c",
             ])
             .arg(script)
             .arg("_")
@@ -1734,7 +1932,7 @@ fn the_exec_never_kills_what_its_caller_started_before_it() {
     let dir = tempfile::TempDir::new().expect("dir");
     let pid_file = dir.path().join("before.pid");
     let script = format!(
-        "sleep 300 & echo $! > {pid}; exec {bin} lock exec --name before --ttl 2s -- true",
+        "sleep 300 & echo $! > {pid}; exec {bin} lock exec --no-pid-namespace --name before --ttl 2s -- true",
         pid = pid_file.display(),
         bin = flashsale_bin().display()
     );
@@ -1779,7 +1977,16 @@ fn signalled_at_start_with(
 ) -> (Option<ExitStatus>, String) {
     let mut exec = flashsale_cmd(None, None, &urls(nodes))
         .args([
-            "lock", "exec", "--name", name, "--ttl", "2s", "--grace", "20s", "--",
+            "lock",
+            "exec",
+            "--no-pid-namespace",
+            "--name",
+            name,
+            "--ttl",
+            "2s",
+            "--grace",
+            "20s",
+            "--",
         ])
         .args(command)
         .envs(env.iter().map(|(k, v)| (k, v)))
@@ -1909,7 +2116,7 @@ fn the_exec_never_kills_what_its_callers_children_leave_behind() {
     let pid_file = dir.path().join("orphan.pid");
     let script = format!(
         "sh -c 'sleep 0.5; sleep 300 & echo $! > {pid}; exit 0' & \
-         exec {bin} lock exec --name orphans --ttl 2s -- sleep 2",
+         exec {bin} lock exec --no-pid-namespace --name orphans --ttl 2s -- sleep 2",
         pid = pid_file.display(),
         bin = flashsale_bin().display()
     );
@@ -2142,8 +2349,8 @@ fn the_commands_forks_never_outlive_an_exec_that_had_children_before() {
          sleep 0.05; exit 0"
     );
     let execs = [
-        "lock exec --name forker --ttl 2s",
-        "semaphore exec --name forkers --permits 1 --lease 2s",
+        "lock exec --no-pid-namespace --name forker --ttl 2s",
+        "semaphore exec --no-pid-namespace --name forkers --permits 1 --lease 2s",
     ];
     for round in 0..8 {
         let dir = tempfile::TempDir::new().expect("dir");
@@ -2210,6 +2417,7 @@ fn group_signal_reaches_the_command_alone(sig: libc::c_int, name: &str) {
         .args([
             "lock",
             "exec",
+            "--no-pid-namespace",
             "--name",
             "group-signal",
             "--ttl",
@@ -2264,7 +2472,7 @@ fn exec_with_a_child_of_its_own(
     let spared_pid = dir.join("spared.pid");
     let pid_file = dir.join("command.pid");
     let shell = format!(
-        "sleep 30 >/dev/null 2>&1 & echo $! > {spared}; exec {bin} lock exec --name orphaned --ttl 2s -- sh -c \"$WORK\"",
+        "sleep 30 >/dev/null 2>&1 & echo $! > {spared}; exec {bin} lock exec --no-pid-namespace --name orphaned --ttl 2s -- sh -c \"$WORK\"",
         spared = spared_pid.display(),
         bin = flashsale_bin().display()
     );
@@ -2470,9 +2678,9 @@ fn an_exec_started_with_sigchld_ignored_still_sees_its_command_end() {
     use std::os::unix::process::CommandExt;
     let nodes = servers(1);
     for exec in [
-        "lock exec --name ignoring --ttl 2s",
+        "lock exec --no-pid-namespace --name ignoring --ttl 2s",
         "lock exec --name ignoring --ttl 2s --pid-namespace",
-        "semaphore exec --name ignorers --permits 1 --lease 2s",
+        "semaphore exec --no-pid-namespace --name ignorers --permits 1 --lease 2s",
     ] {
         let mut cmd = Command::new(flashsale_bin());
         cmd.args(exec.split_whitespace())
@@ -2524,7 +2732,17 @@ fn a_command_cannot_become_another_user_beyond_the_exec_s_reach() {
             .args(["-u", "nobody", "--"])
             .arg(flashsale_bin())
             .args([
-                "lock", "exec", "--name", "suid", "--ttl", "2s", "--", "sh", "-c", &work,
+                "lock",
+                "exec",
+                "--no-pid-namespace",
+                "--name",
+                "suid",
+                "--ttl",
+                "2s",
+                "--",
+                "sh",
+                "-c",
+                &work,
             ])
             .env_remove("FLASHSALE_CONFIG")
             .env("FLASHSALE_LOCK_NODES", urls(&nodes).join(",")),
@@ -2554,8 +2772,8 @@ fn a_process_whose_name_is_cut_inside_a_character_is_killed_too() {
         odd.display()
     );
     for exec in [
-        "lock exec --name cut --ttl 2s",
-        "semaphore exec --name cuts --permits 1 --lease 2s",
+        "lock exec --no-pid-namespace --name cut --ttl 2s",
+        "semaphore exec --no-pid-namespace --name cuts --permits 1 --lease 2s",
     ] {
         let (status, said, left) = wrapped_exec(&nodes, &[], exec, &work, Some(&mark));
         assert_eq!(left, 0, "{exec}: it outlived the exec: {status:?} {said:?}");
@@ -2577,7 +2795,17 @@ fn an_exec_that_cannot_kill_what_its_command_may_become_runs_nothing() {
         .args(["--inh-caps=-kill", "--bounding-set=-kill", "--"])
         .arg(flashsale_bin())
         .args([
-            "lock", "exec", "--name", "nokill", "--ttl", "2s", "--", "sh", "-c", &work,
+            "lock",
+            "exec",
+            "--no-pid-namespace",
+            "--name",
+            "nokill",
+            "--ttl",
+            "2s",
+            "--",
+            "sh",
+            "-c",
+            &work,
         ])
         .env_remove("FLASHSALE_CONFIG")
         .env("FLASHSALE_LOCK_NODES", urls(&nodes).join(","))
@@ -2731,9 +2959,9 @@ fn an_exec_whose_proc_belongs_to_another_pid_namespace_runs_nothing() {
     let ran = dir.path().join("ran");
     let work = format!("touch {}; sleep 30 & exit 0", ran.display());
     for exec in [
-        "lock exec --name pidns --ttl 2s",
+        "lock exec --no-pid-namespace --name pidns --ttl 2s",
         "lock exec --name pidns --ttl 2s --pid-namespace",
-        "semaphore exec --name pidnss --permits 1 --lease 2s",
+        "semaphore exec --no-pid-namespace --name pidnss --permits 1 --lease 2s",
     ] {
         let (status, said, _) =
             wrapped_exec(&nodes, &["unshare", "-Urpf", "--"], exec, &work, None);
@@ -2803,8 +3031,8 @@ fn refused_before_running(wrapper: &[&str], name: &str, says: &str) {
         ran.display()
     );
     for exec in [
-        format!("lock exec --name {name} --ttl 2s"),
-        format!("semaphore exec --name {name}s --permits 1 --lease 2s"),
+        format!("lock exec --no-pid-namespace --name {name} --ttl 2s"),
+        format!("semaphore exec --no-pid-namespace --name {name}s --permits 1 --lease 2s"),
     ] {
         let (status, said, left) = wrapped_exec(&nodes, wrapper, &exec, &work, Some(&mark));
         assert_eq!(left, 0, "{exec}: outlived the exec: {status:?} {said:?}");
@@ -2992,7 +3220,17 @@ fn a_command_cannot_forge_its_exec_s_heartbeat() {
         .args(["--reuid=65534", "--regid=65534", "--clear-groups", "--"])
         .arg(flashsale_bin())
         .args([
-            "lock", "exec", "--name", "forge", "--ttl", "1s", "--", "bash", "-c", &forge,
+            "lock",
+            "exec",
+            "--no-pid-namespace",
+            "--name",
+            "forge",
+            "--ttl",
+            "1s",
+            "--",
+            "bash",
+            "-c",
+            &forge,
         ])
         .env_remove("FLASHSALE_CONFIG")
         .env("FLASHSALE_LOCK_NODES", urls(&nodes).join(","))
@@ -3012,7 +3250,17 @@ fn a_command_cannot_forge_its_exec_s_heartbeat() {
     // supervisor must have ended the command.
     let next = Command::new(flashsale_bin())
         .args([
-            "lock", "exec", "--name", "forge", "--ttl", "1s", "--wait", "20s", "--", "true",
+            "lock",
+            "exec",
+            "--no-pid-namespace",
+            "--name",
+            "forge",
+            "--ttl",
+            "1s",
+            "--wait",
+            "20s",
+            "--",
+            "true",
         ])
         .env_remove("FLASHSALE_CONFIG")
         .env("FLASHSALE_LOCK_NODES", urls(&nodes).join(","))
@@ -3067,7 +3315,7 @@ fn a_hidepid_proc_moved_over_another_is_still_seen() {
             "-c",
             &script,
         ],
-        "lock exec --name moved --ttl 2s",
+        "lock exec --no-pid-namespace --name moved --ttl 2s",
         &work,
         None,
     );
@@ -3089,7 +3337,16 @@ fn a_stop_signal_blocked_by_the_caller_still_stops_the_exec() {
     let ran = dir.path().join("ran");
     let mut holder = flashsale_cmd(None, None, &urls(&nodes))
         .args([
-            "lock", "exec", "--name", "masked", "--ttl", "5s", "--", "sleep", "4",
+            "lock",
+            "exec",
+            "--no-pid-namespace",
+            "--name",
+            "masked",
+            "--ttl",
+            "5s",
+            "--",
+            "sleep",
+            "4",
         ])
         .spawn()
         .expect("holder");
@@ -3110,7 +3367,17 @@ fn a_stop_signal_blocked_by_the_caller_still_stops_the_exec() {
         .args(["-c", blocked])
         .arg(flashsale_bin())
         .args([
-            "lock", "exec", "--name", "masked", "--ttl", "5s", "--wait", "30s", "--", "touch",
+            "lock",
+            "exec",
+            "--no-pid-namespace",
+            "--name",
+            "masked",
+            "--ttl",
+            "5s",
+            "--wait",
+            "30s",
+            "--",
+            "touch",
         ])
         .arg(&ran)
         .env_remove("FLASHSALE_CONFIG")
@@ -3241,7 +3508,7 @@ fn an_exec_whose_kill_or_reap_a_seccomp_filter_fakes_runs_nothing() {
     ];
     for (case, rule) in cases {
         for exec in [
-            "lock exec --name seccomp --ttl 10s",
+            "lock exec --no-pid-namespace --name seccomp --ttl 10s",
             "semaphore exec --name seccomps --permits 1 --lease 10s --pid-namespace",
         ] {
             let mut cmd = Command::new(flashsale_bin());
@@ -3329,5 +3596,116 @@ fn a_file_capability_program_gets_nothing_in_an_ordinary_user_s_pid_namespace() 
                 "{exec}: {set} of a file-capability program: {text:?}"
             );
         }
+    }
+}
+
+/// From the twentieth attack: without a PID namespace, a command running
+/// as the exec's user limited its supervisor and its exec to one
+/// descriptor (`prlimit --nofile=1:1`, no privilege needed), which blinds
+/// the walk in /proc that ends what the command left; the exec gave up,
+/// the lock lapsed, and the command's writer ran on beside the next holder
+/// (6 runs of 6). `--pid-namespace` held: the kernel ends the namespace
+/// with its init, reading nothing. A PID namespace is now the default
+/// wherever one can be made; the same command, run with no flag, leaves
+/// nothing behind, as root and as an ordinary user.
+#[test]
+fn a_command_that_blinds_its_supervisor_leaves_nothing_by_default() {
+    use std::os::unix::fs::PermissionsExt;
+    let nodes = servers(1);
+    let dir = tempfile::TempDir::new().expect("dir");
+    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o777)).expect("chmod");
+    let seen = dir.path().join("seen");
+    let mark = format!("FLASHSALE_TEST_BLIND={}", std::process::id());
+    // Its parent (the supervisor, or the namespace's init) and that one's
+    // parent (the exec, or nothing a namespace shows): one descriptor each.
+    let work = format!(
+        "grep NSpid /proc/self/status > {seen}; \
+         exec >/dev/null 2>&1; export {mark}; \
+         up=$(awk '{{print $4}}' /proc/$PPID/stat); \
+         prlimit --pid $PPID --nofile=1:1; [ \"$up\" -gt 0 ] && prlimit --pid $up --nofile=1:1; \
+         (while true; do sleep 0.1; done) & sleep 0.3; exit 0",
+        seen = seen.display()
+    );
+    let as_nobody = [
+        "setpriv",
+        "--reuid=65534",
+        "--regid=65534",
+        "--clear-groups",
+        "--",
+    ];
+    for (who, wrapper) in [("root", &[][..]), ("nobody", &as_nobody[..])] {
+        for exec in [
+            "lock exec --name blind --ttl 10s",
+            "semaphore exec --name blinds --permits 1 --lease 10s",
+        ] {
+            let (status, said, left) = wrapped_exec(&nodes, wrapper, exec, &work, Some(&mark));
+            assert_eq!(
+                left, 0,
+                "{who}, {exec}: outlived the exec: {status:?} {said:?}"
+            );
+            assert_eq!(
+                status.and_then(|s| s.code()),
+                Some(0),
+                "{who}, {exec}: {said:?}"
+            );
+            let nspid = std::fs::read_to_string(&seen).unwrap_or_default();
+            assert_eq!(
+                nspid.split_whitespace().count(),
+                3,
+                "{who}, {exec}: in a PID namespace by default: {nspid:?}"
+            );
+            assert!(
+                !said.contains("no PID namespace"),
+                "{who}, {exec}: {said:?}"
+            );
+        }
+    }
+}
+
+/// Where no PID namespace can be made (root without CAP_SYS_ADMIN gets
+/// none: a user namespace would give its command back every capability
+/// dropped), the command runs without one when none was required, and the
+/// exec says so; `--pid-namespace` still refuses, and `--no-pid-namespace`
+/// runs without a word.
+#[test]
+fn without_a_pid_namespace_to_be_had_the_command_runs_and_the_exec_says_so() {
+    let nodes = servers(1);
+    let dir = tempfile::TempDir::new().expect("dir");
+    let ran = dir.path().join("ran");
+    let work = format!("echo ran >> {}", ran.display());
+    let without_sys_admin = [
+        "setpriv",
+        "--bounding-set=-sys_admin",
+        "--inh-caps=-sys_admin",
+        "--",
+    ];
+    let cases = [
+        ("lock exec --name nons --ttl 10s", Some(0), true),
+        (
+            "lock exec --name nons --ttl 10s --no-pid-namespace",
+            Some(0),
+            false,
+        ),
+        (
+            "lock exec --name nons --ttl 10s --pid-namespace",
+            Some(126),
+            false,
+        ),
+        (
+            "semaphore exec --name nonss --permits 1 --lease 10s",
+            Some(0),
+            true,
+        ),
+    ];
+    for (exec, code, warned) in cases {
+        let _ = std::fs::remove_file(&ran);
+        let (status, said, _) = wrapped_exec(&nodes, &without_sys_admin, exec, &work, None);
+        assert_eq!(status.and_then(|s| s.code()), code, "{exec}: {said:?}");
+        assert_eq!(ran.exists(), code == Some(0), "{exec}: {said:?}");
+        assert_eq!(
+            said.contains("no PID namespace can be made here"),
+            warned,
+            "{exec}: {said:?}"
+        );
     }
 }

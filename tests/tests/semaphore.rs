@@ -286,6 +286,8 @@ fn nothing_the_command_started_outlives_a_lost_permit_or_a_killed_exec() {
         .args([
             "semaphore",
             "exec",
+            // The test reads the command's pid file: host pids, the walk.
+            "--no-pid-namespace",
             "--name",
             "g",
             "--permits",

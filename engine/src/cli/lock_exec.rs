@@ -25,6 +25,7 @@ use flashsale::lock::{LockClient, LockConfig, LockError, LockOptions};
 
 use super::stop_signals::{stopped_while_waiting, StopSignals, Waited};
 use super::supervised::Supervised;
+use super::supervisor::PidNamespace;
 
 /// Exit code when the lock could not be taken within `--wait` (EX_TEMPFAIL).
 pub const EXIT_NOT_ACQUIRED: u8 = 75;
@@ -63,15 +64,22 @@ pub struct LockExecArgs {
     /// lost), how long it may drain before its whole group is killed.
     #[arg(long, default_value = "10s", value_parser = parse_duration)]
     pub grace: Duration,
-    /// Run the command in a PID namespace of its own: when it ends, or the
-    /// lock is lost, the kernel ends every process it started at once,
-    /// however fast they fork, with no trust in what /proc says. Root needs
-    /// CAP_SYS_ADMIN; any other user gets one inside a user namespace of
-    /// its own that maps only its uid and gid (most Linux systems allow
-    /// it). The command then sees the namespace's pids (a
-    /// pid file it writes names them, not the host's).
-    #[arg(long)]
+    /// Require a PID namespace of the command's own (without this flag it
+    /// gets one wherever one can be made, and runs without, saying so,
+    /// where not). In one, when the command ends or the lock is lost, the
+    /// kernel ends every process it started at once, however fast they
+    /// fork, with no trust in what /proc says. Root needs CAP_SYS_ADMIN;
+    /// any other user gets one inside a user namespace of its own that maps
+    /// only its uid and gid (most Linux systems allow it). The command sees
+    /// the namespace's pids (a pid file it writes names them, not the
+    /// host's).
+    #[arg(long, conflicts_with = "no_pid_namespace")]
     pub pid_namespace: bool,
+    /// Run the command without a PID namespace: it sees the host's pids,
+    /// and what it leaves is ended by a walk in /proc, which a command that
+    /// attacks its own supervisor can blind (see docs/locks.md).
+    #[arg(long)]
+    pub no_pid_namespace: bool,
     /// The command and its arguments, after `--`.
     #[arg(last = true, required = true)]
     pub command: Vec<String>,
@@ -186,7 +194,7 @@ async fn run_with(
             command: &args.command,
             grace: args.grace,
             lease: args.ttl,
-            pid_namespace: args.pid_namespace,
+            pid_namespace: PidNamespace::from_flags(args.pid_namespace, args.no_pid_namespace),
         };
         return run.under(guard, stops).await;
     }
@@ -210,7 +218,7 @@ async fn run_with(
         command: &args.command,
         grace: args.grace,
         lease: args.ttl,
-        pid_namespace: args.pid_namespace,
+        pid_namespace: PidNamespace::from_flags(args.pid_namespace, args.no_pid_namespace),
     };
     run.under(guard, stops).await
 }

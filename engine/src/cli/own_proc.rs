@@ -25,8 +25,8 @@
 //!
 //! What no check here covers: a process of the caller's that changes the
 //! exec's mounts while it runs. The stronger design needs no /proc at
-//! all: `--pid-namespace` puts the command in a PID namespace whose death
-//! the kernel makes whole.
+//! all: a PID namespace of the command's own (the default where one can be
+//! made) dies whole with its init, by the kernel.
 
 use std::fs::File;
 use std::io::{self, Read as _};

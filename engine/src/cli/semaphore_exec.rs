@@ -15,6 +15,7 @@ use flashsale::lock::{LockClient, LockError, PermitOptions, Semaphore};
 use super::lock_exec::{exec_client, exec_owner, parse_duration, EXIT_NOT_ACQUIRED};
 use super::stop_signals::{stopped_while_waiting, StopSignals, Waited};
 use super::supervised::Supervised;
+use super::supervisor::PidNamespace;
 
 /// Arguments of `semaphore exec`.
 #[derive(Debug, Clone, clap::Args)]
@@ -40,10 +41,14 @@ pub struct SemaphoreExecArgs {
     /// lost), how long it may drain before its whole group is killed.
     #[arg(long, default_value = "10s", value_parser = parse_duration)]
     pub grace: Duration,
-    /// Run the command in a PID namespace of its own (see `lock exec
-    /// --pid-namespace`; root needs CAP_SYS_ADMIN, others a user namespace).
-    #[arg(long)]
+    /// Require a PID namespace of the command's own (see `lock exec
+    /// --pid-namespace`; without either flag, one where one can be made).
+    #[arg(long, conflicts_with = "no_pid_namespace")]
     pub pid_namespace: bool,
+    /// Run the command without a PID namespace (see `lock exec
+    /// --no-pid-namespace`).
+    #[arg(long)]
+    pub no_pid_namespace: bool,
     /// The command and its arguments, after `--`.
     #[arg(last = true, required = true)]
     pub command: Vec<String>,
@@ -117,7 +122,7 @@ async fn run_with(
         command: &args.command,
         grace: args.grace,
         lease: args.lease,
-        pid_namespace: args.pid_namespace,
+        pid_namespace: PidNamespace::from_flags(args.pid_namespace, args.no_pid_namespace),
     };
     run.under(permit.into_guard(), stops).await
 }

@@ -13,7 +13,7 @@ use anyhow::{anyhow, Result};
 use flashsale::lock::{LockGuard, MultiGuard};
 
 use super::stop_signals::StopSignals;
-use super::supervisor::{Ended, Report, StoppedMember, Supervisor};
+use super::supervisor::{Ended, PidNamespace, Report, StoppedMember, Supervisor};
 
 /// Exit code when the grant was lost while the command ran.
 pub const EXIT_LOCK_LOST: u8 = 79;
@@ -90,7 +90,7 @@ pub struct Supervised<'a> {
     /// been silent for 2/5 of it.
     pub lease: Duration,
     /// Run the command in a PID namespace of its own (`--pid-namespace`).
-    pub pid_namespace: bool,
+    pub pid_namespace: PidNamespace,
 }
 
 impl Supervised<'_> {
@@ -273,6 +273,16 @@ impl Supervised<'_> {
                     }
                     Some(Report::NotStarted(errno)) => return Ending::NotStarted(errno),
                     Some(Report::NoNamespace(errno)) => return Ending::NoNamespace(errno),
+                    Some(Report::Walked(errno)) => {
+                        say!(
+                            "flashsale: no PID namespace can be made here ({}); the command runs \
+                             without one, and what it leaves is ended by a walk in /proc, which \
+                             a command that attacks its own supervisor can blind (docs/locks.md; \
+                             --pid-namespace refuses to run instead, --no-pid-namespace asks for \
+                             the walk and says nothing)",
+                            std::io::Error::from_raw_os_error(errno)
+                        );
+                    }
                     Some(Report::Exited(status)) => return Ending::Exited(status),
                     Some(Report::Stopped(sig @ (libc::SIGTTIN | libc::SIGTTOU))) => {
                         say!(

@@ -17,8 +17,8 @@ use std::time::{Duration, Instant};
 
 use super::process_tree::kill_tree;
 use super::wire::{
-    beat_deadline, decode_beat, decode_spec, monotonic_ns, Report, Spec, BEAT_LEN, MAX_SPEC,
-    SUPERVISOR_ENV, SUPERVISOR_NAME,
+    beat_deadline, decode_beat, decode_spec, monotonic_ns, PidNamespace, Report, Spec, BEAT_LEN,
+    MAX_SPEC, SUPERVISOR_ENV, SUPERVISOR_NAME,
 };
 
 /// Highest descriptor closed before the supervisor's new image.
@@ -223,14 +223,15 @@ pub(super) fn supervise(control: libc::c_int, report: libc::c_int, patience: Dur
     let Some(deadline) = wait_for_go(control, Instant::now() + patience, patience) else {
         std::process::exit(0)
     };
-    // With `--pid-namespace`, a PID namespace of the command's own: its
-    // first process (`ns_init`) is the namespace's init, and when it dies,
-    // killed or done, the kernel kills every process left in the namespace
-    // at once, however fast they fork (the seventh attack outran the kill
-    // that walks /proc with twenty lines of processes that each fork their
-    // successor and exit). It needs CAP_SYS_ADMIN, and the command sees
-    // pids of its namespace, not the host's: so it is asked for, not
-    // assumed. Without it, the walk in `kill_tree` is all there is.
+    // A PID namespace of the command's own, unless `--no-pid-namespace`:
+    // its first process (`ns_init`) is the namespace's init, and when it
+    // dies, killed or done, the kernel kills every process left in the
+    // namespace at once, however fast they fork (the seventh attack outran
+    // the kill that walks /proc with twenty lines of processes that each
+    // fork their successor and exit), and reads nothing a command could
+    // blind (the twentieth limited the walkers to one descriptor). The
+    // default since then, where one can be made; without one, the walk in
+    // `kill_tree` is all there is, and the exec says so.
     // Decided here, by this process's own privileges: inside a user
     // namespace of its own (`new_pid_namespace`) it holds every capability,
     // which would wrongly let the command keep them all (the nineteenth
@@ -240,17 +241,27 @@ pub(super) fn supervise(control: libc::c_int, report: libc::c_int, patience: Dur
     } else {
         Privileges::NoNew
     };
-    if spec.pid_namespace {
+    let mut in_namespace = false;
+    if spec.pid_namespace != PidNamespace::Never {
         match new_pid_namespace() {
-            Err(errno) => {
+            // None was made, and none was required: the walk, said so.
+            Err(NoNamespace::Refused(errno)) if spec.pid_namespace == PidNamespace::Prefer => {
+                let _ = to_exec.write_all(&Report::Walked(errno).encode());
+            }
+            // Required, or half made (a user namespace without its maps,
+            // whose next child would be a new namespace's init): no command.
+            Err(NoNamespace::Refused(errno) | NoNamespace::HalfMade(errno)) => {
                 let _ = to_exec.write_all(&Report::NoNamespace(errno).encode());
                 std::process::exit(0)
             }
-            Ok(UserNamespace::Own) => privileges = Privileges::None,
-            Ok(UserNamespace::Caller) => {}
+            Ok(UserNamespace::Own) => {
+                privileges = Privileges::None;
+                in_namespace = true;
+            }
+            Ok(UserNamespace::Caller) => in_namespace = true,
         }
     }
-    let (first, reports_here) = if spec.pid_namespace {
+    let (first, reports_here) = if in_namespace {
         // SAFETY: this image is single-threaded; the child runs `ns_init`,
         // which never returns.
         match unsafe { libc::fork() } {
@@ -301,8 +312,8 @@ pub(super) fn supervise(control: libc::c_int, report: libc::c_int, patience: Dur
 /// as the same user, with no capability left after its execve (its uid is
 /// not the namespace's root, and `spawn` sets no_new_privs as outside), and
 /// a setuid program owned by another user runs as this one (an unmapped
-/// owner's setuid bit is ignored). The error is the errno.
-pub(super) fn new_pid_namespace() -> Result<UserNamespace, i32> {
+/// owner's setuid bit is ignored). The error carries the errno.
+pub(super) fn new_pid_namespace() -> Result<UserNamespace, NoNamespace> {
     let errno = || {
         io::Error::last_os_error()
             .raw_os_error()
@@ -320,13 +331,13 @@ pub(super) fn new_pid_namespace() -> Result<UserNamespace, i32> {
     // caller had dropped, over every file root owns (the nineteenth
     // attack read a mode-000 file with DAC_OVERRIDE dropped).
     if as_root != libc::EPERM || uid == 0 {
-        return Err(as_root);
+        return Err(NoNamespace::Refused(as_root));
     }
     // SAFETY: this image is single-threaded (unshare of a user namespace
     // needs it); the namespaces hold for this process and the children it
     // makes next.
     if unsafe { libc::unshare(libc::CLONE_NEWUSER | libc::CLONE_NEWPID) } != 0 {
-        return Err(errno());
+        return Err(NoNamespace::Refused(errno()));
     }
     // The maps are this process's own /proc files, which are root's while
     // it is not dumpable (`keep_out_of_reach`): dumpable for the writes
@@ -340,7 +351,16 @@ pub(super) fn new_pid_namespace() -> Result<UserNamespace, i32> {
     unsafe { libc::prctl(libc::PR_SET_DUMPABLE, 0) };
     mapped
         .map(|()| UserNamespace::Own)
-        .map_err(|e| e.raw_os_error().unwrap_or(libc::EPERM))
+        .map_err(|e| NoNamespace::HalfMade(e.raw_os_error().unwrap_or(libc::EPERM)))
+}
+
+/// Why no PID namespace was made (the errno).
+pub(super) enum NoNamespace {
+    /// Refused before anything changed: the command may run without one.
+    Refused(i32),
+    /// The namespaces exist but the user namespace's maps could not be
+    /// written: this process's next child would be their init, as nobody.
+    HalfMade(i32),
 }
 
 /// Whose user namespace the command's PID namespace belongs to.

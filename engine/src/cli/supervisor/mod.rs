@@ -84,7 +84,7 @@ use process_tree::{
 use wire::{encode_beat, encode_spec, monotonic_ns, MARK_VAR};
 
 pub use image::run_if_supervisor;
-pub use wire::Report;
+pub use wire::{PidNamespace, Report};
 
 /// A process of the tree found stopped while the terminal serves another
 /// group.
@@ -129,13 +129,14 @@ pub struct Supervisor {
 impl Supervisor {
     /// Makes this process a subreaper, forks the supervisor and hands it
     /// the command (`argv`, and this process's environment with `env`
-    /// added; in a PID namespace of its own with `pid_namespace`). `lease` is the grant's: the supervisor kills the command
+    /// added; in a PID namespace of its own as `pid_namespace` says).
+    /// `lease` is the grant's: the supervisor kills the command
     /// when the exec has not been heard from for 2/5 of it.
     pub fn start(
         lease: Duration,
         argv: &[String],
         env: &[(&str, String)],
-        pid_namespace: bool,
+        pid_namespace: PidNamespace,
     ) -> io::Result<Self> {
         // Two fifths of the lease: the exec beats only while the lease
         // outlasts the patience by a fifth of it (`supervised::may_beat`),
@@ -222,7 +223,7 @@ impl Supervisor {
         &mut self,
         argv: &[String],
         env: &[(&str, String)],
-        pid_namespace: bool,
+        pid_namespace: PidNamespace,
     ) -> io::Result<()> {
         let mut vars: Vec<(OsString, OsString)> = std::env::vars_os()
             .filter(|(k, _)| !env.iter().any(|(e, _)| OsStr::new(e) == k) && k != MARK_VAR)

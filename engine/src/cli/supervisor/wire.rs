@@ -47,6 +47,9 @@ pub enum Report {
     Exited(libc::c_int),
     /// No PID namespace could be made for it: the errno.
     NoNamespace(i32),
+    /// No PID namespace could be made, and none was required: the command
+    /// runs without one, ended by the walk (the errno).
+    Walked(i32),
 }
 
 impl Report {
@@ -57,6 +60,7 @@ impl Report {
             Report::Stopped(v) => (3, v),
             Report::Exited(v) => (4, v),
             Report::NoNamespace(v) => (5, v),
+            Report::Walked(v) => (6, v),
         };
         let mut out = [kind; 5];
         out[1..].copy_from_slice(&value.to_le_bytes());
@@ -71,6 +75,7 @@ impl Report {
             3 => Report::Stopped(value),
             4 => Report::Exited(value),
             5 => Report::NoNamespace(value),
+            6 => Report::Walked(value),
             _ => return None,
         })
     }
@@ -114,11 +119,13 @@ pub(super) fn beat_deadline(sent_ns: u64, patience: Duration) -> u64 {
 pub(super) fn encode_spec(
     argv: &[String],
     env: &[(OsString, OsString)],
-    pid_namespace: bool,
+    pid_namespace: PidNamespace,
 ) -> Vec<u8> {
     let mut out = Vec::new();
-    if pid_namespace {
-        out.extend(b"N\0");
+    match pid_namespace {
+        PidNamespace::Require => out.extend(b"N\0"),
+        PidNamespace::Prefer => out.extend(b"P\0"),
+        PidNamespace::Never => {}
     }
     for a in argv {
         out.push(b'A');
@@ -140,8 +147,33 @@ pub(super) fn encode_spec(
 pub(super) struct Spec {
     pub(super) argv: Vec<OsString>,
     pub(super) env: Vec<(OsString, OsString)>,
-    /// Run the command in a PID namespace of its own (`--pid-namespace`).
-    pub(super) pid_namespace: bool,
+    /// Whether the command runs in a PID namespace of its own.
+    pub(super) pid_namespace: PidNamespace,
+}
+
+/// Whether the command runs in a PID namespace of its own, whose end the
+/// kernel makes whole, or is ended by the walk in /proc.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum PidNamespace {
+    /// One of its own where one can be made (the default), else the walk,
+    /// said on stderr.
+    Prefer,
+    /// One of its own, or the command does not run (`--pid-namespace`).
+    Require,
+    /// None: the walk (`--no-pid-namespace`; absent from the wire).
+    #[default]
+    Never,
+}
+
+impl PidNamespace {
+    /// From the two flags (clap keeps them apart).
+    pub fn from_flags(require: bool, never: bool) -> PidNamespace {
+        match (require, never) {
+            (true, _) => PidNamespace::Require,
+            (false, true) => PidNamespace::Never,
+            (false, false) => PidNamespace::Prefer,
+        }
+    }
 }
 
 pub(super) fn decode_spec(bytes: &[u8]) -> Option<Spec> {
@@ -150,7 +182,8 @@ pub(super) fn decode_spec(bytes: &[u8]) -> Option<Spec> {
         let (kind, rest) = item.split_first()?;
         match kind {
             b'A' => spec.argv.push(OsString::from_vec(rest.to_vec())),
-            b'N' => spec.pid_namespace = true,
+            b'N' => spec.pid_namespace = PidNamespace::Require,
+            b'P' => spec.pid_namespace = PidNamespace::Prefer,
             b'E' => {
                 let eq = rest.iter().position(|b| *b == b'=')?;
                 spec.env.push((
@@ -176,6 +209,7 @@ mod tests {
             Report::Stopped(libc::SIGTTIN),
             Report::Exited(-1),
             Report::NoNamespace(libc::EPERM),
+            Report::Walked(libc::ENOSPC),
         ] {
             assert_eq!(Report::decode(r.encode()), Some(r));
         }
@@ -194,8 +228,15 @@ mod tests {
             (OsString::from("A"), OsString::from("x=y")),
             (OsString::from("EMPTY"), OsString::new()),
         ];
-        let spec = decode_spec(&encode_spec(&argv, &env, true)).expect("decodes");
-        assert!(spec.pid_namespace);
+        for ns in [
+            PidNamespace::Require,
+            PidNamespace::Prefer,
+            PidNamespace::Never,
+        ] {
+            let spec = decode_spec(&encode_spec(&argv, &env, ns)).expect("decodes");
+            assert_eq!(spec.pid_namespace, ns);
+        }
+        let spec = decode_spec(&encode_spec(&argv, &env, PidNamespace::Prefer)).expect("decodes");
         let given: Vec<OsString> = argv.iter().map(OsString::from).collect();
         assert_eq!(spec.argv, given, "empty arguments kept");
         assert_eq!(spec.env, env);
