@@ -62,9 +62,12 @@ pub(super) fn supervisor_ignores() -> Vec<libc::c_int> {
 /// same in its own image; the command gets dumpable back at its execve. A
 /// command running as root reaches them anyway: no process can keep root
 /// out.
-pub(super) fn keep_out_of_reach() {
+pub(super) fn keep_out_of_reach() -> io::Result<()> {
     // SAFETY: prctl on this process's own attribute.
-    unsafe { libc::prctl(libc::PR_SET_DUMPABLE, 0) };
+    if unsafe { libc::prctl(libc::PR_SET_DUMPABLE, 0) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
 }
 
 /// The command line and environment of the supervisor's new image, made
@@ -190,13 +193,16 @@ pub(super) fn supervisor_args() -> Option<(libc::c_int, libc::c_int, Duration)> 
 pub(super) fn supervise(control: libc::c_int, report: libc::c_int, patience: Duration) -> ! {
     // SAFETY: prctl, signal and fcntl on this process's own state and
     // descriptors.
-    unsafe {
+    let held = unsafe {
         libc::prctl(libc::PR_SET_NAME, c"lease-reaper".as_ptr());
-        libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1);
+        // Both checked: without either, the command may not run (an
+        // orphan would go to init, out of the kill's reach; the pipes
+        // would be the command's to forge).
+        let held = libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1) == 0
         // Out of the command's reach: see `keep_out_of_reach`. Set again
         // here, as a new image is dumpable; the namespace init, a fork,
         // inherits it.
-        libc::prctl(libc::PR_SET_DUMPABLE, 0);
+            && libc::prctl(libc::PR_SET_DUMPABLE, 0) == 0;
         for sig in supervisor_ignores() {
             libc::signal(sig, libc::SIG_IGN);
         }
@@ -207,10 +213,18 @@ pub(super) fn supervise(control: libc::c_int, report: libc::c_int, patience: Dur
         // supervisor's death by its report pipe closing.
         libc::fcntl(control, libc::F_SETFD, libc::FD_CLOEXEC);
         libc::fcntl(report, libc::F_SETFD, libc::FD_CLOEXEC);
-    }
+        held
+    };
     // SAFETY: both descriptors were handed to this image and are its own.
     let (mut from_exec, mut to_exec) =
         unsafe { (File::from_raw_fd(control), File::from_raw_fd(report)) };
+    if !held {
+        let errno = io::Error::last_os_error()
+            .raw_os_error()
+            .unwrap_or(libc::EPERM);
+        let _ = to_exec.write_all(&Report::NotStarted(errno).encode());
+        std::process::exit(0)
+    }
     // The command, then the word to start it, each within the patience:
     // an exec stopped or starved meanwhile may have let its lease lapse,
     // and a command handed over late must not start in another's turn.
@@ -605,14 +619,18 @@ pub(super) fn spawn(spec: &Spec, join: bool, privileges: Privileges) -> io::Resu
             {
                 return Err(refused());
             }
-            if privileges != Privileges::Keep {
-                libc::prctl(
+            // EINVAL: a kernel without ambient capabilities, none to clear.
+            if privileges != Privileges::Keep
+                && libc::prctl(
                     libc::PR_CAP_AMBIENT,
                     libc::PR_CAP_AMBIENT_CLEAR_ALL,
                     0,
                     0,
                     0,
-                );
+                ) != 0
+                && *libc::__errno_location() != libc::EINVAL
+            {
+                return Err(refused());
             }
             for sig in &defaults {
                 libc::signal(*sig, libc::SIG_DFL);

@@ -552,7 +552,7 @@ pub fn preflight() -> io::Result<()> {
     proc.shows_everything()?;
     keep_children_to_reap();
     can_end_a_child()?;
-    keep_out_of_reach();
+    keep_out_of_reach()?;
     Ok(())
 }
 
