@@ -12,6 +12,25 @@ use std::time::{Duration, Instant};
 use flashsale::lock::{LockClient, LockConfig, LockOptions};
 use flashsale_tests::{flashsale_bin, flashsale_cmd, kill_9_with_children, wait_for, RedisServer};
 
+/// A wrapper that runs what follows it as uid and gid 65534 (nobody),
+/// with no supplementary groups.
+const AS_NOBODY: [&str; 5] = [
+    "setpriv",
+    "--reuid=65534",
+    "--regid=65534",
+    "--clear-groups",
+    "--",
+];
+
+/// A temporary directory anyone may write in (a command run as nobody
+/// writes its findings there).
+fn open_dir() -> tempfile::TempDir {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::TempDir::new().expect("dir");
+    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o777)).expect("chmod");
+    dir
+}
+
 fn servers(n: usize) -> Vec<RedisServer> {
     (0..n).map(|_| RedisServer::start()).collect()
 }
@@ -2861,8 +2880,7 @@ fn wrapped_exec(
 fn a_command_whose_processes_proc_would_hide_never_runs() {
     use std::os::unix::fs::PermissionsExt;
     let nodes = servers(1);
-    let dir = tempfile::TempDir::new().expect("dir");
-    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o777)).expect("chmod");
+    let dir = open_dir();
     // Executable, not readable, by others: its process is not dumpable.
     let hidden = dir.path().join("hidden-sleep");
     std::fs::copy("/bin/sleep", &hidden).expect("copy sleep");
@@ -3055,10 +3073,8 @@ fn refused_before_running(wrapper: &[&str], name: &str, says: &str) {
 /// user, and what the command left running dies with it.
 #[test]
 fn an_ordinary_user_s_command_gets_a_pid_namespace_of_its_own() {
-    use std::os::unix::fs::PermissionsExt;
     let nodes = servers(1);
-    let dir = tempfile::TempDir::new().expect("dir");
-    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o777)).expect("chmod");
+    let dir = open_dir();
     let seen = dir.path().join("seen");
     let mark = format!("FLASHSALE_TEST_USERNS={}", std::process::id());
     let work = format!(
@@ -3067,18 +3083,11 @@ fn an_ordinary_user_s_command_gets_a_pid_namespace_of_its_own() {
          export {mark}; sleep 30 & exit 0",
         seen.display()
     );
-    let as_nobody = [
-        "setpriv",
-        "--reuid=65534",
-        "--regid=65534",
-        "--clear-groups",
-        "--",
-    ];
     for exec in [
         "lock exec --name userns --ttl 2s --pid-namespace",
         "semaphore exec --name usernss --permits 1 --lease 2s --pid-namespace",
     ] {
-        let (status, said, left) = wrapped_exec(&nodes, &as_nobody, exec, &work, Some(&mark));
+        let (status, said, left) = wrapped_exec(&nodes, &AS_NOBODY, exec, &work, Some(&mark));
         assert_eq!(left, 0, "{exec}: outlived the exec: {status:?} {said:?}");
         assert_eq!(status.and_then(|s| s.code()), Some(0), "{exec}: {said:?}");
         let seen_text = std::fs::read_to_string(&seen).unwrap_or_default();
@@ -3200,10 +3209,8 @@ fn an_exec_whose_proc_entry_is_covered_by_another_runs_nothing() {
 /// to root, out of an ordinary user's reach.
 #[test]
 fn a_command_cannot_forge_its_exec_s_heartbeat() {
-    use std::os::unix::fs::PermissionsExt;
     let nodes = servers(1);
-    let dir = tempfile::TempDir::new().expect("dir");
-    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o777)).expect("chmod");
+    let dir = open_dir();
     let mark = format!("FLASHSALE_TEST_FORGE={}", std::process::id());
     let forged = dir.path().join("forged");
     // The supervisor is the command's parent; its argv[1] is the control
@@ -3545,8 +3552,7 @@ fn an_exec_whose_kill_or_reap_a_seccomp_filter_fakes_runs_nothing() {
 fn a_file_capability_program_gets_nothing_in_an_ordinary_user_s_pid_namespace() {
     use std::os::unix::fs::PermissionsExt;
     let nodes = servers(1);
-    let dir = tempfile::TempDir::new().expect("dir");
-    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o777)).expect("chmod");
+    let dir = open_dir();
     let grep = dir.path().join("capgrep");
     std::fs::copy("/bin/grep", &grep).expect("copy grep");
     std::fs::set_permissions(&grep, std::fs::Permissions::from_mode(0o755)).expect("chmod");
@@ -3559,21 +3565,14 @@ fn a_file_capability_program_gets_nothing_in_an_ordinary_user_s_pid_namespace() 
         .status()
         .expect("setcap (libcap2-bin; ops/test installs it)");
     assert!(set.success(), "setcap: {set:?}");
-    let as_nobody = [
-        "setpriv",
-        "--reuid=65534",
-        "--regid=65534",
-        "--clear-groups",
-        "--",
-    ];
     for exec in [
         "lock exec --name filecaps --ttl 10s --pid-namespace",
         "semaphore exec --name filecapss --permits 1 --lease 10s --pid-namespace",
     ] {
         // The program is the command itself: a shell in between would
         // have no capability to keep, and neither would what it starts.
-        let out = Command::new(as_nobody[0])
-            .args(&as_nobody[1..])
+        let out = Command::new(AS_NOBODY[0])
+            .args(&AS_NOBODY[1..])
             .arg(flashsale_bin())
             .args(exec.split_whitespace())
             .arg("--")
@@ -3610,10 +3609,8 @@ fn a_file_capability_program_gets_nothing_in_an_ordinary_user_s_pid_namespace() 
 /// nothing behind, as root and as an ordinary user.
 #[test]
 fn a_command_that_blinds_its_supervisor_leaves_nothing_by_default() {
-    use std::os::unix::fs::PermissionsExt;
     let nodes = servers(1);
-    let dir = tempfile::TempDir::new().expect("dir");
-    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o777)).expect("chmod");
+    let dir = open_dir();
     let seen = dir.path().join("seen");
     let mark = format!("FLASHSALE_TEST_BLIND={}", std::process::id());
     // Its parent (the supervisor, or the namespace's init) and that one's
@@ -3626,14 +3623,7 @@ fn a_command_that_blinds_its_supervisor_leaves_nothing_by_default() {
          (while true; do sleep 0.1; done) & sleep 0.3; exit 0",
         seen = seen.display()
     );
-    let as_nobody = [
-        "setpriv",
-        "--reuid=65534",
-        "--regid=65534",
-        "--clear-groups",
-        "--",
-    ];
-    for (who, wrapper) in [("root", &[][..]), ("nobody", &as_nobody[..])] {
+    for (who, wrapper) in [("root", &[][..]), ("nobody", &AS_NOBODY[..])] {
         for exec in [
             "lock exec --name blind --ttl 10s",
             "semaphore exec --name blinds --permits 1 --lease 10s",
