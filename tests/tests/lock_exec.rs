@@ -1163,7 +1163,8 @@ fn a_lease_too_short_to_learn_its_loss_in_time_is_refused() {
 /// a reaper killed on its own: the replacement could not join the empty
 /// group, stayed in the exec's own group, and its kill took the exec's
 /// caller with it. The supervisor's death now ends the command, and the
-/// exec kills only what is below itself.
+/// exec kills only what is below itself. (`setsid -w`: the command leads
+/// its own group, as a shell's job does, so setsid(1) forks and waits.)
 #[test]
 fn a_killed_supervisor_never_kills_the_execs_caller() {
     let nodes = servers(1);
@@ -1171,7 +1172,7 @@ fn a_killed_supervisor_never_kills_the_execs_caller() {
     let survived = dir.path().join("survived");
     let started = dir.path().join("started");
     let script = format!(
-        "{bin} lock exec --no-pid-namespace --name rp --ttl 1s -- sh -c 'echo $$ > {started}; exec setsid sleep 3'; \
+        "{bin} lock exec --no-pid-namespace --name rp --ttl 1s -- sh -c 'echo $$ > {started}; exec setsid -w sleep 3'; \
          sleep 1; echo yes > {survived}",
         bin = flashsale_bin().display(),
         started = started.display(),
@@ -2453,9 +2454,9 @@ fn group_signal_reaches_the_command_alone(sig: libc::c_int, name: &str) {
         .rsplit_once(") ")
         .and_then(|(_, rest)| rest.split_whitespace().nth(2)?.parse().ok())
         .expect("pgrp");
-    assert_ne!(
+    assert_eq!(
         group, command as i32,
-        "the command joined its supervisor's group"
+        "the command leads a group of its own, not its supervisor's"
     );
     // SAFETY: kill(2) of a process group this test's exec made.
     unsafe { libc::kill(-group, sig) };
@@ -3695,6 +3696,138 @@ fn without_a_pid_namespace_to_be_had_the_command_runs_and_the_exec_says_so() {
         assert_eq!(
             said.contains("no PID namespace can be made here"),
             warned,
+            "{exec}: {said:?}"
+        );
+    }
+}
+
+/// Every process below `parent` (its children, theirs, and so on).
+fn below(parent: u32) -> Vec<u32> {
+    let mut found = Vec::new();
+    let mut next = vec![parent];
+    while let Some(p) = next.pop() {
+        for c in children(p) {
+            found.push(c);
+            next.push(c);
+        }
+    }
+    found
+}
+
+/// A command whose first process moves to a group of its own and writes
+/// `A` to `log` every 50 ms, while a child it left in the group it was
+/// born in stops that whole group (`kill(0, SIGSTOP)`) and itself, keeping
+/// the group from being orphaned (an orphaned stopped group is continued
+/// by the kernel).
+fn group_stopper(log: &Path) -> String {
+    format!(
+        r#"use IO::Handle;
+pipe(my $r, my $w) or die;
+my $k = fork() // die;
+if ($k == 0) {{ close $w; my $b; sysread($r, $b, 1); kill 'STOP', 0; exit 0; }}
+close $r;
+setpgrp(0, 0);
+open(my $f, '>>', '{log}') or die;
+$f->autoflush(1);
+print $f "A\n";
+close $w;
+while (1) {{ print $f "A\n"; select(undef, undef, undef, 0.05); }}"#,
+        log = log.display()
+    )
+}
+
+/// From the twenty-second attack: the supervisor led the command's process
+/// group, so a command's `kill(0, SIGSTOP)` stopped the supervisor too;
+/// with the exec stopped, or killed with kill -9, nothing was left to end
+/// the command, which wrote on through the next holder's turn (every run,
+/// as root and as nobody, with and without a PID namespace). The command's
+/// first process leads a group of its own, which the supervisor is not in.
+#[test]
+fn a_command_that_stops_its_own_process_group_cannot_stop_its_supervisor() {
+    let nodes = servers(3);
+    let mut failed = Vec::new();
+    for mode in ["(default)", "--no-pid-namespace"] {
+        for (fate, sig) in [("stopped", libc::SIGSTOP), ("killed", libc::SIGKILL)] {
+            let dir = tempfile::TempDir::new().expect("dir");
+            let log = dir.path().join("log");
+            let mark = format!("{}-{mode}-{fate}", std::process::id());
+            let name = format!("group-stop{mode}-{fate}");
+            let mut args = vec!["lock", "exec", "--name", &name, "--ttl", "1s"];
+            if mode == "--no-pid-namespace" {
+                args.push(mode);
+            }
+            let script = group_stopper(&log);
+            args.extend(["--", "perl", "-e", &script]);
+            let mut exec = flashsale_cmd(None, None, &urls(&nodes))
+                .args(&args)
+                .env("STOPS_ITS_GROUP", &mark)
+                .spawn()
+                .expect("spawn");
+            let exec_pid = exec.id();
+            wait_for(
+                Duration::from_secs(60),
+                || {
+                    std::fs::metadata(&log).is_ok_and(|m| m.len() > 0)
+                        && below(exec_pid).iter().any(|p| state_of(*p) == Some('T'))
+                },
+                || format!("{mode}, exec {fate}: the command never stopped its group"),
+            );
+            let tree = below(exec_pid);
+            signal_now(exec_pid, sig);
+            let next = next_holder(&nodes, &name, &log);
+            if interleaved(&log) {
+                failed.push(format!("{mode}, exec {fate}"));
+            }
+            signal_now(exec_pid, libc::SIGKILL);
+            let _ = exec.wait();
+            for pid in tree
+                .into_iter()
+                .chain(marked_alive(&format!("STOPS_ITS_GROUP={mark}")))
+            {
+                signal_now(pid, libc::SIGCONT);
+                signal_now(pid, libc::SIGKILL);
+            }
+            assert!(next.success(), "{mode}, exec {fate}");
+        }
+    }
+    assert!(
+        failed.is_empty(),
+        "the command wrote while the next holder was inside: {failed:?}"
+    );
+}
+
+/// From the twenty-second attack: a caller's filter that made `unshare`
+/// succeed doing nothing left the command in no PID namespace at all, even
+/// with `--pid-namespace`, while the exec took it for one and ended it by
+/// its init alone. The namespace's first process checks it is pid 1, and
+/// the command does not run when it is not.
+#[test]
+fn a_pid_namespace_the_kernel_only_says_it_made_runs_nothing() {
+    let nodes = servers(1);
+    let dir = tempfile::TempDir::new().expect("dir");
+    let ran = dir.path().join("ran");
+    let work = format!("touch {}", ran.display());
+    let fake = Fake {
+        call: libc::SYS_unshare,
+        arg0: None,
+        errno: 0,
+    };
+    for exec in [
+        "lock exec --name fake-ns --ttl 10s",
+        "lock exec --name fake-ns --ttl 10s --pid-namespace",
+        "semaphore exec --name fake-nss --permits 1 --lease 10s",
+    ] {
+        let mut cmd = Command::new(flashsale_bin());
+        cmd.args(exec.split_whitespace())
+            .args(["--", "sh", "-c", &work])
+            .env_remove("FLASHSALE_CONFIG")
+            .env("FLASHSALE_LOCK_NODES", urls(&nodes).join(","));
+        under_seccomp(&mut cmd, std::slice::from_ref(&fake));
+        let (status, said, _) = run_and_sweep(&mut cmd, None, Duration::from_secs(60));
+        assert!(!ran.exists(), "{exec}: the command ran: {said:?}");
+        assert_eq!(status.and_then(|s| s.code()), Some(126), "{exec}: {said:?}");
+        assert!(
+            said.contains("cannot make the command's PID namespace"),
             "{exec}: {said:?}"
         );
     }

@@ -210,7 +210,7 @@ impl Supervised<'_> {
             Ending::NoNamespace(errno) => {
                 let e = std::io::Error::from_raw_os_error(errno);
                 say!(
-                    "flashsale: --pid-namespace: cannot make a PID namespace ({e}); it needs CAP_SYS_ADMIN, or (for a user other than root) user namespaces this user may make (see `sysctl user.max_user_namespaces`). The command did not run"
+                    "flashsale: cannot make the command's PID namespace ({e}); it needs CAP_SYS_ADMIN, or (for a user other than root) user namespaces this user may make (see `sysctl user.max_user_namespaces`), and a kernel that makes the namespace it says it made. The command did not run (--no-pid-namespace runs it without one)"
                 );
                 EXIT_NOT_EXECUTABLE
             }

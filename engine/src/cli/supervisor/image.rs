@@ -42,9 +42,9 @@ pub(super) const IGNORED: [libc::c_int; 8] = [
 
 /// Every signal the running supervisor ignores: all but SIGCHLD (it
 /// reaps), SIGCONT (continuing cannot be ignored anyway) and the two no
-/// process can ignore. A signal sent to the command's process group (log
-/// rotation's SIGUSR1, a checkpoint's SIGXCPU), which the supervisor leads,
-/// is the command's business; a fault of the supervisor's own (SIGSEGV)
+/// process can ignore. A signal meant for the command (log rotation's
+/// SIGUSR1, a checkpoint's SIGXCPU) is the command's business, should one
+/// reach the supervisor; a fault of the supervisor's own (SIGSEGV)
 /// still ends it, since the kernel does not let a fault be ignored. The
 /// command gets them all back at their defaults.
 pub(super) fn supervisor_ignores() -> Vec<libc::c_int> {
@@ -290,7 +290,7 @@ pub(super) fn supervise(control: libc::c_int, report: libc::c_int, patience: Dur
             }
         }
     } else {
-        match spawn(&spec, true, privileges) {
+        match spawn(&spec, privileges) {
             Ok(pid) => {
                 let _ = to_exec.write_all(&Report::Started(pid).encode());
                 (pid, true)
@@ -474,7 +474,16 @@ pub(super) fn ns_init(spec: &Spec, privileges: Privileges, to_exec: &mut File) -
         let _ = to_exec.write_all(&Report::NotStarted(libc::EPERM).encode());
         std::process::exit(0)
     }
-    let command = match spawn(spec, false, privileges) {
+    // The first process of a new PID namespace is its pid 1. Anything else
+    // means `unshare` said yes and made nothing (a filter that fakes it,
+    // the twenty-second attack): the command would run in no namespace at
+    // all, ended by no kernel, while the exec believed otherwise.
+    // SAFETY: getpid has no failure and no memory.
+    if unsafe { libc::getpid() } != 1 {
+        let _ = to_exec.write_all(&Report::NoNamespace(libc::ENOSYS).encode());
+        std::process::exit(0)
+    }
+    let command = match spawn(spec, privileges) {
         Ok(pid) => pid,
         Err(e) => {
             let errno = e.raw_os_error().unwrap_or(libc::ENOENT);
@@ -584,10 +593,12 @@ pub(super) fn may_kill_anyone() -> bool {
     })
 }
 
-/// Starts the command in the supervisor's group (the group it is in
-/// already, inherited; `join` names it from outside a namespace, where its
-/// id is visible), the signals the supervisor ignores given back their
-/// defaults, dying with its parent should it be killed. Unless `privileges`
+/// Starts the command as the leader of a process group of its own, the
+/// signals the supervisor ignores given back their defaults, dying with
+/// its parent should it be killed. Not in the supervisor's group: a command
+/// that stops its own group (`kill(0, SIGSTOP)`) stopped its supervisor
+/// with it, and, with the exec stopped or killed, nothing was left to end
+/// it (the twenty-second attack). Unless `privileges`
 /// says keep (the supervisor may kill any process, CAP_KILL, judged before
 /// any namespace of its own), the command may not gain privileges: a
 /// setuid program (`sudo -u`, `su`) would run on as another user, which
@@ -595,14 +606,12 @@ pub(super) fn may_kill_anyone() -> bool {
 /// With no_new_privs the setuid bit is not honoured, and every process of
 /// the command stays this user's, and killable. A step that fails (one a
 /// seccomp filter refused) fails the start: the command does not run.
-pub(super) fn spawn(spec: &Spec, join: bool, privileges: Privileges) -> io::Result<libc::pid_t> {
+pub(super) fn spawn(spec: &Spec, privileges: Privileges) -> io::Result<libc::pid_t> {
     let mut cmd = std::process::Command::new(&spec.argv[0]);
     cmd.args(&spec.argv[1..])
         .env_clear()
-        .envs(spec.env.iter().map(|(k, v)| (k, v)));
-    if join {
-        cmd.process_group(std::process::id() as i32);
-    }
+        .envs(spec.env.iter().map(|(k, v)| (k, v)))
+        .process_group(0);
     // SAFETY: the closure runs between fork and exec in a child of this
     // single-threaded process and only makes async-signal-safe calls.
     let defaults = supervisor_ignores();

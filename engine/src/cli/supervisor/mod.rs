@@ -40,8 +40,14 @@
 //! both. Run anew from `/proc/self/exe` under a name and command line of
 //! its own (neither says `flashsale` nor `lock exec`, nor names the
 //! command, which it reads from the pipe), it is stopped only when aimed
-//! at. It leads a process group the command joins, and leaves the exec's,
-//! so a shell's `kill -9 %1` of the exec's job does not take it too.
+//! at. It leads a process group of its own, leaving the exec's, so a
+//! shell's `kill -9 %1` of the exec's job does not take it too; the command
+//! leads another, so a command that stops its own group (`kill(0,
+//! SIGSTOP)`) does not stop its supervisor (the twenty-second attack: it
+//! did, and with the exec stopped or killed nothing ended the command). In
+//! a PID namespace the command cannot name the supervisor at all; without
+//! one, a command of the same user can still signal it by its pid, which
+//! is why the namespace is the default.
 //!
 //! Why the terminal stays with the exec: the command's group is never the
 //! terminal's foreground, so job control is the shell's, on the exec (Ctrl-Z
