@@ -14,13 +14,14 @@ use redis::cluster_async::ClusterConnection;
 use redis::cluster_routing::{
     MultipleNodeRoutingInfo, ResponsePolicy, Route, RoutingInfo, SingleNodeRoutingInfo, SlotAddr,
 };
-use redis::{Cmd, RedisError, ToRedisArgs, Value};
+use redis::{Cmd, RedisError, Value};
 
 use crate::config::Backoff;
 use crate::error::{classify, ConnectError, Recovery, Unavailable};
 use crate::metrics::{self as m, Stats};
 use crate::placement::SlotMap;
 use crate::replies::BadReply;
+pub(crate) use crate::scripts::call::ScriptCall;
 use crate::scripts::{LuaScript, Scripts};
 
 /// Failed attempts to reach a node after which a call renews the shared
@@ -46,29 +47,6 @@ pub(crate) struct Cluster {
     scripts: Scripts,
     retry: Backoff,
     stats: Arc<Stats>,
-}
-
-/// One `EVALSHA` of a script whose keys all hash to one slot: the one place
-/// such a call is built. Keys come first (they fix the slot), then ARGV.
-pub(crate) struct ScriptCall<'s> {
-    script: &'s LuaScript,
-    slot: u16,
-    cmd: Cmd,
-}
-
-impl<'s> ScriptCall<'s> {
-    /// An `EVALSHA` of `script` with `keys`, all in `slot`.
-    pub(crate) fn new(script: &'s LuaScript, slot: u16, keys: &[&str]) -> Self {
-        let mut cmd = redis::cmd("EVALSHA");
-        cmd.arg(&script.sha).arg(keys.len()).arg(keys);
-        ScriptCall { script, slot, cmd }
-    }
-
-    /// Appends one ARGV value.
-    pub(crate) fn arg<T: ToRedisArgs>(&mut self, arg: T) -> &mut Self {
-        self.cmd.arg(arg);
-        self
-    }
 }
 
 /// Why a script call gave no decoded reply.

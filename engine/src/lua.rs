@@ -2,7 +2,7 @@
 //! compiled-in text with the SHA1 `EVALSHA` uses, the text a planted build
 //! runs, and the error for a reply that breaks its script's promised shape.
 //! The scripts themselves, their codes and decoders live with their side:
-//! `scripts.rs` and `replies.rs` for the inventory, `lock/scripts.rs` for
+//! `scripts/` and `replies.rs` for the inventory, `lock/scripts.rs` for
 //! the locks, so neither side imports the other's.
 
 use redis::Value;
@@ -73,4 +73,46 @@ pub(crate) fn text(script: &'static str, v: &Value) -> Result<String, BadReply> 
         Value::SimpleString(s) => Ok(s.clone()),
         other => Err(bad(script, format!("expected text, got {other:?}"))),
     }
+}
+
+/// A reply of exactly `len` items.
+pub(crate) fn array(script: &'static str, v: Value, len: usize) -> Result<Vec<Value>, BadReply> {
+    match v {
+        Value::Array(items) if items.len() == len => Ok(items),
+        other => Err(bad(script, format!("{other:?}"))),
+    }
+}
+
+/// A `{code, order_id, n}` reply, or `{code, order_id, n, expires_ms}`
+/// from a sale that holds orders: the items and the deadline, if any.
+pub(crate) fn order_reply(
+    script: &'static str,
+    v: Value,
+) -> Result<(Vec<Value>, Option<u64>), BadReply> {
+    let items = match v {
+        Value::Array(items) if items.len() == 3 || items.len() == 4 => items,
+        other => return Err(bad(script, format!("{other:?}"))),
+    };
+    let expires = match items.get(3) {
+        Some(v) => {
+            Some(u64::try_from(int(script, v)?).map_err(|_| bad(script, "negative expires_ms"))?)
+        }
+        None => None,
+    };
+    Ok((items, expires))
+}
+
+pub(crate) fn bucket(script: &'static str, n: i64) -> Result<u32, BadReply> {
+    u32::try_from(n).map_err(|_| bad(script, format!("bucket {n}")))
+}
+
+/// A `{code, text, n}` reply, as the purchase scripts send it: for the
+/// decoders' tests.
+#[cfg(test)]
+pub(crate) fn order_reply_value(code: i64, s: &str, n: i64) -> Value {
+    Value::Array(vec![
+        Value::Int(code),
+        Value::BulkString(s.as_bytes().to_vec()),
+        Value::Int(n),
+    ])
 }

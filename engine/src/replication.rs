@@ -28,7 +28,7 @@ use tokio::sync::oneshot;
 
 use crate::cluster::Cluster;
 use crate::error::{classify, Recovery, Unavailable};
-use crate::replies::RequestRecord;
+use crate::scripts::record::RequestRecord;
 
 /// How long one WAIT may take before the batch is told "not replicated".
 const WAIT_TIMEOUT_MS: u64 = 1000;

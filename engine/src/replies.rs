@@ -4,60 +4,18 @@
 //! one function that turns a `redis::Value` into it. Everything above works
 //! with the enums and never with bare integers. Nothing here does I/O.
 //! The lock nodes' replies are the lock module's (`lock/scripts.rs`).
+//! Being moved, one script at a time, into a file per script under
+//! `scripts/` (text, codes, reply, decoder and a typed call together):
+//! take.lua and settle.lua are there.
 
 use redis::Value;
 
 pub use crate::lua::BadReply;
+use crate::lua::{array, bucket, order_reply};
 use crate::lua::{bad, int, text};
 use crate::order_state::OrderState;
-use crate::scripts::{self, refusal};
-
-/// Why a bucket, or a whole request, was refused. The numbers are the
-/// scripts' codes, stored in request records as they are.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Refusal {
-    /// Not enough stock (code -1).
-    SoldOut,
-    /// The sale's window is over (code -4).
-    Ended,
-    /// The sale was closed (code -5).
-    Closed,
-}
-
-impl Refusal {
-    /// The script code of this refusal.
-    pub fn code(self) -> i64 {
-        match self {
-            Refusal::SoldOut => refusal::SOLD_OUT,
-            Refusal::Ended => refusal::ENDED,
-            Refusal::Closed => refusal::CLOSED,
-        }
-    }
-
-    fn from_code(code: i64) -> Option<Refusal> {
-        match code {
-            refusal::SOLD_OUT => Some(Refusal::SoldOut),
-            refusal::ENDED => Some(Refusal::Ended),
-            refusal::CLOSED => Some(Refusal::Closed),
-            _ => None,
-        }
-    }
-
-    /// The stronger of two refusals, for a walk over buckets: a closed sale
-    /// says more than an ended window, which says more than an empty bucket.
-    pub fn max(self, other: Refusal) -> Refusal {
-        let rank = |r: Refusal| match r {
-            Refusal::SoldOut => 0,
-            Refusal::Ended => 1,
-            Refusal::Closed => 2,
-        };
-        if rank(other) > rank(self) {
-            other
-        } else {
-            self
-        }
-    }
-}
+use crate::scripts;
+use crate::scripts::refusal::Refusal;
 
 /// `purchase.lua`, in the buyer's home bucket.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -116,105 +74,6 @@ pub enum PurchaseReply {
     BadArgs,
     /// The request was made before with another qty.
     Mismatch,
-}
-
-/// `take.lua`, one step of a fall-through walk.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum TakeReply {
-    /// This bucket took the stock now (or, `replayed`, took it before).
-    Taken {
-        /// The order.
-        order_id: String,
-        /// The bucket.
-        bucket: u32,
-        /// True when an earlier attempt took it.
-        replayed: bool,
-        /// When its hold expires (ms, Redis time), when it is new and the
-        /// sale holds orders.
-        expires_ms: Option<u64>,
-    },
-    /// This bucket refused the request for good.
-    Refused {
-        /// Why.
-        why: Refusal,
-        /// Units left in the bucket (0 when not read).
-        stock: i64,
-    },
-    /// No sale in this bucket.
-    UnknownSale,
-    /// The engine sent an argument out of range.
-    BadArgs,
-    /// The request was made before with another qty.
-    Mismatch,
-    /// Asked to confirm: this bucket holds no record of the request (the
-    /// order a replay names is gone, lost with a failover).
-    Lost,
-}
-
-/// `settle.lua`: the request's record after settling.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct SettleReply {
-    /// True when this call settled the request.
-    pub settled: bool,
-    /// The record as it is now.
-    pub record: RequestRecord,
-}
-
-/// A request record in its home bucket, as stored (see `purchase.lua`).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum RequestRecord {
-    /// Confirmed with this order.
-    Confirmed {
-        /// Units.
-        qty: u64,
-        /// The bucket that took.
-        bucket: u32,
-        /// The order.
-        order_id: String,
-    },
-    /// Still pending.
-    Pending {
-        /// Units.
-        qty: u64,
-    },
-    /// Every bucket refused.
-    Refused {
-        /// Units.
-        qty: u64,
-        /// Why.
-        why: Refusal,
-    },
-    /// No record (never made, or expired).
-    Missing,
-}
-
-impl RequestRecord {
-    /// Parses a record's text; `None` for text no script writes.
-    pub fn parse(s: &str) -> Option<RequestRecord> {
-        if s.is_empty() {
-            return Some(RequestRecord::Missing);
-        }
-        let mut parts = s.splitn(3, ':');
-        let kind = parts.next()?;
-        let qty: u64 = parts.next()?.parse().ok()?;
-        let rest = parts.next();
-        match (kind, rest) {
-            ("P", None) => Some(RequestRecord::Pending { qty }),
-            ("C", Some(rest)) => {
-                let (bucket, order_id) = rest.split_once(':')?;
-                Some(RequestRecord::Confirmed {
-                    qty,
-                    bucket: bucket.parse().ok()?,
-                    order_id: order_id.to_owned(),
-                })
-            }
-            ("S", Some(code)) => Some(RequestRecord::Refused {
-                qty,
-                why: Refusal::from_code(code.parse().ok()?)?,
-            }),
-            _ => None,
-        }
-    }
 }
 
 /// `restock.lua`, one bucket.
@@ -282,33 +141,6 @@ pub struct LedgerSnapshot {
     pub last_id: (u64, u64),
 }
 
-fn array(script: &'static str, v: Value, len: usize) -> Result<Vec<Value>, BadReply> {
-    match v {
-        Value::Array(items) if items.len() == len => Ok(items),
-        other => Err(bad(script, format!("{other:?}"))),
-    }
-}
-
-/// A `{code, order_id, n}` reply, or `{code, order_id, n, expires_ms}`
-/// from a sale that holds orders: the items and the deadline, if any.
-fn order_reply(script: &'static str, v: Value) -> Result<(Vec<Value>, Option<u64>), BadReply> {
-    let items = match v {
-        Value::Array(items) if items.len() == 3 || items.len() == 4 => items,
-        other => return Err(bad(script, format!("{other:?}"))),
-    };
-    let expires = match items.get(3) {
-        Some(v) => {
-            Some(u64::try_from(int(script, v)?).map_err(|_| bad(script, "negative expires_ms"))?)
-        }
-        None => None,
-    };
-    Ok((items, expires))
-}
-
-fn bucket(script: &'static str, n: i64) -> Result<u32, BadReply> {
-    u32::try_from(n).map_err(|_| bad(script, format!("bucket {n}")))
-}
-
 /// Decodes a `purchase.lua` reply.
 pub fn purchase(v: Value) -> Result<PurchaseReply, BadReply> {
     const S: &str = "purchase";
@@ -356,30 +188,6 @@ pub fn purchase_batch(v: Value) -> Result<Vec<PurchaseReply>, BadReply> {
             format!("expected one reply per purchase, got {other:?}"),
         )),
     }
-}
-
-/// Decodes a `take.lua` reply.
-pub fn take(v: Value) -> Result<TakeReply, BadReply> {
-    const S: &str = "take";
-    let (items, expires_ms) = order_reply(S, v)?;
-    let (code, n) = (int(S, &items[0])?, int(S, &items[2])?);
-    use scripts::take as code;
-    Ok(match code {
-        code::TAKEN | code::REPLAYED => TakeReply::Taken {
-            order_id: text(S, &items[1])?,
-            bucket: bucket(S, n)?,
-            replayed: code == code::REPLAYED,
-            expires_ms,
-        },
-        code::UNKNOWN_SALE => TakeReply::UnknownSale,
-        code::BAD_ARGS => TakeReply::BadArgs,
-        code::MISMATCH => TakeReply::Mismatch,
-        code::LOST => TakeReply::Lost,
-        c => match Refusal::from_code(c) {
-            Some(why) => TakeReply::Refused { why, stock: n },
-            None => return Err(bad(S, format!("code {c}"))),
-        },
-    })
 }
 
 /// What `transition.lua` said of one order.
@@ -492,20 +300,6 @@ pub fn quota_return(v: Value) -> Result<bool, BadReply> {
     }
 }
 
-/// Decodes a `settle.lua` reply.
-pub fn settle(v: Value) -> Result<SettleReply, BadReply> {
-    const S: &str = "settle";
-    let items = array(S, v, 2)?;
-    let settled = match int(S, &items[0])? {
-        scripts::settle::SETTLED => true,
-        scripts::settle::ALREADY => false,
-        c => return Err(bad(S, format!("code {c}"))),
-    };
-    let raw = text(S, &items[1])?;
-    let record = RequestRecord::parse(&raw).ok_or_else(|| bad(S, format!("record {raw:?}")))?;
-    Ok(SettleReply { settled, record })
-}
-
 /// Decodes a `restock.lua` reply.
 pub fn restock(v: Value) -> Result<RestockReply, BadReply> {
     const S: &str = "restock";
@@ -571,6 +365,7 @@ pub fn ledger_snapshot(v: Value) -> Result<LedgerSnapshot, BadReply> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::lua::order_reply_value as reply;
 
     #[test]
     fn every_create_bucket_and_ledger_reply_shape_decodes() {
@@ -602,14 +397,6 @@ mod tests {
         assert!(ledger_snapshot(snap("17")).is_err());
         assert!(ledger_snapshot(snap("a-b")).is_err());
         assert!(ledger_snapshot(Value::Array(vec![Value::Int(1)])).is_err());
-    }
-
-    fn reply(code: i64, s: &str, n: i64) -> Value {
-        Value::Array(vec![
-            Value::Int(code),
-            Value::BulkString(s.as_bytes().to_vec()),
-            Value::Int(n),
-        ])
     }
 
     #[test]
@@ -766,65 +553,6 @@ mod tests {
         );
         assert_eq!(quota_return(Value::Int(1)), Ok(true));
         assert!(quota_return(Value::Int(-7)).is_err());
-    }
-
-    #[test]
-    fn every_take_reply_shape_decodes() {
-        assert_eq!(
-            take(reply(2, "o", 1)),
-            Ok(TakeReply::Taken {
-                order_id: "o".into(),
-                bucket: 1,
-                replayed: true,
-                expires_ms: None,
-            })
-        );
-        assert_eq!(
-            take(reply(-4, "", 0)),
-            Ok(TakeReply::Refused {
-                why: Refusal::Ended,
-                stock: 0
-            })
-        );
-        assert_eq!(take(reply(-6, "", 0)), Ok(TakeReply::UnknownSale));
-        assert_eq!(take(reply(-7, "", 0)), Ok(TakeReply::BadArgs));
-        assert_eq!(take(reply(-8, "", 0)), Ok(TakeReply::Mismatch));
-        assert_eq!(take(reply(-9, "", 0)), Ok(TakeReply::Lost));
-        assert!(take(reply(-2, "", 0)).is_err(), "take has no limit code");
-    }
-
-    #[test]
-    fn records_and_settle_replies_decode() {
-        let v =
-            |code: i64, s: &str| Value::Array(vec![Value::Int(code), Value::BulkString(s.into())]);
-        assert_eq!(
-            settle(v(1, "C:2:1:abc:def")),
-            Ok(SettleReply {
-                settled: true,
-                record: RequestRecord::Confirmed {
-                    qty: 2,
-                    bucket: 1,
-                    order_id: "abc:def".into()
-                }
-            })
-        );
-        assert_eq!(
-            settle(v(0, "S:1:-5")).map(|r| r.record),
-            Ok(RequestRecord::Refused {
-                qty: 1,
-                why: Refusal::Closed
-            })
-        );
-        assert_eq!(
-            settle(v(0, "")).map(|r| r.record),
-            Ok(RequestRecord::Missing)
-        );
-        assert_eq!(
-            RequestRecord::parse("P:3"),
-            Some(RequestRecord::Pending { qty: 3 })
-        );
-        assert!(settle(v(0, "Z:1")).is_err());
-        assert!(settle(v(2, "P:1")).is_err());
     }
 
     #[test]

@@ -13,7 +13,6 @@ use std::time::{Duration, Instant};
 use serde::Serialize;
 
 use crate::batch::{HomePurchase, HomeReply};
-use crate::cluster::ScriptCall;
 use crate::config::Ack;
 use crate::engine::Engine;
 use crate::error::{InvalidInput, PurchaseError, Unavailable};
@@ -22,8 +21,12 @@ use crate::metrics as m;
 use crate::order_id;
 use crate::order_state::OrderState;
 use crate::replication::Expect;
-use crate::replies::{self, PurchaseReply, Refusal, RequestRecord, SettleReply, TakeReply};
+use crate::replies::PurchaseReply;
 use crate::sale::{BucketHandle, SaleHandle};
+use crate::scripts::record::RequestRecord;
+use crate::scripts::refusal::Refusal;
+use crate::scripts::settle::{self, Outcome, SettleArgs, SettleKeys, SettleReply};
+use crate::scripts::take::{self, TakeArgs, TakeKeys, TakeMode, TakeReply};
 use crate::validate;
 
 /// One buyer's request. Borrowed, so a service can pass fields straight from
@@ -72,18 +75,6 @@ impl From<Refusal> for PurchaseError {
             Refusal::Closed => PurchaseError::Closed,
         }
     }
-}
-
-/// How a walk step treats a bucket: a buyer's walk takes; the sweeper's
-/// only makes refusals final; a replay only confirms the order is there.
-/// `since_ms` is when the request's walk began (its pending score, the
-/// home master's clock): no bucket takes past it plus `pending_timeout`,
-/// so a refusal need not be kept longer than that (see `take.lua`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum TakeMode {
-    Take { since_ms: u64 },
-    Refuse { since_ms: u64 },
-    Confirm,
 }
 
 /// Who a request is, inside the engine.
@@ -615,35 +606,29 @@ impl Engine {
     ) -> Result<TakeReply, PurchaseError> {
         let record_key = b.keys.request(request.user, request.request_id);
         let order_key = b.keys.order(order_id);
-        let mut keys = vec![
-            b.keys.sale.as_str(),
-            &b.keys.stock,
-            &b.keys.orders,
-            &record_key,
-            &b.keys.holds,
-        ];
-        if sale.hold_ms > 0 {
-            keys.push(&order_key);
-        }
-        let (word, since_ms) = match mode {
-            TakeMode::Take { since_ms } => ("take", since_ms),
-            TakeMode::Refuse { since_ms } => ("refuse", since_ms),
-            TakeMode::Confirm => ("confirm", 0),
+        let keys = TakeKeys {
+            sale: &b.keys.sale,
+            stock: &b.keys.stock,
+            orders: &b.keys.orders,
+            record: &record_key,
+            holds: &b.keys.holds,
+            order: (sale.hold_ms > 0).then_some(order_key.as_str()),
         };
-        let mut call = ScriptCall::new(&self.scripts().take, b.slot, &keys);
-        call.arg(request.qty)
-            .arg(order_id)
-            .arg(request.user)
-            .arg(self.config().request_ttl_secs())
-            .arg(word)
-            .arg(self.config().replicated_flag())
-            .arg(home.index)
-            .arg(self.config().order_record.script_arg())
-            .arg(since_ms)
-            .arg(self.config().walk_limit_ms());
+        let args = TakeArgs {
+            qty: request.qty,
+            order_id,
+            user: request.user,
+            record_ttl_secs: self.config().request_ttl_secs(),
+            mode,
+            replicated: self.config().replicated_flag(),
+            home_bucket: home.index,
+            order_record: self.config().order_record.script_arg(),
+            walk_limit_ms: self.config().walk_limit_ms(),
+        };
+        let call = args.call(&self.scripts().take, b.slot, &keys);
         Ok(self
             .cluster()
-            .call(&call, replies::take)
+            .call(&call, take::decode)
             .await
             .map_err(Unavailable::from)?)
     }
@@ -659,21 +644,28 @@ impl Engine {
             home.keys.quota(request.user),
             home.keys.request(request.user, request.request_id),
         );
-        let mut call = ScriptCall::new(
-            &self.scripts().settle,
-            home.slot,
-            &[&quota, &record, &home.keys.pending],
-        );
-        match &walk.taken {
-            Some((_, order_id, bucket, _)) => call.arg("C").arg(*bucket).arg(order_id).arg(0),
-            None => call.arg("S").arg(0).arg("").arg(walk.refusal.code()),
+        let member = keys::pending_member(request.user, request.request_id);
+        let args = SettleArgs {
+            outcome: match &walk.taken {
+                Some((_, order_id, bucket, _)) => Outcome::Confirmed {
+                    bucket: *bucket,
+                    order_id,
+                },
+                None => Outcome::Refused(walk.refusal),
+            },
+            record_ttl_secs: self.config().request_ttl_secs(),
+            pending_member: &member,
+            qty: request.qty,
         };
-        call.arg(self.config().request_ttl_secs())
-            .arg(keys::pending_member(request.user, request.request_id))
-            .arg(request.qty);
+        let keys = SettleKeys {
+            quota: &quota,
+            record: &record,
+            pending: &home.keys.pending,
+        };
+        let call = args.call(&self.scripts().settle, home.slot, &keys);
         Ok(self
             .cluster()
-            .call(&call, replies::settle)
+            .call(&call, settle::decode)
             .await
             .map_err(Unavailable::from)?)
     }

@@ -16,9 +16,10 @@ use serde::Serialize;
 use crate::engine::Engine;
 use crate::error::{AdminError, PurchaseError, Unavailable};
 use crate::keys;
-use crate::purchase::{RequestKey, TakeMode};
-use crate::replies::RequestRecord;
+use crate::purchase::RequestKey;
 use crate::sale::{BucketHandle, SaleHandle};
+use crate::scripts::record::RequestRecord;
+use crate::scripts::take::TakeMode;
 
 /// Most pending requests one pass reads from one bucket's index.
 const BATCH: usize = 256;

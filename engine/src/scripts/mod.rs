@@ -4,24 +4,25 @@
 //! Loading them on the masters is the cluster's job; this module only names
 //! them, so the hot path never hashes or copies script text. The lock
 //! nodes' scripts are the lock module's (`lock/scripts.rs`).
+//!
+//! A script of the purchase's walk has a file of its own (`take.rs`,
+//! `settle.rs`): its text, codes, decoded reply and a call built from
+//! named keys and arguments, so a call site cannot put an argument in the
+//! wrong place. `refusal.rs` and `record.rs` are what those scripts share;
+//! `call.rs` is the one way an `EVALSHA` is built.
 
 use crate::lua::code;
 pub use crate::lua::LuaScript;
 
-/// The refusals that purchase.lua and take.lua answer with and that request
-/// records store; named once, shared by both scripts.
-pub mod refusal {
-    /// Not enough stock.
-    pub const SOLD_OUT: i64 = -1;
-    /// The sale's window is over.
-    pub const ENDED: i64 = -4;
-    /// The sale was closed.
-    pub const CLOSED: i64 = -5;
-}
+pub(crate) mod call;
+pub(crate) mod record;
+pub(crate) mod refusal;
+pub(crate) mod settle;
+pub(crate) mod take;
 
 /// `lua/purchase.lua`: the whole purchase in the buyer's home bucket.
-const PURCHASE_LUA: &str = include_str!("../../lua/purchase.lua");
-/// Reply codes of `purchase.lua` (besides the [`refusal`]s).
+const PURCHASE_LUA: &str = include_str!("../../../lua/purchase.lua");
+/// Reply codes of `purchase.lua` (besides the refusals, `refusal.rs`).
 pub mod purchase {
     /// Confirmed now.
     pub const CONFIRMED: i64 = 1;
@@ -43,36 +44,8 @@ pub mod purchase {
     pub const MISMATCH: i64 = -8;
 }
 
-/// `lua/take.lua`: take stock for a pending request from another bucket.
-const TAKE_LUA: &str = include_str!("../../lua/take.lua");
-/// Reply codes of `take.lua` (besides the [`refusal`]s).
-pub mod take {
-    /// Taken now.
-    pub const TAKEN: i64 = 1;
-    /// Taken before by this request.
-    pub const REPLAYED: i64 = 2;
-    /// No such sale.
-    pub const UNKNOWN_SALE: i64 = -6;
-    /// Arguments refused.
-    pub const BAD_ARGS: i64 = -7;
-    /// The request id was used with another qty.
-    pub const MISMATCH: i64 = -8;
-    /// A replay check found no order here (a failover took it back).
-    pub const LOST: i64 = -9;
-}
-
-/// `lua/settle.lua`: close a pending request in the home bucket.
-const SETTLE_LUA: &str = include_str!("../../lua/settle.lua");
-/// Reply codes of `settle.lua`.
-pub mod settle {
-    /// This call settled the record.
-    pub const SETTLED: i64 = 1;
-    /// It was settled already.
-    pub const ALREADY: i64 = 0;
-}
-
 /// `lua/create_bucket.lua`: create one bucket unless it exists.
-const CREATE_BUCKET_LUA: &str = include_str!("../../lua/create_bucket.lua");
+const CREATE_BUCKET_LUA: &str = include_str!("../../../lua/create_bucket.lua");
 /// Reply codes of `create_bucket.lua`.
 pub mod create_bucket {
     /// Created now.
@@ -82,7 +55,7 @@ pub mod create_bucket {
 }
 
 /// `lua/restock.lua`: add units to one bucket, once per operation.
-const RESTOCK_LUA: &str = include_str!("../../lua/restock.lua");
+const RESTOCK_LUA: &str = include_str!("../../../lua/restock.lua");
 /// Reply codes of `restock.lua`.
 pub mod restock {
     /// Applied now.
@@ -102,7 +75,7 @@ pub mod restock {
 }
 
 /// `lua/create_meta.lua`: claim a SKU and record a sale's plan.
-const CREATE_META_LUA: &str = include_str!("../../lua/create_meta.lua");
+const CREATE_META_LUA: &str = include_str!("../../../lua/create_meta.lua");
 /// Reply codes of `create_meta.lua`.
 pub mod create_meta {
     /// This operation claimed the SKU now.
@@ -116,7 +89,7 @@ pub mod create_meta {
 }
 
 /// `lua/transition.lua`: pay, cancel or expire held orders of one bucket.
-const TRANSITION_LUA: &str = include_str!("../../lua/transition.lua");
+const TRANSITION_LUA: &str = include_str!("../../../lua/transition.lua");
 /// Reply codes of `transition.lua`.
 pub mod transition {
     /// Done now.
@@ -145,22 +118,22 @@ pub mod transition {
 
 /// `lua/quota_return.lua`: give a buyer's quota back once, in the home
 /// bucket (replies 1 now, 0 before, -7 bad arguments).
-const QUOTA_RETURN_LUA: &str = include_str!("../../lua/quota_return.lua");
+const QUOTA_RETURN_LUA: &str = include_str!("../../../lua/quota_return.lua");
 
 /// `lua/ledger_snapshot.lua`: one bucket's ledger at one instant
 /// (`{initial, stock, last_id}`, no code).
-const LEDGER_SNAPSHOT_LUA: &str = include_str!("../../lua/ledger_snapshot.lua");
+const LEDGER_SNAPSHOT_LUA: &str = include_str!("../../../lua/ledger_snapshot.lua");
 
 /// `lua/ack.lua`: probe write and record reads before a group commit's
 /// WAIT (the records themselves, no code).
-const ACK_LUA: &str = include_str!("../../lua/ack.lua");
+const ACK_LUA: &str = include_str!("../../../lua/ack.lua");
 
 /// `lua/dead_letter.lua`: the order writer's dead letters.
-const DEAD_LETTER_LUA: &str = include_str!("../../lua/dead_letter.lua");
+const DEAD_LETTER_LUA: &str = include_str!("../../../lua/dead_letter.lua");
 /// `lua/forget_consumers.lua`: delete the writers' dead consumers.
-const FORGET_CONSUMERS_LUA: &str = include_str!("../../lua/forget_consumers.lua");
+const FORGET_CONSUMERS_LUA: &str = include_str!("../../../lua/forget_consumers.lua");
 /// `lua/trim.lua`: the order writer's trim of a stream.
-const TRIM_LUA: &str = include_str!("../../lua/trim.lua");
+const TRIM_LUA: &str = include_str!("../../../lua/trim.lua");
 
 /// Every script the engine runs on the inventory cluster.
 #[derive(Debug, Clone)]
@@ -200,8 +173,8 @@ impl Scripts {
     pub fn new() -> Self {
         Scripts {
             purchase: LuaScript::new("purchase", code("purchase", PURCHASE_LUA)),
-            take: LuaScript::new("take", TAKE_LUA),
-            settle: LuaScript::new("settle", SETTLE_LUA),
+            take: LuaScript::new("take", take::SOURCE),
+            settle: LuaScript::new("settle", settle::SOURCE),
             create_bucket: LuaScript::new("create_bucket", CREATE_BUCKET_LUA),
             restock: LuaScript::new("restock", code("restock", RESTOCK_LUA)),
             create_meta: LuaScript::new("create_meta", CREATE_META_LUA),
