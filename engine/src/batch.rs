@@ -22,31 +22,19 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::oneshot;
 
-use crate::cluster::{Cluster, ScriptCall};
+use crate::cluster::Cluster;
 use crate::config::{Ack, Config};
 use crate::error::Unavailable;
 use crate::keys::BucketKeys;
 use crate::metrics::{self as m, Stats};
-use crate::replies::{self, BadReply, PurchaseReply};
+use crate::replies::BadReply;
+pub(crate) use crate::scripts::purchase::HomePurchase;
+use crate::scripts::purchase::{self, BatchArgs, HomeBucketKeys, PurchaseReply};
 
 /// How long the WAIT sent with a batch under `ack = replicated` waits for a
 /// replica before the batch's purchases are left to wait on their own
 /// (`replication.rs`).
 const WAIT_MS: u64 = 1000;
-
-/// One purchase in its home bucket, as the batch script takes it.
-pub(crate) struct HomePurchase {
-    /// `{tag}:q:<user>`.
-    pub(crate) quota_key: String,
-    /// `{tag}:r:<n>:<user>:<request_id>`.
-    pub(crate) record_key: String,
-    /// `{tag}:o:<order_id>`, when the sale holds orders (`hold_ms > 0`).
-    pub(crate) order_key: Option<String>,
-    pub(crate) qty: u64,
-    /// The order id to use if this purchase makes a new order.
-    pub(crate) order_id: String,
-    pub(crate) user: String,
-}
 
 /// What the home bucket said of one purchase.
 pub(crate) struct HomeReply {
@@ -262,31 +250,24 @@ impl PurchaseBatches {
     async fn send(&self, queue: &BucketQueue, batch: Vec<Queued>) {
         let n = batch.len();
         let k = &queue.keys;
-        let mut keys: Vec<&str> = Vec::with_capacity(5 + 3 * n);
-        keys.extend([
-            k.sale.as_str(),
-            k.stock.as_str(),
-            k.orders.as_str(),
-            k.pending.as_str(),
-            k.holds.as_str(),
-        ]);
-        for q in &batch {
-            keys.push(&q.purchase.quota_key);
-            keys.push(&q.purchase.record_key);
-            if let Some(order_key) = &q.purchase.order_key {
-                keys.push(order_key);
-            }
-        }
-        let scripts = self.cluster.scripts();
-        let mut call = ScriptCall::new(&scripts.purchase, queue.slot, &keys);
-        call.arg(self.request_ttl_secs)
-            .arg(self.replicated_flag)
-            .arg(self.order_record);
-        for q in &batch {
-            call.arg(q.purchase.qty)
-                .arg(&q.purchase.order_id)
-                .arg(&q.purchase.user);
-        }
+        let bucket = HomeBucketKeys {
+            sale: &k.sale,
+            stock: &k.stock,
+            orders: &k.orders,
+            pending: &k.pending,
+            holds: &k.holds,
+        };
+        let args = BatchArgs {
+            record_ttl_secs: self.request_ttl_secs,
+            replicated: self.replicated_flag,
+            order_record: self.order_record,
+        };
+        let call = args.call(
+            &self.cluster.scripts().purchase,
+            queue.slot,
+            &bucket,
+            batch.iter().map(|q| &q.purchase),
+        );
         self.count(n);
         // The retry budget runs from when the oldest purchase was queued,
         // so no purchase is retried past the deadline (plus one response
@@ -299,7 +280,7 @@ impl PurchaseBatches {
             .unwrap_or_else(Instant::now);
         let waited = if self.replicated && !planted!(SkipWait) {
             self.cluster
-                .call_then_wait(&call, replies::purchase_batch, WAIT_MS)
+                .call_then_wait(&call, purchase::decode_batch, WAIT_MS)
                 .await
         } else {
             None
@@ -308,7 +289,7 @@ impl PurchaseBatches {
             Some((replies, replicated)) => Ok((replies, replicated)),
             None => self
                 .cluster
-                .call_since(&call, replies::purchase_batch, since)
+                .call_since(&call, purchase::decode_batch, since)
                 .await
                 .map(|replies| (replies, false)),
         };

@@ -10,71 +10,11 @@
 
 use redis::Value;
 
+use crate::lua::array;
 pub use crate::lua::BadReply;
-use crate::lua::{array, bucket, order_reply};
 use crate::lua::{bad, int, text};
 use crate::order_state::OrderState;
 use crate::scripts;
-use crate::scripts::refusal::Refusal;
-
-/// `purchase.lua`, in the buyer's home bucket.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum PurchaseReply {
-    /// A new order, queued on the bucket's stream.
-    Confirmed {
-        /// The order.
-        order_id: String,
-        /// The bucket that took the stock.
-        bucket: u32,
-        /// When its hold expires (ms, Redis time); `None`: paid at once.
-        expires_ms: Option<u64>,
-    },
-    /// This request was confirmed before: the same order.
-    Replayed {
-        /// The order.
-        order_id: String,
-        /// The bucket that took the stock.
-        bucket: u32,
-    },
-    /// The home bucket is short: quota reserved, request pending; walk the
-    /// other buckets.
-    FallThrough {
-        /// Units left in the home bucket.
-        home_stock: i64,
-        /// When the walk began (ms, the home master's clock): its limit
-        /// counts from here (see `take.lua`).
-        since_ms: u64,
-    },
-    /// An earlier attempt left this request pending: walk the other buckets.
-    Pending {
-        /// Units left in the home bucket.
-        home_stock: i64,
-        /// When the first attempt's walk began (0 if no longer known: a
-        /// walk past its limit).
-        since_ms: u64,
-    },
-    /// Refused: sold out (a one-bucket sale, or every bucket refused this
-    /// request before), ended or closed.
-    Refused {
-        /// Why.
-        why: Refusal,
-        /// Units left in the home bucket.
-        home_stock: i64,
-    },
-    /// The per-user limit would be exceeded.
-    LimitReached {
-        /// Units the user holds or has reserved.
-        used: i64,
-    },
-    /// The sale's window has not opened.
-    NotStarted,
-    /// No sale in this bucket.
-    UnknownSale,
-    /// The engine sent an argument out of range (a bug, not the buyer's).
-    BadArgs,
-    /// The request was made before with another qty.
-    Mismatch,
-}
 
 /// `restock.lua`, one bucket.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -139,55 +79,6 @@ pub struct LedgerSnapshot {
     /// The stream's last generated id, as (ms, seq): unsigned 64-bit, as
     /// Redis has them.
     pub last_id: (u64, u64),
-}
-
-/// Decodes a `purchase.lua` reply.
-pub fn purchase(v: Value) -> Result<PurchaseReply, BadReply> {
-    const S: &str = "purchase";
-    let (items, expires_ms) = order_reply(S, v)?;
-    let (code, n) = (int(S, &items[0])?, int(S, &items[2])?);
-    use scripts::purchase as code;
-    Ok(match code {
-        code::CONFIRMED => PurchaseReply::Confirmed {
-            order_id: text(S, &items[1])?,
-            bucket: bucket(S, n)?,
-            expires_ms,
-        },
-        code::REPLAYED => PurchaseReply::Replayed {
-            order_id: text(S, &items[1])?,
-            bucket: bucket(S, n)?,
-        },
-        // Their fourth item is the walk's start, not a deadline.
-        code::FALL_THROUGH => PurchaseReply::FallThrough {
-            home_stock: n,
-            since_ms: expires_ms.unwrap_or(0),
-        },
-        code::PENDING => PurchaseReply::Pending {
-            home_stock: n,
-            since_ms: expires_ms.unwrap_or(0),
-        },
-        code::LIMIT_REACHED => PurchaseReply::LimitReached { used: n },
-        code::NOT_STARTED => PurchaseReply::NotStarted,
-        code::UNKNOWN_SALE => PurchaseReply::UnknownSale,
-        code::BAD_ARGS => PurchaseReply::BadArgs,
-        code::MISMATCH => PurchaseReply::Mismatch,
-        c => match Refusal::from_code(c) {
-            Some(why) => PurchaseReply::Refused { why, home_stock: n },
-            None => return Err(bad(S, format!("code {c}"))),
-        },
-    })
-}
-
-/// Decodes the reply of a batch of `purchase.lua`: one reply per purchase,
-/// in the order sent (the caller checks the count against its batch).
-pub fn purchase_batch(v: Value) -> Result<Vec<PurchaseReply>, BadReply> {
-    match v {
-        Value::Array(items) => items.into_iter().map(purchase).collect(),
-        other => Err(bad(
-            "purchase",
-            format!("expected one reply per purchase, got {other:?}"),
-        )),
-    }
 }
 
 /// What `transition.lua` said of one order.
@@ -397,114 +288,6 @@ mod tests {
         assert!(ledger_snapshot(snap("17")).is_err());
         assert!(ledger_snapshot(snap("a-b")).is_err());
         assert!(ledger_snapshot(Value::Array(vec![Value::Int(1)])).is_err());
-    }
-
-    #[test]
-    fn every_purchase_reply_shape_decodes() {
-        let id = || "o1".to_owned();
-        for (v, want) in [
-            (
-                reply(1, "o1", 2),
-                PurchaseReply::Confirmed {
-                    order_id: id(),
-                    bucket: 2,
-                    expires_ms: None,
-                },
-            ),
-            (
-                Value::Array(vec![
-                    Value::Int(1),
-                    Value::BulkString(b"o1".to_vec()),
-                    Value::Int(2),
-                    Value::Int(1_700_000_000_000),
-                ]),
-                PurchaseReply::Confirmed {
-                    order_id: id(),
-                    bucket: 2,
-                    expires_ms: Some(1_700_000_000_000),
-                },
-            ),
-            (
-                reply(2, "o1", 0),
-                PurchaseReply::Replayed {
-                    order_id: id(),
-                    bucket: 0,
-                },
-            ),
-            (
-                Value::Array(vec![
-                    Value::Int(3),
-                    Value::BulkString(vec![]),
-                    Value::Int(0),
-                    Value::Int(1_764_000_000_123),
-                ]),
-                PurchaseReply::FallThrough {
-                    home_stock: 0,
-                    since_ms: 1_764_000_000_123,
-                },
-            ),
-            (
-                reply(4, "", 7),
-                PurchaseReply::Pending {
-                    home_stock: 7,
-                    since_ms: 0,
-                },
-            ),
-            (
-                reply(-1, "", 0),
-                PurchaseReply::Refused {
-                    why: Refusal::SoldOut,
-                    home_stock: 0,
-                },
-            ),
-            (reply(-2, "", 3), PurchaseReply::LimitReached { used: 3 }),
-            (reply(-3, "", 0), PurchaseReply::NotStarted),
-            (
-                reply(-4, "", 0),
-                PurchaseReply::Refused {
-                    why: Refusal::Ended,
-                    home_stock: 0,
-                },
-            ),
-            (
-                reply(-5, "", 0),
-                PurchaseReply::Refused {
-                    why: Refusal::Closed,
-                    home_stock: 0,
-                },
-            ),
-            (reply(-6, "", 0), PurchaseReply::UnknownSale),
-            (reply(-7, "", 0), PurchaseReply::BadArgs),
-            (reply(-8, "", 0), PurchaseReply::Mismatch),
-        ] {
-            assert_eq!(purchase(v), Ok(want));
-        }
-        assert!(purchase(reply(9, "", 0)).is_err());
-        assert!(purchase(reply(1, "o1", -1)).is_err(), "negative bucket");
-        assert!(purchase(Value::Int(1)).is_err());
-        assert!(purchase(Value::Array(vec![Value::Int(1)])).is_err());
-    }
-
-    #[test]
-    fn a_batch_reply_decodes_each_purchase_in_order_and_refuses_a_bad_one() {
-        let batch = Value::Array(vec![reply(1, "o1", 0), reply(-2, "", 3)]);
-        assert_eq!(
-            purchase_batch(batch),
-            Ok(vec![
-                PurchaseReply::Confirmed {
-                    order_id: "o1".into(),
-                    bucket: 0,
-                    expires_ms: None,
-                },
-                PurchaseReply::LimitReached { used: 3 },
-            ])
-        );
-        assert!(purchase_batch(Value::Array(vec![reply(1, "o1", 0), reply(9, "", 0)])).is_err());
-        assert!(
-            purchase_batch(reply(1, "o1", 0)).is_err(),
-            "a lone reply is not a batch"
-        );
-        assert!(purchase_batch(Value::Int(1)).is_err());
     }
 
     #[test]

@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use serde::Serialize;
 
-use crate::batch::{HomePurchase, HomeReply};
+use crate::batch::HomeReply;
 use crate::config::Ack;
 use crate::engine::Engine;
 use crate::error::{InvalidInput, PurchaseError, Unavailable};
@@ -21,8 +21,8 @@ use crate::metrics as m;
 use crate::order_id;
 use crate::order_state::OrderState;
 use crate::replication::Expect;
-use crate::replies::PurchaseReply;
 use crate::sale::{BucketHandle, SaleHandle};
+use crate::scripts::purchase::{HomePurchase, PurchaseReply};
 use crate::scripts::record::RequestRecord;
 use crate::scripts::refusal::Refusal;
 use crate::scripts::settle::{self, Outcome, SettleArgs, SettleKeys, SettleReply};

@@ -15,34 +15,11 @@ use crate::lua::code;
 pub use crate::lua::LuaScript;
 
 pub(crate) mod call;
+pub(crate) mod purchase;
 pub(crate) mod record;
 pub(crate) mod refusal;
 pub(crate) mod settle;
 pub(crate) mod take;
-
-/// `lua/purchase.lua`: the whole purchase in the buyer's home bucket.
-const PURCHASE_LUA: &str = include_str!("../../../lua/purchase.lua");
-/// Reply codes of `purchase.lua` (besides the refusals, `refusal.rs`).
-pub mod purchase {
-    /// Confirmed now.
-    pub const CONFIRMED: i64 = 1;
-    /// Confirmed before; this is the replay.
-    pub const REPLAYED: i64 = 2;
-    /// Home bucket short: reserved, walk the others.
-    pub const FALL_THROUGH: i64 = 3;
-    /// Already pending from an earlier attempt: walk again.
-    pub const PENDING: i64 = 4;
-    /// Past the per-user limit.
-    pub const LIMIT_REACHED: i64 = -2;
-    /// Window not open yet.
-    pub const NOT_STARTED: i64 = -3;
-    /// No such sale.
-    pub const UNKNOWN_SALE: i64 = -6;
-    /// Arguments refused.
-    pub const BAD_ARGS: i64 = -7;
-    /// The request id was used with another qty.
-    pub const MISMATCH: i64 = -8;
-}
 
 /// `lua/create_bucket.lua`: create one bucket unless it exists.
 const CREATE_BUCKET_LUA: &str = include_str!("../../../lua/create_bucket.lua");
@@ -172,7 +149,7 @@ impl Scripts {
     /// The scripts of this build.
     pub fn new() -> Self {
         Scripts {
-            purchase: LuaScript::new("purchase", code("purchase", PURCHASE_LUA)),
+            purchase: LuaScript::new("purchase", code("purchase", purchase::SOURCE)),
             take: LuaScript::new("take", take::SOURCE),
             settle: LuaScript::new("settle", settle::SOURCE),
             create_bucket: LuaScript::new("create_bucket", CREATE_BUCKET_LUA),
