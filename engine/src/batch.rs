@@ -26,8 +26,8 @@ use crate::cluster::Cluster;
 use crate::config::{Ack, Config};
 use crate::error::Unavailable;
 use crate::keys::BucketKeys;
+use crate::lua::BadReply;
 use crate::metrics::{self as m, Stats};
-use crate::replies::BadReply;
 pub(crate) use crate::scripts::purchase::HomePurchase;
 use crate::scripts::purchase::{self, BatchArgs, HomeBucketKeys, PurchaseReply};
 

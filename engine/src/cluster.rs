@@ -18,9 +18,9 @@ use redis::{Cmd, RedisError, Value};
 
 use crate::config::Backoff;
 use crate::error::{classify, ConnectError, Recovery, Unavailable};
+use crate::lua::BadReply;
 use crate::metrics::{self as m, Stats};
 use crate::placement::SlotMap;
-use crate::replies::BadReply;
 pub(crate) use crate::scripts::call::ScriptCall;
 use crate::scripts::{LuaScript, Scripts};
 

@@ -9,7 +9,7 @@ use std::sync::Arc;
 use redis::RedisError;
 
 use crate::lock::LockError;
-use crate::replies::BadReply;
+use crate::lua::BadReply;
 
 /// Why a purchase did not confirm.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]

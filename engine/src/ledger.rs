@@ -14,14 +14,13 @@ use deadpool_postgres::Pool;
 use redis::Value;
 use serde::Serialize;
 
-use crate::cluster::ScriptCall;
 use crate::db::{self, DbError};
 use crate::engine::Engine;
 use crate::error::AdminError;
 use crate::keys;
 use crate::metrics as m;
 use crate::orders::entry::Record;
-use crate::replies::{self, LedgerSnapshot};
+use crate::scripts::ledger_snapshot::{self, LedgerKeys, LedgerSnapshot};
 
 /// The ledger of one SKU.
 #[derive(Debug, Clone, Serialize, PartialEq, Eq)]
@@ -175,12 +174,13 @@ async fn reconcile_one(
     let mut dead_lettered = 0u64;
     let mut conn = engine.dedicated_connection().await?;
     for b in &sale.buckets {
-        let call = ScriptCall::new(
-            &engine.scripts().ledger_snapshot,
-            b.slot,
-            &[&b.keys.sale, &b.keys.stock, &b.keys.orders],
-        );
-        let reply = engine.cluster().call(&call, replies::ledger_snapshot).await;
+        let call = LedgerKeys {
+            sale: &b.keys.sale,
+            stock: &b.keys.stock,
+            orders: &b.keys.orders,
+        }
+        .call(&engine.scripts().ledger_snapshot, b.slot);
+        let reply = engine.cluster().call(&call, ledger_snapshot::decode).await;
         let LedgerSnapshot {
             initial,
             stock,

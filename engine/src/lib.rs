@@ -82,7 +82,6 @@ pub mod planted;
 pub mod ratelimit;
 pub mod redact;
 mod replication;
-mod replies;
 pub mod sale;
 pub mod scripts;
 #[cfg(feature = "settings")]
@@ -96,6 +95,7 @@ pub use error::{
     AdminError, ConfigError, ConnectError, HoldError, InvalidInput, NotReady, PurchaseError,
     Unavailable,
 };
+pub use lua::BadReply;
 pub use metrics::Stats;
 pub use ops::{admin, holds, purchase, status};
 pub use order_state::OrderState;
@@ -103,7 +103,6 @@ pub use order_state::{OrderView, Transition};
 #[cfg(feature = "postgres")]
 pub use orders::{OrderWriter, WriterConfig, WriterHandle, WriterReport};
 pub use purchase::{Confirmed, PurchaseRequest};
-pub use replies::BadReply;
 pub use sale::{LatePayment, SaleSpec};
 #[cfg(feature = "settings")]
 pub use settings::{ServerConfig, Settings, SettingsError};

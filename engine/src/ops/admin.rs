@@ -11,13 +11,14 @@
 use std::collections::HashMap;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use crate::cluster::ScriptCall;
 use crate::engine::Engine;
 use crate::error::{AdminError, InvalidInput, Unavailable};
 use crate::keys::{self, BucketKeys};
 use crate::placement::{pick_tags, tag_slot};
-use crate::replies::{self, CreateMetaReply, RestockReply};
 use crate::sale::{SaleSpec, MAX_BUCKETS, MAX_HOLD_MS, MAX_UNITS};
+use crate::scripts::create_bucket::{self, NewBucket};
+use crate::scripts::create_meta::{self, CreateMetaReply, SalePlan};
+use crate::scripts::restock::{self, RestockArgs, RestockReply};
 use crate::status::SaleStatus;
 use crate::validate;
 
@@ -184,26 +185,24 @@ impl Engine {
         let tags = pick_tags(&spec.sku, spec.buckets, &map)
             .ok_or_else(|| unconfirmed("cluster has no masters"))?;
         let meta = keys::sale_meta(&spec.sku);
-        let mut call = ScriptCall::new(
+        let plan = SalePlan {
+            sku: &spec.sku,
+            tags: &tags,
+            stock: spec.stock,
+            buckets: spec.buckets,
+            limit: spec.per_user_limit,
+            hold_ms: spec.hold_ms,
+            late: spec.late_payment.as_str(),
+            starts_ms,
+            ends_ms,
+        };
+        let call = plan.call(
             &self.scripts().create_meta,
             tag_slot(&format!("fs:{}", spec.sku)),
-            &[&meta],
+            &meta,
+            op,
         );
-        call.arg(op);
-        for (f, v) in [
-            ("sku", spec.sku.clone()),
-            ("tags", tags.join(",")),
-            ("stock", spec.stock.to_string()),
-            ("buckets", spec.buckets.to_string()),
-            ("limit", spec.per_user_limit.to_string()),
-            ("hold_ms", spec.hold_ms.to_string()),
-            ("late", spec.late_payment.as_str().to_owned()),
-            ("starts_ms", starts_ms.to_string()),
-            ("ends_ms", ends_ms.to_string()),
-        ] {
-            call.arg(f).arg(v);
-        }
-        let reply = self.cluster().call(&call, replies::create_meta).await;
+        let reply = self.cluster().call(&call, create_meta::decode).await;
         match reply.map_err(Unavailable::from)? {
             CreateMetaReply::Claimed | CreateMetaReply::Resumed { .. } => {
                 self.finish_create(&spec.sku).await?;
@@ -254,29 +253,23 @@ impl Engine {
         for (i, tag) in plan.tags.iter().enumerate() {
             let bk = BucketKeys::new(tag);
             let units = share(plan.stock, n, i);
-            let mut call = ScriptCall::new(
-                &self.scripts().create_bucket,
-                tag_slot(tag),
-                &[&bk.sale, &bk.stock],
-            );
-            call.arg(units);
-            for (f, v) in [
-                ("sku", sku.to_owned()),
-                ("tag", tag.clone()),
-                ("bucket", i.to_string()),
-                ("buckets", n.to_string()),
-                ("state", "open".into()),
-                ("starts_ms", plan.starts_ms.to_string()),
-                ("ends_ms", plan.ends_ms.to_string()),
-                ("limit", plan.limit.to_string()),
-                ("hold_ms", plan.hold_ms.to_string()),
-                ("late", plan.late.clone()),
-                ("initial", units.to_string()),
-            ] {
-                call.arg(f).arg(v);
+            let call = NewBucket {
+                sale: &bk.sale,
+                stock: &bk.stock,
+                units,
+                sku,
+                tag,
+                bucket: i,
+                buckets: n,
+                starts_ms: plan.starts_ms,
+                ends_ms: plan.ends_ms,
+                limit: plan.limit,
+                hold_ms: plan.hold_ms,
+                late: &plan.late,
             }
+            .call(&self.scripts().create_bucket, tag_slot(tag));
             self.cluster()
-                .call(&call, replies::created_bucket)
+                .call(&call, create_bucket::decode)
                 .await
                 .map_err(Unavailable::from)?;
         }
@@ -414,13 +407,15 @@ impl Engine {
             if units == 0 {
                 continue;
             }
-            let mut call = ScriptCall::new(
-                &self.scripts().restock,
-                b.slot,
-                &[&b.keys.sale, &b.keys.stock],
-            );
-            call.arg(units).arg(op).arg("finish");
-            let reply = self.cluster().call(&call, replies::restock).await;
+            let call = RestockArgs {
+                sale: &b.keys.sale,
+                stock: &b.keys.stock,
+                units,
+                op,
+                finish: true,
+            }
+            .call(&self.scripts().restock, b.slot);
+            let reply = self.cluster().call(&call, restock::decode).await;
             match reply.map_err(Unavailable::from)? {
                 RestockReply::Applied | RestockReply::AlreadyApplied => {
                     let expect = crate::replication::Expect::Units(units);

@@ -28,8 +28,8 @@ use crate::error::{HoldError, InvalidInput, PurchaseError, Unavailable};
 use crate::metrics as m;
 use crate::order_id;
 use crate::order_state::{OrderState, OrderView, Transition};
-use crate::replies::{self, TransitionReply};
 use crate::sale::{BucketHandle, SaleHandle};
+use crate::scripts::transition::{self, TransitionArgs, TransitionKeys, TransitionReply};
 use crate::validate;
 
 /// Longest payment reference accepted.
@@ -221,22 +221,25 @@ impl Engine {
         orders: &[(&str, &str)],
     ) -> Result<Vec<TransitionReply>, HoldError> {
         let order_keys: Vec<String> = orders.iter().map(|(id, _)| b.keys.order(id)).collect();
-        let mut keys: Vec<&str> = vec![
-            &b.keys.sale,
-            &b.keys.stock,
-            &b.keys.orders,
-            &b.keys.holds,
-            &b.keys.owed,
-        ];
-        keys.extend(order_keys.iter().map(String::as_str));
-        let mut call = ScriptCall::new(&self.scripts().transition, b.slot, &keys);
-        call.arg(op)
-            .arg(self.config().request_ttl_secs())
-            .arg(self.config().replicated_flag());
-        for (id, payment_ref) in orders {
-            call.arg(*id).arg(*payment_ref);
-        }
-        let replies = self.call_acked(&call, replies::transition_batch).await?;
+        let each: Vec<(&str, &str, &str)> = order_keys
+            .iter()
+            .zip(orders)
+            .map(|(key, (id, payment_ref))| (key.as_str(), *id, *payment_ref))
+            .collect();
+        let bucket = TransitionKeys {
+            sale: &b.keys.sale,
+            stock: &b.keys.stock,
+            orders: &b.keys.orders,
+            holds: &b.keys.holds,
+            owed: &b.keys.owed,
+        };
+        let args = TransitionArgs {
+            op,
+            record_ttl_secs: self.config().request_ttl_secs(),
+            replicated: self.config().replicated_flag(),
+        };
+        let call = args.call(&self.scripts().transition, b.slot, &bucket, &each);
+        let replies = self.call_acked(&call, transition::decode_batch).await?;
         if replies.len() == orders.len() {
             Ok(replies)
         } else {
@@ -258,7 +261,7 @@ impl Engine {
     pub(crate) async fn call_acked<R>(
         &self,
         call: &ScriptCall<'_>,
-        decode: fn(redis::Value) -> Result<R, crate::replies::BadReply>,
+        decode: fn(redis::Value) -> Result<R, crate::lua::BadReply>,
     ) -> Result<R, HoldError> {
         if self.config().ack == Ack::Leader {
             return Ok(self

@@ -8,13 +8,13 @@
 
 use serde::Serialize;
 
-use crate::cluster::ScriptCall;
 use crate::config::Ack;
 use crate::engine::Engine;
 use crate::error::{HoldError, PurchaseError, Unavailable};
 use crate::metrics as m;
-use crate::replies::{self, TransitionReply};
 use crate::sale::{BucketHandle, SaleHandle};
+use crate::scripts::quota_return::{self, QuotaReturn};
+use crate::scripts::transition::TransitionReply;
 
 use crate::ops::holds::unix_ms;
 
@@ -227,12 +227,15 @@ impl Engine {
             let ended = matches!(field(3).as_deref(), Some("cancelled" | "expired"));
             if let (Some(user), Some(qty), Some(home), true) = (field(0), qty, home, ended) {
                 let (quota, marker) = (home.keys.quota(&user), home.keys.quota_returned(&order_id));
-                let mut call =
-                    ScriptCall::new(&self.scripts().quota_return, home.slot, &[&quota, &marker]);
-                call.arg(qty)
-                    .arg(self.config().request_ttl_secs())
-                    .arg(self.config().replicated_flag());
-                if self.call_acked(&call, replies::quota_return).await? {
+                let call = QuotaReturn {
+                    quota: &quota,
+                    marker: &marker,
+                    units: qty,
+                    marker_ttl_secs: self.config().request_ttl_secs(),
+                    replicated: self.config().replicated_flag(),
+                }
+                .call(&self.scripts().quota_return, home.slot);
+                if self.call_acked(&call, quota_return::decode).await? {
                     returned += 1;
                 }
             } else if field(3).is_some() && !ended {
