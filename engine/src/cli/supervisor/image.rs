@@ -15,6 +15,8 @@ use std::os::unix::ffi::OsStrExt;
 use std::os::unix::process::CommandExt;
 use std::time::{Duration, Instant};
 
+use super::namespace::{new_pid_namespace, NoNamespace, UserNamespace};
+use super::privileges::{dies_with_parent, may_kill_anyone, Privileges};
 use super::process_tree::kill_tree;
 use super::wire::{
     beat_deadline, decode_beat, decode_spec, monotonic_ns, PidNamespace, Report, Spec, BEAT_LEN,
@@ -317,147 +319,6 @@ pub(super) fn supervise(control: libc::c_int, report: libc::c_int, patience: Dur
     std::process::exit(if all_gone { 0 } else { 3 })
 }
 
-/// Makes the PID namespace the supervisor's next children are born in:
-/// with CAP_SYS_ADMIN (root), one of the user namespace this process is
-/// in; without, for a user other than root, one owned by a user namespace
-/// of its own, which an ordinary user may make on most Linux systems, so
-/// `--pid-namespace` is not for root alone. That user namespace maps this
-/// process's uid and gid to themselves and nothing else: the command runs
-/// as the same user, with no capability left after its execve (its uid is
-/// not the namespace's root, and `spawn` sets no_new_privs as outside), and
-/// a setuid program owned by another user runs as this one (an unmapped
-/// owner's setuid bit is ignored). The error carries the errno.
-pub(super) fn new_pid_namespace() -> Result<UserNamespace, NoNamespace> {
-    let errno = || {
-        io::Error::last_os_error()
-            .raw_os_error()
-            .unwrap_or(libc::EPERM)
-    };
-    // SAFETY: unshare affects only the children this process makes next.
-    if unsafe { libc::unshare(libc::CLONE_NEWPID) } == 0 {
-        return Ok(UserNamespace::Caller);
-    }
-    let as_root = errno();
-    // SAFETY: getters with no failure and no memory.
-    let (uid, gid) = unsafe { (libc::geteuid(), libc::getegid()) };
-    // Root without CAP_SYS_ADMIN gets no user namespace: it would map root
-    // to root and hand the command back, inside it, every capability the
-    // caller had dropped, over every file root owns (the nineteenth
-    // attack read a mode-000 file with DAC_OVERRIDE dropped).
-    if as_root != libc::EPERM || uid == 0 {
-        return Err(NoNamespace::Refused(as_root));
-    }
-    // SAFETY: this image is single-threaded (unshare of a user namespace
-    // needs it); the namespaces hold for this process and the children it
-    // makes next.
-    if unsafe { libc::unshare(libc::CLONE_NEWUSER | libc::CLONE_NEWPID) } != 0 {
-        return Err(NoNamespace::Refused(errno()));
-    }
-    // The maps are this process's own /proc files, which are root's while
-    // it is not dumpable (`keep_out_of_reach`): dumpable for the writes
-    // only, before the command exists.
-    // SAFETY: prctl on this process's own attribute.
-    unsafe { libc::prctl(libc::PR_SET_DUMPABLE, 1) };
-    let mapped = std::fs::write("/proc/self/setgroups", "deny")
-        .and_then(|()| std::fs::write("/proc/self/uid_map", format!("{uid} {uid} 1")))
-        .and_then(|()| std::fs::write("/proc/self/gid_map", format!("{gid} {gid} 1")));
-    // SAFETY: as above.
-    unsafe { libc::prctl(libc::PR_SET_DUMPABLE, 0) };
-    mapped
-        .map(|()| UserNamespace::Own)
-        .map_err(|e| NoNamespace::HalfMade(e.raw_os_error().unwrap_or(libc::EPERM)))
-}
-
-/// Why no PID namespace was made (the errno).
-pub(super) enum NoNamespace {
-    /// Refused before anything changed: the command may run without one.
-    Refused(i32),
-    /// The namespaces exist but the user namespace's maps could not be
-    /// written: this process's next child would be their init, as nobody.
-    HalfMade(i32),
-}
-
-/// Whose user namespace the command's PID namespace belongs to.
-pub(super) enum UserNamespace {
-    /// The caller's: this process had CAP_SYS_ADMIN there.
-    Caller,
-    /// One this process made, in which it holds every capability.
-    Own,
-}
-
-/// What the command may keep of the supervisor's privileges.
-#[derive(Clone, Copy, PartialEq, Eq)]
-pub(super) enum Privileges {
-    /// Everything: the supervisor may kill any process (CAP_KILL), so
-    /// whoever the command becomes stays within its reach.
-    Keep,
-    /// No new ones (no_new_privs, no ambient capabilities): the setuid
-    /// bit and file capabilities are not honoured.
-    NoNew,
-    /// None at all: in a user namespace of the supervisor's own, where it
-    /// holds every capability of that namespace, no_new_privs alone let
-    /// a file-capability program keep them (it caps new privileges at the
-    /// old, which were all); the command's permitted, inheritable and
-    /// bounding sets are emptied first (the twentieth attack).
-    None,
-}
-
-/// Sets PR_SET_PDEATHSIG to SIGKILL and reads it back: true only when it
-/// holds. Async-signal-safe.
-pub(super) fn dies_with_parent() -> bool {
-    let mut sig: libc::c_int = 0;
-    // SAFETY: prctl on this process's own attribute; the get writes one
-    // int into a live local.
-    unsafe {
-        libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) == 0
-            && libc::prctl(libc::PR_GET_PDEATHSIG, &mut sig as *mut libc::c_int) == 0
-            && sig == libc::SIGKILL
-    }
-}
-
-/// Empties this process's capability sets: the bounding set (which a
-/// file-capability program's permitted set is cut to), then the
-/// permitted, effective and inheritable sets. Async-signal-safe; false if
-/// a step failed.
-fn drop_every_capability() -> bool {
-    const CAPS: libc::c_ulong = 64;
-    #[repr(C)]
-    struct Header {
-        version: u32,
-        pid: libc::c_int,
-    }
-    #[repr(C)]
-    #[derive(Clone, Copy)]
-    struct Data {
-        effective: u32,
-        permitted: u32,
-        inheritable: u32,
-    }
-    // _LINUX_CAPABILITY_VERSION_3: two 32-bit words of each set.
-    let header = Header {
-        version: 0x2008_0522,
-        pid: 0,
-    };
-    let data = [Data {
-        effective: 0,
-        permitted: 0,
-        inheritable: 0,
-    }; 2];
-    // SAFETY: prctl and capset on this process's own sets; capset reads
-    // the two live locals it is given.
-    unsafe {
-        for cap in 0..CAPS {
-            // EINVAL past the kernel's last capability.
-            if libc::prctl(libc::PR_CAPBSET_DROP, cap, 0, 0, 0) != 0
-                && *libc::__errno_location() != libc::EINVAL
-            {
-                return false;
-            }
-        }
-        libc::syscall(libc::SYS_capset, &header as *const Header, data.as_ptr()) == 0
-    }
-}
-
 /// The init of the command's PID namespace, in a fork of the supervisor:
 /// starts the command, reports its start, stops and end to the exec, reaps
 /// the orphans that come to it, and exits when the command's first process
@@ -582,17 +443,6 @@ pub(super) fn wait_for_go(
     (monotonic_ns() < ends).then_some(ends)
 }
 
-/// Whether this process may kill any process (CAP_KILL in its effective
-/// set): then its command keeps every privilege it would have.
-pub(super) fn may_kill_anyone() -> bool {
-    std::fs::read_to_string("/proc/self/status").is_ok_and(|s| {
-        s.lines()
-            .find_map(|l| l.strip_prefix("CapEff:"))
-            .and_then(|v| u64::from_str_radix(v.trim(), 16).ok())
-            .is_some_and(|eff| eff & (1 << 5) != 0)
-    })
-}
-
 /// Starts the command as the leader of a process group of its own, the
 /// signals the supervisor ignores given back their defaults, dying with
 /// its parent should it be killed. Not in the supervisor's group: a command
@@ -619,26 +469,7 @@ pub(super) fn spawn(spec: &Spec, privileges: Privileges) -> io::Result<libc::pid
         let me = libc::getpid();
         cmd.pre_exec(move || {
             let refused = || io::Error::from_raw_os_error(libc::EPERM);
-            if privileges == Privileges::None && !drop_every_capability() {
-                return Err(refused());
-            }
-            if privileges != Privileges::Keep
-                && (libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0
-                    || libc::prctl(libc::PR_GET_NO_NEW_PRIVS, 0, 0, 0, 0) != 1)
-            {
-                return Err(refused());
-            }
-            // EINVAL: a kernel without ambient capabilities, none to clear.
-            if privileges != Privileges::Keep
-                && libc::prctl(
-                    libc::PR_CAP_AMBIENT,
-                    libc::PR_CAP_AMBIENT_CLEAR_ALL,
-                    0,
-                    0,
-                    0,
-                ) != 0
-                && *libc::__errno_location() != libc::EINVAL
-            {
+            if !privileges.shed() {
                 return Err(refused());
             }
             for sig in &defaults {

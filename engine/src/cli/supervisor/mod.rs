@@ -67,7 +67,9 @@
 //!
 //! The files: this one is the exec's side (start, beat, signal, end);
 //! `image.rs` is the supervisor's process; `wire.rs` what crosses the
-//! pipes between them; `process_tree.rs` the walk and kill both sides use.
+//! pipes between them; `process_tree.rs` the walk and kill both sides use;
+//! `namespace.rs` the command's PID namespace and `privileges.rs` what the
+//! command may keep.
 
 use std::collections::HashSet;
 use std::ffi::{OsStr, OsString};
@@ -79,6 +81,8 @@ use std::time::{Duration, Instant};
 use super::own_proc::{cap_set, OwnProc};
 
 mod image;
+mod namespace;
+mod privileges;
 mod process_tree;
 mod wire;
 
