@@ -102,7 +102,7 @@ pub use order_state::OrderState;
 pub use order_state::{OrderView, Transition};
 #[cfg(feature = "postgres")]
 pub use orders::{OrderWriter, WriterConfig, WriterHandle, WriterReport};
-pub use purchase::{Confirmed, PurchaseRequest};
+pub use purchase::{CheckedPurchase, Confirmed, PurchaseRequest};
 pub use sale::{LatePayment, SaleSpec};
 #[cfg(feature = "settings")]
 pub use settings::{ServerConfig, Settings, SettingsError};

@@ -3832,3 +3832,132 @@ fn a_pid_namespace_the_kernel_only_says_it_made_runs_nothing() {
         );
     }
 }
+
+/// A command (python) that types into its terminal with TIOCSTI: Ctrl-Z,
+/// which stops the exec and gives the shell its prompt back, then a line
+/// the shell runs, `kill -STOP` of the supervisor (its host pid, read up
+/// the parent chain in the host's /proc); then it writes `A` to `log` every 100 ms
+/// for 8 s. It says in `said` whether the terminal took its typing.
+const TYPES_INTO_ITS_SHELL: &str = r##"
+import os, fcntl, termios, time, sys
+log, said = sys.argv[1], sys.argv[2]
+def parent(p):
+    s = open(f"/proc/{p}/stat", "rb").read()
+    return int(s[s.rindex(b")") + 2:].split()[1])
+def name(p):
+    return open(f"/proc/{p}/comm").read().strip()
+# The topmost lease-reaper above: the supervisor (in a PID namespace, the
+# namespace's init, a fork of it, is one too).
+supervisor = parent(int(os.readlink("/proc/self")))
+while name(parent(supervisor)) == "lease-reaper":
+    supervisor = parent(supervisor)
+time.sleep(0.5)
+def type_in(text):
+    for c in text.encode():
+        fcntl.ioctl(0, termios.TIOCSTI, bytes([c]))
+try:
+    # The tty layer reads the request's low 32 bits only.
+    fcntl.ioctl(0, (1 << 32) | termios.TIOCSTI, b"#")
+    high = "typed"
+except OSError as e:
+    high = f"refused ({e})"
+try:
+    type_in("\x1a")
+    time.sleep(0.2)
+    type_in(f"kill -STOP {supervisor}\n")
+    open(said, "w").write(f"typed, with high bits {high}")
+except OSError as e:
+    open(said, "w").write(f"refused ({e}), with high bits {high}")
+start = time.time()
+while time.time() - start < 8:
+    with open(log, "a") as f:
+        f.write("A\n")
+    time.sleep(0.1)
+"##;
+
+/// From the twenty-third attack: the command shares its caller's
+/// terminal, and TIOCSTI let it type into the shell that started the exec:
+/// Ctrl-Z stopped the exec, and the next line the shell read stopped the
+/// supervisor, so nothing ended the command, which wrote through the next
+/// holder's turn (13 runs of 13: lock and semaphore, root and nobody, in
+/// the default PID namespace). The command cannot type into the terminal,
+/// with the ioctl's high bits set or not.
+#[test]
+fn a_command_cannot_type_into_its_caller_s_shell_to_stop_its_supervisor() {
+    let nodes = servers(3);
+    let mut failed = Vec::new();
+    for (exec, name) in [
+        ("lock exec --name sti --ttl 2s", "sti"),
+        (
+            "lock exec --no-pid-namespace --name sti-walk --ttl 2s",
+            "sti-walk",
+        ),
+        ("semaphore exec --name stis --permits 1 --lease 2s", "stis"),
+    ] {
+        let dir = tempfile::TempDir::new().expect("dir");
+        let (log, said, script) = (
+            dir.path().join("log"),
+            dir.path().join("said"),
+            dir.path().join("type.py"),
+        );
+        std::fs::write(&script, TYPES_INTO_ITS_SHELL).expect("script");
+        let mut term = Command::new("script")
+            .args(["-qec", "bash --norc --noprofile -i", "/dev/null"])
+            .env_remove("FLASHSALE_CONFIG")
+            .env("FLASHSALE_LOCK_NODES", urls(&nodes).join(","))
+            .stdin(Stdio::piped())
+            .stdout(Stdio::null())
+            .spawn()
+            .expect("spawn script(1)");
+        let mut stdin = term.stdin.take().expect("stdin");
+        let line = format!(
+            "{} {exec} -- python3 {} {} {}\n",
+            flashsale_bin().display(),
+            script.display(),
+            log.display(),
+            said.display()
+        );
+        stdin.write_all(line.as_bytes()).expect("type");
+        stdin.flush().expect("flush");
+        let mut what = String::new();
+        wait_for(
+            Duration::from_secs(60),
+            || {
+                what = std::fs::read_to_string(&said).unwrap_or_default();
+                !what.is_empty()
+            },
+            || format!("{exec}: the command never tried to type"),
+        );
+        // Whether or not it typed, its writer runs for 8 s: the next
+        // holder must find it ended, or wait for its end.
+        let next = if name == "stis" {
+            let script = format!(
+                "echo B-start >> {log}; sleep 1; echo B-end >> {log}",
+                log = log.display()
+            );
+            flashsale_cmd(None, None, &urls(&nodes))
+                .args(["semaphore", "exec", "--name", name, "--permits", "1"])
+                .args(["--lease", "2s", "--wait", "60s", "--", "sh", "-c", &script])
+                .status()
+                .expect("run the next holder")
+        } else {
+            next_holder(&nodes, name, &log)
+        };
+        if interleaved(&log) || what.contains("typed") {
+            failed.push(format!("{exec}: {what}"));
+        }
+        let tree = below(term.id());
+        for pid in &tree {
+            signal_now(*pid, libc::SIGCONT);
+            signal_now(*pid, libc::SIGKILL);
+        }
+        drop(stdin);
+        let _ = term.kill();
+        let _ = term.wait();
+        assert!(next.success(), "{exec}: the next holder");
+    }
+    assert!(
+        failed.is_empty(),
+        "the command typed into its shell, or wrote while the next holder was inside: {failed:?}"
+    );
+}

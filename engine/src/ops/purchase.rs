@@ -43,6 +43,24 @@ pub struct PurchaseRequest<'a> {
     pub request_id: &'a str,
 }
 
+/// A request whose sku, ids and qty passed the engine's checks
+/// ([`Engine::check`]): a service that must refuse bad input before its own
+/// work (a rate limiter that should hold only valid user ids) checks once
+/// and buys with [`Engine::purchase_checked`], so nothing is validated
+/// twice. Made only by `check`.
+#[derive(Debug, Clone, Copy)]
+pub struct CheckedPurchase<'a> {
+    req: PurchaseRequest<'a>,
+    qty: u32,
+}
+
+impl<'a> CheckedPurchase<'a> {
+    /// The request as it was given.
+    pub fn request(&self) -> PurchaseRequest<'a> {
+        self.req
+    }
+}
+
 /// A confirmed purchase: its order is queued on the bucket's stream.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct Confirmed {
@@ -107,7 +125,41 @@ impl Engine {
     /// ([`PurchaseError::RequestMismatch`]).
     pub async fn purchase(&self, req: PurchaseRequest<'_>) -> Result<Confirmed, PurchaseError> {
         let started = Instant::now();
-        let result = self.purchase_inner(req).await;
+        let result = match self.check(req) {
+            Ok(checked) => self.purchase_inner(checked).await,
+            Err(e) => Err(e),
+        };
+        self.count_purchase(&result, started);
+        result
+    }
+
+    /// Checks a request as [`Engine::purchase`] does first (sku, ids in
+    /// their allowed shape and Unicode NFC, 1 <= qty <= `max_qty`), without
+    /// touching Redis; the error is the one `purchase` would answer.
+    pub fn check<'a>(
+        &self,
+        req: PurchaseRequest<'a>,
+    ) -> Result<CheckedPurchase<'a>, PurchaseError> {
+        validate::sku(req.sku).map_err(PurchaseError::Invalid)?;
+        validate::id("user", req.user).map_err(PurchaseError::Invalid)?;
+        validate::id("request_id", req.request_id).map_err(PurchaseError::Invalid)?;
+        let qty = validate::qty(req.qty, self.config().max_qty).map_err(PurchaseError::Invalid)?;
+        Ok(CheckedPurchase { req, qty })
+    }
+
+    /// [`Engine::purchase`] of a request already checked by
+    /// [`Engine::check`]: the same answer, without the checks again.
+    pub async fn purchase_checked(
+        &self,
+        checked: CheckedPurchase<'_>,
+    ) -> Result<Confirmed, PurchaseError> {
+        let started = Instant::now();
+        let result = self.purchase_inner(checked).await;
+        self.count_purchase(&result, started);
+        result
+    }
+
+    fn count_purchase(&self, result: &Result<Confirmed, PurchaseError>, started: Instant) {
         let label = match &result {
             Ok(c) if c.replayed => "replayed",
             Ok(_) => "confirmed",
@@ -115,15 +167,13 @@ impl Engine {
         };
         metrics::counter!(m::PURCHASES, "result" => label).increment(1);
         metrics::histogram!(m::PURCHASE_SECONDS).record(started.elapsed().as_secs_f64());
-        result
     }
 
-    async fn purchase_inner(&self, req: PurchaseRequest<'_>) -> Result<Confirmed, PurchaseError> {
+    async fn purchase_inner(
+        &self,
+        CheckedPurchase { req, qty }: CheckedPurchase<'_>,
+    ) -> Result<Confirmed, PurchaseError> {
         let cfg = self.config();
-        validate::sku(req.sku).map_err(PurchaseError::Invalid)?;
-        validate::id("user", req.user).map_err(PurchaseError::Invalid)?;
-        validate::id("request_id", req.request_id).map_err(PurchaseError::Invalid)?;
-        let qty = validate::qty(req.qty, cfg.max_qty).map_err(PurchaseError::Invalid)?;
         let planted_id;
         let req = if planted!(SkipRequestCheck) {
             planted_id = format!("{}~{}", req.request_id, order_id::new_nonce());

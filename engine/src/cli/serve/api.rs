@@ -534,11 +534,12 @@ pub async fn purchase(
     // Validated before the rate limiter: a request that changes nothing
     // spends nobody's allowance, and the limiter only ever holds user ids
     // of a bounded, valid shape.
-    flashsale::validate::sku(&sku).map_err(PurchaseError::Invalid)?;
-    flashsale::validate::id("user", &p.user).map_err(PurchaseError::Invalid)?;
-    flashsale::validate::id("request_id", &p.request_id).map_err(PurchaseError::Invalid)?;
-    flashsale::validate::qty(p.qty, state.engine.config().max_qty)
-        .map_err(PurchaseError::Invalid)?;
+    let checked = state.engine.check(PurchaseRequest {
+        sku: &sku,
+        user: &p.user,
+        qty: p.qty,
+        request_id: &p.request_id,
+    })?;
     if !state.limiter.allow(&p.user) {
         return Err(ApiError::new(
             StatusCode::TOO_MANY_REQUESTS,
@@ -546,15 +547,7 @@ pub async fn purchase(
             "too many requests; slow down",
         ));
     }
-    let c = state
-        .engine
-        .purchase(PurchaseRequest {
-            sku: &sku,
-            user: &p.user,
-            qty: p.qty,
-            request_id: &p.request_id,
-        })
-        .await?;
+    let c = state.engine.purchase_checked(checked).await?;
     Ok(Json(PurchaseAnswer {
         order_id: c.order_id,
         sku,

@@ -16,7 +16,9 @@ use std::os::unix::process::CommandExt;
 use std::time::{Duration, Instant};
 
 use super::namespace::{new_pid_namespace, NoNamespace, UserNamespace};
-use super::privileges::{dies_with_parent, may_kill_anyone, Privileges};
+use super::privileges::{
+    dies_with_parent, forbid_typing_into_terminals, may_kill_anyone, Privileges,
+};
 use super::process_tree::kill_tree;
 use super::wire::{
     beat_deadline, decode_beat, decode_spec, monotonic_ns, PidNamespace, Report, Spec, BEAT_LEN,
@@ -469,7 +471,7 @@ pub(super) fn spawn(spec: &Spec, privileges: Privileges) -> io::Result<libc::pid
         let me = libc::getpid();
         cmd.pre_exec(move || {
             let refused = || io::Error::from_raw_os_error(libc::EPERM);
-            if !privileges.shed() {
+            if !privileges.shed() || !forbid_typing_into_terminals() {
                 return Err(refused());
             }
             for sig in &defaults {

@@ -56,6 +56,106 @@ impl Privileges {
     }
 }
 
+/// The ioctl system call's number and the audit arch of each ABI a
+/// process of this build's architecture may call it through (the 32-bit
+/// compat ABI has its own numbers, as x32 has on x86_64).
+#[cfg(target_arch = "x86_64")]
+mod abi {
+    pub(super) const NATIVE_ARCH: u32 = 0xC000_003E; // AUDIT_ARCH_X86_64
+    pub(super) const NATIVE_IOCTL: u32 = 16;
+    pub(super) const ALT_IOCTL: u32 = 0x4000_0000 | 514; // x32
+    pub(super) const COMPAT_ARCH: u32 = 0x4000_0003; // AUDIT_ARCH_I386
+    pub(super) const COMPAT_IOCTL: u32 = 54;
+}
+#[cfg(target_arch = "aarch64")]
+mod abi {
+    pub(super) const NATIVE_ARCH: u32 = 0xC000_00B7; // AUDIT_ARCH_AARCH64
+    pub(super) const NATIVE_IOCTL: u32 = 29;
+    pub(super) const ALT_IOCTL: u32 = 29;
+    pub(super) const COMPAT_ARCH: u32 = 0x4000_0028; // AUDIT_ARCH_ARM
+    pub(super) const COMPAT_IOCTL: u32 = 54;
+}
+
+/// A seccomp filter refusing (EPERM) `ioctl(fd, TIOCSTI)` and
+/// `ioctl(fd, TIOCLINUX)` through every ABI, and allowing everything else.
+/// Only the request's low 32 bits are compared, as the tty layer reads
+/// only those (a filter on all 64 was bypassed by setting the high bits,
+/// CVE-2019-10063).
+#[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
+const NO_TYPING: [libc::sock_filter; 13] = {
+    const LD_W_ABS: u16 = 0x20;
+    const JEQ_K: u16 = 0x15;
+    const RET_K: u16 = 0x06;
+    const ALLOW: u32 = 0x7fff_0000;
+    const DENY: u32 = 0x0005_0000 | libc::EPERM as u32;
+    const TIOCSTI: u32 = 0x5412;
+    const TIOCLINUX: u32 = 0x541C;
+    // seccomp_data: nr at 0, arch at 4, the second argument's low word
+    // (the request) at 24.
+    const fn op(code: u16, jt: u8, jf: u8, k: u32) -> libc::sock_filter {
+        libc::sock_filter { code, jt, jf, k }
+    }
+    [
+        op(LD_W_ABS, 0, 0, 4),
+        op(JEQ_K, 0, 3, abi::NATIVE_ARCH),
+        op(LD_W_ABS, 0, 0, 0),
+        op(JEQ_K, 4, 0, abi::NATIVE_IOCTL),
+        op(JEQ_K, 3, 6, abi::ALT_IOCTL),
+        op(JEQ_K, 0, 5, abi::COMPAT_ARCH),
+        op(LD_W_ABS, 0, 0, 0),
+        op(JEQ_K, 0, 3, abi::COMPAT_IOCTL),
+        op(LD_W_ABS, 0, 0, 24),
+        op(JEQ_K, 2, 0, TIOCSTI),
+        op(JEQ_K, 1, 0, TIOCLINUX),
+        op(RET_K, 0, 0, ALLOW),
+        op(RET_K, 0, 0, DENY),
+    ]
+};
+
+/// Forbids the command to type into a terminal (TIOCSTI, TIOCLINUX's
+/// paste): the command shares its caller's terminal, and typed Ctrl-Z and
+/// a `kill -STOP` of the supervisor into the shell that started the exec,
+/// which ran them, so nothing ended the command (the twenty-third attack).
+/// A seccomp filter, inherited by everything the command starts, which
+/// none of it can remove. Installing one needs no_new_privs or
+/// CAP_SYS_ADMIN: without either (an exec that keeps its privileges,
+/// holding CAP_KILL but not CAP_SYS_ADMIN), no_new_privs is set, and a
+/// setuid program in the command gains nothing. Async-signal-safe; false if
+/// it could not be installed (the command must not start).
+pub(super) fn forbid_typing_into_terminals() -> bool {
+    #[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
+    {
+        let prog = libc::sock_fprog {
+            len: NO_TYPING.len() as u16,
+            filter: NO_TYPING.as_ptr() as *mut libc::sock_filter,
+        };
+        let install = || {
+            // SAFETY: prctl reads the program it is given, which lives in
+            // a const for the whole process.
+            unsafe {
+                libc::prctl(
+                    libc::PR_SET_SECCOMP,
+                    libc::SECCOMP_MODE_FILTER,
+                    &prog as *const libc::sock_fprog,
+                ) == 0
+            }
+        };
+        if install() {
+            return true;
+        }
+        // SAFETY: errno read right after the call that set it; prctl on
+        // this process's own attribute.
+        unsafe {
+            *libc::__errno_location() == libc::EACCES
+                && libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) == 0
+                && install()
+        }
+    }
+    // No filter written for this architecture: no command runs.
+    #[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
+    false
+}
+
 /// Sets PR_SET_PDEATHSIG to SIGKILL and reads it back: true only when it
 /// holds. Async-signal-safe.
 pub(super) fn dies_with_parent() -> bool {
