@@ -19,7 +19,7 @@ use crate::sale::{SaleSpec, MAX_BUCKETS, MAX_HOLD_MS, MAX_UNITS};
 use crate::scripts::create_bucket::{self, NewBucket};
 use crate::scripts::create_meta::{self, CreateMetaReply, SalePlan};
 use crate::scripts::restock::{self, RestockArgs, RestockReply};
-use crate::status::SaleStatus;
+use crate::ops::status::SaleStatus;
 use crate::validate;
 
 /// Latest start a new sale may have, from now.

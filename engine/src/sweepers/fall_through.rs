@@ -16,7 +16,7 @@ use serde::Serialize;
 use crate::engine::Engine;
 use crate::error::{AdminError, PurchaseError, Unavailable};
 use crate::keys;
-use crate::purchase::RequestKey;
+use crate::ops::purchase::RequestKey;
 use crate::sale::{BucketHandle, SaleHandle};
 use crate::scripts::record::RequestRecord;
 use crate::scripts::take::TakeMode;
