@@ -3868,6 +3868,17 @@ try:
     open(said, "w").write(f"typed, with high bits {high}")
 except OSError as e:
     open(said, "w").write(f"refused ({e}), with high bits {high}")
+# Then the terminal's foreground for its own group, SIGTTOU ignored: the
+# terminal's Ctrl-C and Ctrl-Z would reach the command, not the exec.
+import signal
+signal.signal(signal.SIGTTOU, signal.SIG_IGN)
+try:
+    os.tcsetpgrp(0, os.getpgrp())
+    fg = "took the foreground"
+except OSError as e:
+    fg = f"foreground refused ({e})"
+with open(said, "a") as f:
+    f.write(f"; {fg}")
 start = time.time()
 while time.time() - start < 8:
     with open(log, "a") as f:
@@ -3881,7 +3892,9 @@ while time.time() - start < 8:
 /// supervisor, so nothing ended the command, which wrote through the next
 /// holder's turn (13 runs of 13: lock and semaphore, root and nobody, in
 /// the default PID namespace). The command cannot type into the terminal,
-/// with the ioctl's high bits set or not.
+/// with the ioctl's high bits set or not. From the twenty-fourth: nor take
+/// the terminal's foreground for its group (`tcsetpgrp` with SIGTTOU
+/// ignored), which gave it the terminal's Ctrl-C and Ctrl-Z and its input.
 #[test]
 fn a_command_cannot_type_into_its_caller_s_shell_to_stop_its_supervisor() {
     let nodes = servers(3);
@@ -3943,7 +3956,16 @@ fn a_command_cannot_type_into_its_caller_s_shell_to_stop_its_supervisor() {
         } else {
             next_holder(&nodes, name, &log)
         };
-        if interleaved(&log) || what.contains("typed") {
+        // The foreground is tried after the typing: wait for its word.
+        wait_for(
+            Duration::from_secs(30),
+            || {
+                what = std::fs::read_to_string(&said).unwrap_or_default();
+                what.contains("foreground")
+            },
+            || format!("{exec}: the command never tried the foreground"),
+        );
+        if interleaved(&log) || what.contains("typed") || what.contains("took the foreground") {
             failed.push(format!("{exec}: {what}"));
         }
         let tree = below(term.id());

@@ -14,12 +14,12 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use crate::engine::Engine;
 use crate::error::{AdminError, InvalidInput, Unavailable};
 use crate::keys::{self, BucketKeys};
+use crate::ops::status::SaleStatus;
 use crate::placement::{pick_tags, tag_slot};
 use crate::sale::{SaleSpec, MAX_BUCKETS, MAX_HOLD_MS, MAX_UNITS};
 use crate::scripts::create_bucket::{self, NewBucket};
 use crate::scripts::create_meta::{self, CreateMetaReply, SalePlan};
 use crate::scripts::restock::{self, RestockArgs, RestockReply};
-use crate::ops::status::SaleStatus;
 use crate::validate;
 
 /// Latest start a new sale may have, from now.

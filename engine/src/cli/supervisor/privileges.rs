@@ -76,13 +76,14 @@ mod abi {
     pub(super) const COMPAT_IOCTL: u32 = 54;
 }
 
-/// A seccomp filter refusing (EPERM) `ioctl(fd, TIOCSTI)` and
-/// `ioctl(fd, TIOCLINUX)` through every ABI, and allowing everything else.
+/// A seccomp filter refusing (EPERM) `ioctl(fd, TIOCSTI)`,
+/// `ioctl(fd, TIOCLINUX)` and `ioctl(fd, TIOCSPGRP)` (`tcsetpgrp`) through
+/// every ABI, and allowing everything else.
 /// Only the request's low 32 bits are compared, as the tty layer reads
 /// only those (a filter on all 64 was bypassed by setting the high bits,
 /// CVE-2019-10063).
 #[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
-const NO_TYPING: [libc::sock_filter; 13] = {
+const NO_TYPING: [libc::sock_filter; 14] = {
     const LD_W_ABS: u16 = 0x20;
     const JEQ_K: u16 = 0x15;
     const RET_K: u16 = 0x06;
@@ -90,6 +91,7 @@ const NO_TYPING: [libc::sock_filter; 13] = {
     const DENY: u32 = 0x0005_0000 | libc::EPERM as u32;
     const TIOCSTI: u32 = 0x5412;
     const TIOCLINUX: u32 = 0x541C;
+    const TIOCSPGRP: u32 = 0x5410;
     // seccomp_data: nr at 0, arch at 4, the second argument's low word
     // (the request) at 24.
     const fn op(code: u16, jt: u8, jf: u8, k: u32) -> libc::sock_filter {
@@ -100,13 +102,14 @@ const NO_TYPING: [libc::sock_filter; 13] = {
         op(JEQ_K, 0, 3, abi::NATIVE_ARCH),
         op(LD_W_ABS, 0, 0, 0),
         op(JEQ_K, 4, 0, abi::NATIVE_IOCTL),
-        op(JEQ_K, 3, 6, abi::ALT_IOCTL),
-        op(JEQ_K, 0, 5, abi::COMPAT_ARCH),
+        op(JEQ_K, 3, 7, abi::ALT_IOCTL),
+        op(JEQ_K, 0, 6, abi::COMPAT_ARCH),
         op(LD_W_ABS, 0, 0, 0),
-        op(JEQ_K, 0, 3, abi::COMPAT_IOCTL),
+        op(JEQ_K, 0, 4, abi::COMPAT_IOCTL),
         op(LD_W_ABS, 0, 0, 24),
-        op(JEQ_K, 2, 0, TIOCSTI),
-        op(JEQ_K, 1, 0, TIOCLINUX),
+        op(JEQ_K, 3, 0, TIOCSTI),
+        op(JEQ_K, 2, 0, TIOCLINUX),
+        op(JEQ_K, 1, 0, TIOCSPGRP),
         op(RET_K, 0, 0, ALLOW),
         op(RET_K, 0, 0, DENY),
     ]
