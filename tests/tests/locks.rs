@@ -344,7 +344,17 @@ async fn paused_holder_is_fenced_out_of_postgres() {
     );
     let mut holder = flashsale_cmd(None, None, &urls(&nodes))
         .args([
-            "lock", "exec", "--name", "paused", "--ttl", "1s", "--", "sh", "-c", &script,
+            "lock",
+            "exec",
+            "--no-pid-namespace",
+            "--name",
+            "paused",
+            "--ttl",
+            "1s",
+            "--",
+            "sh",
+            "-c",
+            &script,
         ])
         .stdout(Stdio::piped())
         .spawn()
@@ -362,6 +372,9 @@ async fn paused_holder_is_fenced_out_of_postgres() {
     // The exec, its supervisor (the exec's child) and the command (the
     // supervisor's child) all stop: the machine stalls. Stopping only the
     // exec's children left the command running on, racing the successor.
+    // `--no-pid-namespace`: in a namespace the command is the child of the
+    // namespace's init, not of the supervisor, and the stop below missed
+    // it (it then raced the successor and won once, in CI).
     let supervisor = String::from_utf8(
         std::process::Command::new("pgrep")
             .args(["-P", &pid])
