@@ -55,7 +55,7 @@ fn a_short_run_under_every_fault_with_replicated_ack_is_valid() {
             "--seed",
             &seed,
             "--duration",
-            "75s",
+            "85s",
             "--faults",
             "all",
             "--ack",
@@ -65,7 +65,7 @@ fn a_short_run_under_every_fault_with_replicated_ack_is_valid() {
     assert_eq!(
         run.code,
         Some(0),
-        "seed {seed} (rerun: flashsale-chaos --seed {seed} --duration 75s): {}",
+        "seed {seed} (rerun: flashsale-chaos --seed {seed} --duration 85s): {}",
         run.output
     );
     assert_eq!(run.summary["valid"], true, "{}", run.output);
