@@ -3983,3 +3983,236 @@ fn a_command_cannot_type_into_its_caller_s_shell_to_stop_its_supervisor() {
         "the command typed into its shell, or wrote while the next holder was inside: {failed:?}"
     );
 }
+
+/// The exec's run as root, its command's as `user` (none: the exec's).
+fn exec_as_other_user(
+    nodes: &[RedisServer],
+    name: &str,
+    user: Option<&str>,
+    mark: &str,
+    script: &str,
+) -> Child {
+    let mut args = vec![
+        "lock",
+        "exec",
+        "--no-pid-namespace",
+        "--name",
+        name,
+        "--ttl",
+        "1s",
+        "--grace",
+        "1s",
+    ];
+    if let Some(u) = user {
+        args.extend(["--user", u]);
+    }
+    args.extend(["--", "sh", "-c", script]);
+    flashsale_cmd(None, None, &urls(nodes))
+        .args(&args)
+        .env("RUNS_AS_ANOTHER_USER", mark)
+        .spawn()
+        .expect("spawn the exec")
+}
+
+/// From the twenty-third and twenty-fourth attacks: any process of the
+/// command's user may stop the exec and its supervisor, the command itself
+/// by their pids or an agent of that user outside the tree (its tmux
+/// server, its session manager), and the command then wrote on past the
+/// lease beside the next holder. Run as another user (`--user`), neither
+/// can. The control run, the command as the exec's own user, shows the
+/// hole is there without the flag (and that this test can see it).
+#[test]
+fn a_command_run_as_another_user_cannot_stop_its_exec_or_supervisor() {
+    let nodes = servers(3);
+    for user in [None, Some("nobody")] {
+        let dir = open_dir();
+        let log = dir.path().join("log");
+        std::fs::write(&log, "").expect("log");
+        {
+            use std::os::unix::fs::PermissionsExt;
+            std::fs::set_permissions(&log, std::fs::Permissions::from_mode(0o666)).expect("chmod");
+        }
+        let who = user.unwrap_or("the exec's user");
+        let name = format!("other-user-{}", user.unwrap_or("same"));
+        let mark = format!("{}-{name}", std::process::id());
+        // Its supervisor is its parent, the exec its supervisor's parent.
+        let script = format!(
+            "sup=$PPID; exec=$(cut -d' ' -f4 /proc/$sup/stat); \
+             if kill -STOP $sup $exec 2>/dev/null; then echo stopped; else echo refused; fi >> {log}; \
+             id -u >> {log}; trap '' TERM; \
+             while true; do echo A >> {log}; sleep 0.05; done",
+            log = log.display()
+        );
+        let mut exec = exec_as_other_user(&nodes, &name, user, &mark, &script);
+        let exec_pid = exec.id();
+        wait_for(
+            Duration::from_secs(60),
+            || std::fs::read_to_string(&log).is_ok_and(|l| l.lines().any(|l| l == "A")),
+            || format!("{who}: the command never wrote"),
+        );
+        let said = std::fs::read_to_string(&log).unwrap_or_default();
+        let tree = below(exec_pid);
+        // An agent of the command's user, outside the exec's tree, asked
+        // to stop the exec and everything below it.
+        let agent = user.map(|_| {
+            Command::new(AS_NOBODY[0])
+                .args(&AS_NOBODY[1..])
+                .arg("kill")
+                .arg("-STOP")
+                .arg(exec_pid.to_string())
+                .args(tree.iter().map(|p| p.to_string()))
+                .stderr(Stdio::null())
+                .status()
+                .expect("run the agent")
+        });
+        signal_now(exec_pid, libc::SIGTERM);
+        let next = next_holder(&nodes, &name, &log);
+        let overlapped = interleaved(&log);
+        signal_now(exec_pid, libc::SIGCONT);
+        signal_now(exec_pid, libc::SIGKILL);
+        let _ = exec.wait();
+        for pid in tree
+            .into_iter()
+            .chain(marked_alive(&format!("RUNS_AS_ANOTHER_USER={mark}")))
+        {
+            signal_now(pid, libc::SIGCONT);
+            signal_now(pid, libc::SIGKILL);
+        }
+        assert!(next.success(), "{who}: the next holder");
+        match user {
+            None => {
+                assert!(said.starts_with("stopped\n0\n"), "control: {said}");
+                assert!(
+                    overlapped,
+                    "control: a command of the exec's own user stopped it, yet never wrote \
+                     beside the next holder: this test no longer sees the hole"
+                );
+            }
+            Some(_) => {
+                assert!(said.starts_with("refused\n65534\n"), "{who}: {said}");
+                assert!(
+                    agent.is_some_and(|s| !s.success()),
+                    "{who}: an agent of the command's user stopped the exec"
+                );
+                assert!(
+                    !overlapped,
+                    "{who}: the command wrote while the next holder was inside"
+                );
+            }
+        }
+    }
+}
+
+/// `--user`: the command runs with the user's ids, no capability in any
+/// set, no_new_privs (a setuid-root program cannot take it back), that
+/// user's login variables, the grant's variables, and none of the exec's
+/// `FLASHSALE_` ones (the lock nodes' URLs among them): in a PID namespace
+/// and without one, under a lock and under a semaphore.
+#[test]
+fn a_command_run_as_another_user_keeps_no_privilege_and_none_of_the_execs_settings() {
+    let nodes = servers(1);
+    let lock = ["lock", "exec", "--name", "as-nobody"];
+    let semaphore = ["semaphore", "exec", "--name", "as-nobody", "--permits", "1"];
+    for exec in [&lock[..], &semaphore[..]] {
+        for ns in ["--pid-namespace", "--no-pid-namespace"] {
+            let dir = open_dir();
+            let out = dir.path().join("out");
+            let script = format!(
+                "grep -E '^(Uid|Gid|Groups|NoNewPrivs|CapInh|CapPrm|CapEff|CapBnd|CapAmb):' \
+                 /proc/self/status > {out}; env >> {out}",
+                out = out.display()
+            );
+            let status = flashsale_cmd(None, None, &urls(&nodes))
+                .args(exec)
+                .args([ns, "--user", "nobody", "--", "sh", "-c", &script])
+                .env("FLASHSALE_ADMIN_TOKEN", "not-for-the-command")
+                .status()
+                .expect("run the exec");
+            let what = format!("{} {ns}", exec[0]);
+            assert!(status.success(), "{what}: {status:?}");
+            let seen = std::fs::read_to_string(&out).unwrap_or_default();
+            let line = |field: &str| {
+                seen.lines()
+                    .find_map(|l| l.strip_prefix(field))
+                    .map(|v| v.split_whitespace().collect::<Vec<_>>().join(" "))
+                    .unwrap_or_default()
+            };
+            assert_eq!(line("Uid:"), "65534 65534 65534 65534", "{what}: {seen}");
+            assert_eq!(line("Gid:"), "65534 65534 65534 65534", "{what}: {seen}");
+            assert_eq!(line("NoNewPrivs:"), "1", "{what}: {seen}");
+            for set in ["CapInh:", "CapPrm:", "CapEff:", "CapBnd:", "CapAmb:"] {
+                assert_eq!(line(set), "0000000000000000", "{what} {set}: {seen}");
+            }
+            let vars: Vec<&str> = seen.lines().collect();
+            assert!(vars.contains(&"USER=nobody"), "{what}: {seen}");
+            assert!(vars.contains(&"HOME=/nonexistent"), "{what}: {seen}");
+            assert!(
+                vars.iter()
+                    .any(|v| v.starts_with("FLASHSALE_FENCING_TOKEN=")),
+                "{what}: the grant's token: {seen}"
+            );
+            for secret in ["FLASHSALE_LOCK_NODES=", "FLASHSALE_ADMIN_TOKEN="] {
+                assert!(
+                    !vars.iter().any(|v| v.starts_with(secret)),
+                    "{what}: {secret} handed to the command: {seen}"
+                );
+            }
+        }
+    }
+}
+
+/// `--user` the exec cannot honour (no such user, its own user or root,
+/// no CAP_SETUID) is refused with the reason before anything is taken:
+/// the command never runs and the lock nodes stay empty.
+#[test]
+fn a_user_the_exec_cannot_run_its_command_as_is_refused_before_the_lock_is_taken() {
+    let nodes = servers(1);
+    let dir = open_dir();
+    let ran = dir.path().join("ran");
+    let work = format!("touch {}", ran.display());
+    let no_setuid = ["setpriv", "--bounding-set=-setuid", "--"];
+    for (wrapper, user, reason) in [
+        (&[][..], "no-such-user-of-flashsale", "no such user"),
+        (&[][..], "root", "other than the exec's"),
+        (&[][..], "0", "other than the exec's"),
+        (&no_setuid[..], "nobody", "CAP_SETUID"),
+    ] {
+        for exec in [
+            &["lock", "exec", "--name", "refused-user"][..],
+            &[
+                "semaphore",
+                "exec",
+                "--name",
+                "refused-user",
+                "--permits",
+                "1",
+            ][..],
+        ] {
+            let mut cmd = match wrapper.split_first() {
+                Some((first, rest)) => {
+                    let mut c = Command::new(first);
+                    c.args(rest).arg(flashsale_bin());
+                    c
+                }
+                None => Command::new(flashsale_bin()),
+            };
+            let out = cmd
+                .env_remove("FLASHSALE_CONFIG")
+                .env("FLASHSALE_LOCK_NODES", urls(&nodes).join(","))
+                .args(exec)
+                .args(["--user", user, "--", "sh", "-c", &work])
+                .output()
+                .expect("run the exec");
+            let said = String::from_utf8_lossy(&out.stderr);
+            let what = format!("{} --user {user} {wrapper:?}", exec[0]);
+            assert_eq!(out.status.code(), Some(1), "{what}: {said}");
+            assert!(said.contains(reason), "{what}: {said}");
+            assert!(!ran.exists(), "{what}: the command ran");
+        }
+    }
+    let mut conn = redis::Client::open(nodes[0].url())
+        .and_then(|c| c.get_connection())
+        .expect("node");
+    let keys: Vec<String> = redis::cmd("KEYS").arg("*").query(&mut conn).expect("KEYS");
+    assert!(keys.is_empty(), "the refused execs left {keys:?}");
+}

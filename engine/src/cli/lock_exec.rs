@@ -25,7 +25,7 @@ use flashsale::lock::{LockClient, LockConfig, LockError, LockOptions};
 
 use super::stop_signals::{stopped_while_waiting, StopSignals, Waited};
 use super::supervised::Supervised;
-use super::supervisor::PidNamespace;
+use super::supervisor::{PidNamespace, RunAs};
 
 /// Exit code when the lock could not be taken within `--wait` (EX_TEMPFAIL).
 pub const EXIT_NOT_ACQUIRED: u8 = 75;
@@ -80,6 +80,16 @@ pub struct LockExecArgs {
     /// attacks its own supervisor can blind (see docs/locks.md).
     #[arg(long)]
     pub no_pid_namespace: bool,
+    /// Run the command as this user (a name or a uid), other than the
+    /// exec's and other than root; the exec needs root's CAP_SETUID,
+    /// CAP_SETGID, CAP_SETPCAP and CAP_KILL. No process of the command's
+    /// user, the command's own or an agent of that user (its tmux server,
+    /// its session manager), can then stop, trace or limit the exec and
+    /// its supervisor, which a process of the same user always can (see
+    /// docs/locks.md). The command gets no capability, no `FLASHSALE_`
+    /// variable of the exec's, and that user's `USER`, `LOGNAME`, `HOME`.
+    #[arg(long, value_name = "USER")]
+    pub user: Option<String>,
     /// The command and its arguments, after `--`.
     #[arg(last = true, required = true)]
     pub command: Vec<String>,
@@ -145,11 +155,12 @@ pub async fn run(lock_nodes: &[String], args: LockExecArgs) -> Result<ExitCode> 
     // Before anything is taken or set: an exec that could not end its
     // command refuses with the nodes as they were.
     super::supervisor::preflight().map_err(|e| anyhow!("{e}"))?;
+    let run_as = args.user.as_deref().map(RunAs::resolve).transpose()?;
     // Before the wait: a signal while waiting must leave the queue, not
     // kill the process with its entry still in it.
     let mut stops = StopSignals::install()?;
     let client = exec_client(lock_nodes, "--ttl", args.ttl)?;
-    let code = run_with(&client, &mut stops, args).await;
+    let code = run_with(&client, &mut stops, args, run_as.as_ref()).await;
     // Whatever dropped calls left to do on the nodes (leave a fair queue,
     // count out as a waiter) is done before the process exits.
     client.settle().await;
@@ -160,6 +171,7 @@ async fn run_with(
     client: &LockClient,
     stops: &mut StopSignals,
     args: LockExecArgs,
+    run_as: Option<&RunAs>,
 ) -> Result<ExitCode> {
     let owner = exec_owner(args.owner.as_deref());
     let mut opts = LockOptions::new(owner).wait(args.wait);
@@ -195,6 +207,7 @@ async fn run_with(
             grace: args.grace,
             lease: args.ttl,
             pid_namespace: PidNamespace::from_flags(args.pid_namespace, args.no_pid_namespace),
+            run_as,
         };
         return run.under(guard, stops).await;
     }
@@ -219,6 +232,7 @@ async fn run_with(
         grace: args.grace,
         lease: args.ttl,
         pid_namespace: PidNamespace::from_flags(args.pid_namespace, args.no_pid_namespace),
+        run_as,
     };
     run.under(guard, stops).await
 }

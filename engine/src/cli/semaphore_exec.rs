@@ -15,7 +15,7 @@ use flashsale::lock::{LockClient, LockError, PermitOptions, Semaphore};
 use super::lock_exec::{exec_client, exec_owner, parse_duration, EXIT_NOT_ACQUIRED};
 use super::stop_signals::{stopped_while_waiting, StopSignals, Waited};
 use super::supervised::Supervised;
-use super::supervisor::PidNamespace;
+use super::supervisor::{PidNamespace, RunAs};
 
 /// Arguments of `semaphore exec`.
 #[derive(Debug, Clone, clap::Args)]
@@ -49,6 +49,10 @@ pub struct SemaphoreExecArgs {
     /// --no-pid-namespace`).
     #[arg(long)]
     pub no_pid_namespace: bool,
+    /// Run the command as this user, other than the exec's and root (see
+    /// `lock exec --user`).
+    #[arg(long, value_name = "USER")]
+    pub user: Option<String>,
     /// The command and its arguments, after `--`.
     #[arg(last = true, required = true)]
     pub command: Vec<String>,
@@ -73,9 +77,10 @@ async fn run(lock_nodes: &[String], args: SemaphoreExecArgs) -> Result<ExitCode>
     // Before anything is taken or set: an exec that could not end its
     // command refuses with the nodes as they were.
     super::supervisor::preflight().map_err(|e| anyhow!("{e}"))?;
+    let run_as = args.user.as_deref().map(RunAs::resolve).transpose()?;
     let mut stops = StopSignals::install()?;
     let client = exec_client(lock_nodes, "--lease", args.lease)?;
-    let code = run_with(&client, &mut stops, args).await;
+    let code = run_with(&client, &mut stops, args, run_as.as_ref()).await;
     client.settle().await;
     code
 }
@@ -84,6 +89,7 @@ async fn run_with(
     client: &LockClient,
     stops: &mut StopSignals,
     args: SemaphoreExecArgs,
+    run_as: Option<&RunAs>,
 ) -> Result<ExitCode> {
     let semaphore = client.semaphore(&args.name)?;
     let owner = exec_owner(args.owner.as_deref());
@@ -123,6 +129,7 @@ async fn run_with(
         grace: args.grace,
         lease: args.lease,
         pid_namespace: PidNamespace::from_flags(args.pid_namespace, args.no_pid_namespace),
+        run_as,
     };
     run.under(permit.into_guard(), stops).await
 }

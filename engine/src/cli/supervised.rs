@@ -13,7 +13,7 @@ use anyhow::{anyhow, Result};
 use flashsale::lock::{LockGuard, MultiGuard};
 
 use super::stop_signals::StopSignals;
-use super::supervisor::{Ended, PidNamespace, Report, StoppedMember, Supervisor};
+use super::supervisor::{Ended, PidNamespace, Report, RunAs, StoppedMember, Supervisor};
 
 /// Exit code when the grant was lost while the command ran.
 pub const EXIT_LOCK_LOST: u8 = 79;
@@ -91,6 +91,9 @@ pub struct Supervised<'a> {
     pub lease: Duration,
     /// Run the command in a PID namespace of its own (`--pid-namespace`).
     pub pid_namespace: PidNamespace,
+    /// Run the command as this user (`--user`), checked before the grant
+    /// was asked for.
+    pub run_as: Option<&'a RunAs>,
 }
 
 impl Supervised<'_> {
@@ -110,6 +113,7 @@ impl Supervised<'_> {
             self.command,
             self.env,
             self.pid_namespace,
+            self.run_as,
         ) {
             Ok(s) => s,
             Err(e) => {

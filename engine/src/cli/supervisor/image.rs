@@ -17,7 +17,8 @@ use std::time::{Duration, Instant};
 
 use super::namespace::{new_pid_namespace, NoNamespace, UserNamespace};
 use super::privileges::{
-    dies_with_parent, forbid_typing_into_terminals, may_kill_anyone, Privileges,
+    dies_with_parent, drop_bounding_set, empty_capability_sets, forbid_typing_into_terminals,
+    may_kill_anyone, Privileges,
 };
 use super::process_tree::kill_tree;
 use super::wire::{
@@ -456,9 +457,18 @@ pub(super) fn wait_for_go(
 /// setuid program (`sudo -u`, `su`) would run on as another user, which
 /// this user's SIGKILL cannot reach, past the lock (the thirteenth attack).
 /// With no_new_privs the setuid bit is not honoured, and every process of
-/// the command stays this user's, and killable. A step that fails (one a
-/// seccomp filter refused) fails the start: the command does not run.
+/// the command stays this user's, and killable. Run as another user
+/// (`--user`), the command drops every capability, bounding set first,
+/// switches user, and gets no_new_privs whatever `privileges` says: a
+/// setuid-root program must not take it back to root. A step that fails
+/// (one a seccomp filter refused) fails the start: the command does not
+/// run.
 pub(super) fn spawn(spec: &Spec, privileges: Privileges) -> io::Result<libc::pid_t> {
+    let run_as = spec.run_as.clone();
+    let privileges = match run_as {
+        Some(_) => Privileges::NoNew,
+        None => privileges,
+    };
     let mut cmd = std::process::Command::new(&spec.argv[0]);
     cmd.args(&spec.argv[1..])
         .env_clear()
@@ -471,6 +481,11 @@ pub(super) fn spawn(spec: &Spec, privileges: Privileges) -> io::Result<libc::pid
         let me = libc::getpid();
         cmd.pre_exec(move || {
             let refused = || io::Error::from_raw_os_error(libc::EPERM);
+            if let Some(ids) = &run_as {
+                if !(drop_bounding_set() && ids.become_it() && empty_capability_sets()) {
+                    return Err(refused());
+                }
+            }
             if !privileges.shed() || !forbid_typing_into_terminals() {
                 return Err(refused());
             }

@@ -84,7 +84,10 @@ mod image;
 mod namespace;
 mod privileges;
 mod process_tree;
+mod run_as;
 mod wire;
+
+pub use run_as::RunAs;
 
 use image::{become_supervisor, keep_out_of_reach, SupervisorImage};
 use process_tree::{
@@ -139,14 +142,16 @@ pub struct Supervisor {
 impl Supervisor {
     /// Makes this process a subreaper, forks the supervisor and hands it
     /// the command (`argv`, and this process's environment with `env`
-    /// added; in a PID namespace of its own as `pid_namespace` says).
-    /// `lease` is the grant's: the supervisor kills the command
-    /// when the exec has not been heard from for 2/5 of it.
+    /// added; in a PID namespace of its own as `pid_namespace` says; as
+    /// the user `run_as` names, if any). `lease` is the grant's: the
+    /// supervisor kills the command when the exec has not been heard from
+    /// for 2/5 of it.
     pub fn start(
         lease: Duration,
         argv: &[String],
         env: &[(&str, String)],
         pid_namespace: PidNamespace,
+        run_as: Option<&RunAs>,
     ) -> io::Result<Self> {
         // Two fifths of the lease: the exec beats only while the lease
         // outlasts the patience by a fifth of it (`supervised::may_beat`),
@@ -221,7 +226,7 @@ impl Supervisor {
             mark: format!("{MARK_VAR}={me}.{}", monotonic_ns()),
         };
         // Dropped on an error, the supervisor is killed.
-        supervisor.hand_over(argv, env, pid_namespace)?;
+        supervisor.hand_over(argv, env, pid_namespace, run_as)?;
         Ok(supervisor)
     }
 
@@ -229,20 +234,35 @@ impl Supervisor {
     /// blocking: a supervisor stopped on its own is continued meanwhile,
     /// and the hand-over gives up after the patience (the supervisor gives
     /// up reading as soon, and never starts a command handed over late).
+    ///
+    /// A command run as another user gets none of the exec's `FLASHSALE_`
+    /// variables (the lock nodes' URLs, with their passwords, are among
+    /// them: it could delete its own lock), only those `env` adds, and its
+    /// own user's `USER`, `LOGNAME` and `HOME`.
     fn hand_over(
         &mut self,
         argv: &[String],
         env: &[(&str, String)],
         pid_namespace: PidNamespace,
+        run_as: Option<&RunAs>,
     ) -> io::Result<()> {
-        let mut vars: Vec<(OsString, OsString)> = std::env::vars_os()
-            .filter(|(k, _)| !env.iter().any(|(e, _)| OsStr::new(e) == k) && k != MARK_VAR)
-            .collect();
+        let login = run_as.map(RunAs::login_env);
+        let replaced = |k: &OsStr| {
+            env.iter().any(|(e, _)| OsStr::new(e) == k)
+                || k == MARK_VAR
+                || login.as_ref().is_some_and(|l| {
+                    l.iter().any(|(name, _)| name == k)
+                        || k.as_encoded_bytes().starts_with(b"FLASHSALE_")
+                })
+        };
+        let mut vars: Vec<(OsString, OsString)> =
+            std::env::vars_os().filter(|(k, _)| !replaced(k)).collect();
+        vars.extend(login.into_iter().flatten());
         vars.extend(env.iter().map(|(k, v)| (k.into(), v.into())));
         if let Some((k, v)) = self.mark.split_once('=') {
             vars.push((k.into(), v.into()));
         }
-        let spec = encode_spec(argv, &vars, pid_namespace);
+        let spec = encode_spec(argv, &vars, pid_namespace, run_as.map(|r| &r.ids));
         let mut bytes = (spec.len() as u32).to_le_bytes().to_vec();
         bytes.extend(spec);
         let Some(control) = self.control.as_mut() else {

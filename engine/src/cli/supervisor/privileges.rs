@@ -177,7 +177,32 @@ pub(super) fn dies_with_parent() -> bool {
 /// permitted, effective and inheritable sets. Async-signal-safe; false if
 /// a step failed.
 fn drop_every_capability() -> bool {
+    drop_bounding_set() && empty_capability_sets()
+}
+
+/// Empties the bounding set (it takes CAP_SETPCAP: before any switch of
+/// user). Async-signal-safe; false if a drop was refused.
+pub(super) fn drop_bounding_set() -> bool {
     const CAPS: libc::c_ulong = 64;
+    // SAFETY: prctl on this process's own sets.
+    unsafe {
+        for cap in 0..CAPS {
+            // EINVAL past the kernel's last capability.
+            if libc::prctl(libc::PR_CAPBSET_DROP, cap, 0, 0, 0) != 0
+                && *libc::__errno_location() != libc::EINVAL
+            {
+                return false;
+            }
+        }
+    }
+    true
+}
+
+/// Empties the permitted, effective and inheritable sets (lowering needs
+/// no capability: this also holds after a switch of user that a caller's
+/// securebits kept capabilities through). Async-signal-safe; false if
+/// refused.
+pub(super) fn empty_capability_sets() -> bool {
     #[repr(C)]
     struct Header {
         version: u32,
@@ -200,19 +225,9 @@ fn drop_every_capability() -> bool {
         permitted: 0,
         inheritable: 0,
     }; 2];
-    // SAFETY: prctl and capset on this process's own sets; capset reads
-    // the two live locals it is given.
-    unsafe {
-        for cap in 0..CAPS {
-            // EINVAL past the kernel's last capability.
-            if libc::prctl(libc::PR_CAPBSET_DROP, cap, 0, 0, 0) != 0
-                && *libc::__errno_location() != libc::EINVAL
-            {
-                return false;
-            }
-        }
-        libc::syscall(libc::SYS_capset, &header as *const Header, data.as_ptr()) == 0
-    }
+    // SAFETY: capset on this process's own sets reads the two live locals
+    // it is given.
+    unsafe { libc::syscall(libc::SYS_capset, &header as *const Header, data.as_ptr()) == 0 }
 }
 
 /// Whether this process may kill any process (CAP_KILL in its effective

@@ -10,6 +10,8 @@ use std::ffi::OsString;
 use std::os::unix::ffi::{OsStrExt, OsStringExt};
 use std::time::Duration;
 
+use super::run_as::Identity;
+
 /// The supervisor's name (argv[0] and comm) in its new image.
 pub(super) const SUPERVISOR_NAME: &str = "lease-reaper";
 
@@ -114,18 +116,28 @@ pub(super) fn beat_deadline(sent_ns: u64, patience: Duration) -> u64 {
 }
 
 /// The command and its environment as the supervisor reads them: each
-/// argument `A<bytes>\0`, each variable `E<key>=<value>\0`. (Neither may
-/// hold a NUL: the kernel's exec could not pass one.)
+/// argument `A<bytes>\0`, each variable `E<key>=<value>\0`, the user it
+/// runs as `U<uid>,<gid>[,<group>...]\0`. (Neither argument nor variable
+/// may hold a NUL: the kernel's exec could not pass one.)
 pub(super) fn encode_spec(
     argv: &[String],
     env: &[(OsString, OsString)],
     pid_namespace: PidNamespace,
+    run_as: Option<&Identity>,
 ) -> Vec<u8> {
     let mut out = Vec::new();
     match pid_namespace {
         PidNamespace::Require => out.extend(b"N\0"),
         PidNamespace::Prefer => out.extend(b"P\0"),
         PidNamespace::Never => {}
+    }
+    if let Some(ids) = run_as {
+        let mut item = format!("U{},{}", ids.uid, ids.gid);
+        for g in &ids.groups {
+            item.push_str(&format!(",{g}"));
+        }
+        out.extend(item.as_bytes());
+        out.push(0);
     }
     for a in argv {
         out.push(b'A');
@@ -149,6 +161,8 @@ pub(super) struct Spec {
     pub(super) env: Vec<(OsString, OsString)>,
     /// Whether the command runs in a PID namespace of its own.
     pub(super) pid_namespace: PidNamespace,
+    /// The user it runs as (`--user`); None: the exec's.
+    pub(super) run_as: Option<Identity>,
 }
 
 /// Whether the command runs in a PID namespace of its own, whose end the
@@ -184,6 +198,7 @@ pub(super) fn decode_spec(bytes: &[u8]) -> Option<Spec> {
             b'A' => spec.argv.push(OsString::from_vec(rest.to_vec())),
             b'N' => spec.pid_namespace = PidNamespace::Require,
             b'P' => spec.pid_namespace = PidNamespace::Prefer,
+            b'U' => spec.run_as = Some(decode_identity(rest)?),
             b'E' => {
                 let eq = rest.iter().position(|b| *b == b'=')?;
                 spec.env.push((
@@ -195,6 +210,18 @@ pub(super) fn decode_spec(bytes: &[u8]) -> Option<Spec> {
         }
     }
     (!spec.argv.is_empty()).then_some(spec)
+}
+
+/// `<uid>,<gid>[,<group>...]`, every number decimal.
+fn decode_identity(item: &[u8]) -> Option<Identity> {
+    let mut ids = std::str::from_utf8(item)
+        .ok()?
+        .split(',')
+        .map(|n| n.parse::<u32>().ok());
+    let uid = ids.next()??;
+    let gid = ids.next()??;
+    let groups = ids.collect::<Option<Vec<u32>>>()?;
+    Some(Identity { uid, gid, groups })
 }
 
 #[cfg(test)]
@@ -233,10 +260,24 @@ mod tests {
             PidNamespace::Prefer,
             PidNamespace::Never,
         ] {
-            let spec = decode_spec(&encode_spec(&argv, &env, ns)).expect("decodes");
+            let spec = decode_spec(&encode_spec(&argv, &env, ns, None)).expect("decodes");
             assert_eq!(spec.pid_namespace, ns);
+            assert_eq!(spec.run_as, None);
         }
-        let spec = decode_spec(&encode_spec(&argv, &env, PidNamespace::Prefer)).expect("decodes");
+        for groups in [vec![], vec![65534, 4, 27]] {
+            let ids = Identity {
+                uid: 65534,
+                gid: 65533,
+                groups,
+            };
+            let bytes = encode_spec(&argv, &env, PidNamespace::Never, Some(&ids));
+            let spec = decode_spec(&bytes).expect("decodes");
+            assert_eq!(spec.run_as, Some(ids));
+        }
+        assert_eq!(decode_spec(b"Ash\0U12\0"), None, "a user with no group");
+        assert_eq!(decode_spec(b"Ash\0U1,x\0"), None, "not a number");
+        let spec =
+            decode_spec(&encode_spec(&argv, &env, PidNamespace::Prefer, None)).expect("decodes");
         let given: Vec<OsString> = argv.iter().map(OsString::from).collect();
         assert_eq!(spec.argv, given, "empty arguments kept");
         assert_eq!(spec.env, env);
