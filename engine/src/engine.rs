@@ -15,7 +15,7 @@
 //! | file | methods |
 //! | --- | --- |
 //! | `engine.rs` | `connect`, `config`, `locks`, `stats`, `readiness`, `dedicated_connection`, `slot_map`, `load_scripts` |
-//! | `ops/purchase.rs` | `purchase` |
+//! | `ops/purchase.rs` | `purchase`, `check`, `purchase_checked` |
 //! | `ops/admin.rs` | `create_sale`, `create_sale_op`, `repair_sale`, `restock`, `restock_op`, `close_sale` |
 //! | `ops/status.rs` | `sale_status`, `list_sales` |
 //! | `ops/holds.rs` | `pay`, `cancel`, `order` |

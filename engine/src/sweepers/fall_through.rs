@@ -112,9 +112,10 @@ impl Engine {
                     .await;
                 continue;
             };
+            let home_record = home.keys.request(user, request_id);
             let record: Option<String> = self
                 .cluster()
-                .run_cmd(redis::cmd("GET").arg(home.keys.request(user, request_id)))
+                .run_cmd(redis::cmd("GET").arg(&home_record))
                 .await?;
             // Whatever the record says, settle.lua decides again atomically;
             // the qty only has to name the same request in the other buckets.
@@ -127,6 +128,8 @@ impl Engine {
                 request_id,
                 qty,
                 conn_gen: self.cluster().generation(),
+                home: home.index,
+                home_record: &home_record,
             };
             let settled = match self
                 .walk(sale, home, request, "-", TakeMode::Refuse { since_ms })
