@@ -7,6 +7,7 @@
 //! deadline, connections are capped, and the health, readiness and metrics
 //! routes never wait behind purchases. Every error answer is JSON.
 
+mod answers;
 mod api;
 mod openapi;
 
@@ -31,6 +32,8 @@ use http_body_util::BodyExt;
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 use std::process::ExitCode;
 use tokio::net::TcpListener;
+
+use answers::ApiError;
 use tokio::sync::Semaphore;
 
 use flashsale::ratelimit::RateLimiter;
@@ -149,8 +152,8 @@ fn router(state: AppState, probes_here: bool) -> Router {
         .with_state(state)
 }
 
-async fn method_not_allowed() -> api::ApiError {
-    api::ApiError::for_status(StatusCode::METHOD_NOT_ALLOWED)
+async fn method_not_allowed() -> ApiError {
+    ApiError::for_status(StatusCode::METHOD_NOT_ALLOWED)
 }
 
 /// Routes that answer without waiting for a slot: probes and scrapes must
@@ -171,7 +174,7 @@ async fn guard(State(state): State<AppState>, req: Request, next: Next) -> Respo
         .unwrap_or_else(|| "unmatched".into());
     let started = Instant::now();
     let resp = match read_body(req, &state.limits).await {
-        Err(status) => api::ApiError::for_status(status).into_response(),
+        Err(status) => ApiError::for_status(status).into_response(),
         Ok(req) => {
             // The deadline covers the wait for a slot as well as the handler.
             let probe = is_probe(&route);
@@ -186,9 +189,7 @@ async fn guard(State(state): State<AppState>, req: Request, next: Next) -> Respo
             };
             match tokio::time::timeout(state.limits.request_timeout, served).await {
                 Ok(resp) => resp,
-                Err(_) => {
-                    api::ApiError::for_status(StatusCode::SERVICE_UNAVAILABLE).into_response()
-                }
+                Err(_) => ApiError::for_status(StatusCode::SERVICE_UNAVAILABLE).into_response(),
             }
         }
     };
@@ -234,7 +235,7 @@ fn json_errors(resp: Response) -> Response {
         .and_then(|v| v.to_str().ok())
         .is_some_and(|v| v.starts_with("application/json"));
     if (status.is_client_error() || status.is_server_error()) && !is_json {
-        return api::ApiError::for_status(status).into_response();
+        return ApiError::for_status(status).into_response();
     }
     resp
 }

@@ -8,7 +8,7 @@
 use utoipa::openapi::security::{Http, HttpAuthScheme, SecurityScheme};
 use utoipa::{Modify, OpenApi};
 
-use super::api;
+use super::{answers, api};
 
 #[derive(OpenApi)]
 #[openapi(
@@ -31,7 +31,7 @@ use super::api;
         api::readyz,
         api::metrics,
     ),
-    components(schemas(api::ErrorBody)),
+    components(schemas(answers::ErrorBody)),
     modifiers(&AdminToken),
     tags(
         (name = "sales", description = "What buyers' clients call: purchases and reads"),
