@@ -68,8 +68,9 @@
 //! The files: this one is the exec's side (start, beat, signal, end);
 //! `image.rs` is the supervisor's process; `wire.rs` what crosses the
 //! pipes between them; `process_tree.rs` the walk and kill both sides use;
-//! `namespace.rs` the command's PID namespace and `privileges.rs` what the
-//! command may keep.
+//! `namespace.rs` the command's PID namespace, `privileges.rs` what the
+//! command may keep, `run_as.rs` the user it may run as, and
+//! `preflight.rs` what the exec checks before it takes anything.
 
 use std::collections::HashSet;
 use std::ffi::{OsStr, OsString};
@@ -78,10 +79,9 @@ use std::io::{self, Read, Write};
 use std::os::fd::FromRawFd;
 use std::time::{Duration, Instant};
 
-use super::own_proc::{cap_set, OwnProc};
-
 mod image;
 mod namespace;
+mod preflight;
 mod privileges;
 mod process_tree;
 mod run_as;
@@ -89,10 +89,11 @@ mod wire;
 
 pub use run_as::RunAs;
 
-use image::{become_supervisor, keep_out_of_reach, SupervisorImage};
+use image::{become_supervisor, SupervisorImage};
+use preflight::keep_children_to_reap;
+pub use preflight::preflight;
 use process_tree::{
-    can_end_a_child, children_of, descendants, kill_below, kill_marked, kill_tree, processes,
-    Unended, KILL_FOR,
+    children_of, descendants, kill_below, kill_marked, kill_tree, processes, Unended, KILL_FOR,
 };
 use wire::{encode_beat, encode_spec, monotonic_ns, MARK_VAR};
 
@@ -534,74 +535,6 @@ pub enum Ended {
 impl Drop for Supervisor {
     fn drop(&mut self) {
         self.end_now();
-    }
-}
-
-/// Refuses a command that could become a user this process cannot kill:
-/// with no CAP_KILL, a process of another user is beyond its SIGKILL, and
-/// would run on past the lock (the thirteenth and fourteenth attacks: a
-/// setuid program; ambient CAP_SETUID given by a service manager; root
-/// with CAP_KILL dropped). Without CAP_KILL, the command runs with
-/// no_new_privs and no ambient capabilities (see `spawn`), which stops the
-/// setuid bit and file capabilities; what is left is CAP_SETUID this
-/// process holds itself (or, as root, could regain at exec from its
-/// bounding set): then the command does not run.
-fn within_reach(proc: &OwnProc) -> io::Result<()> {
-    const CAP_KILL: u32 = 5;
-    const CAP_SETUID: u32 = 7;
-    let status = proc.read_self("status")?;
-    let caps = |field: &str| cap_set(&status, field);
-    let has = |set: u64, cap: u32| set & (1 << cap) != 0;
-    if has(caps("CapEff:"), CAP_KILL) {
-        return Ok(());
-    }
-    // SAFETY: geteuid has no failure and no memory.
-    let root = unsafe { libc::geteuid() } == 0;
-    let may_setuid = has(caps("CapPrm:") | caps("CapAmb:"), CAP_SETUID)
-        || (root && has(caps("CapBnd:"), CAP_SETUID));
-    if may_setuid {
-        return Err(io::Error::new(
-            io::ErrorKind::PermissionDenied,
-            "this exec has no CAP_KILL, so it cannot kill another user's processes, yet its \
-             command could become another user (CAP_SETUID): give the exec CAP_KILL or take \
-             CAP_SETUID away from it; the command did not run",
-        ));
-    }
-    Ok(())
-}
-
-/// What an exec checks before it takes a lock or sets anything: that
-/// /proc is its own ([`OwnProc::open`]), that it can end whatever its
-/// command may become ([`within_reach`]) and that /proc shows it all of
-/// it ([`OwnProc::shows_everything`]), and that it can kill and reap a
-/// child of its own ([`can_end_a_child`]). A refusal here leaves the nodes
-/// as they were; [`Supervisor::start`] checks again.
-pub fn preflight() -> io::Result<()> {
-    let proc = OwnProc::open()?;
-    within_reach(&proc)?;
-    proc.shows_everything()?;
-    keep_children_to_reap();
-    can_end_a_child()?;
-    keep_out_of_reach()?;
-    Ok(())
-}
-
-/// Gives SIGCHLD back its default if the caller left it ignored (`perl -e
-/// '$SIG{CHLD}="IGNORE"; exec ...'`): ignored, it is inherited across exec
-/// and makes the kernel reap this process's children unasked, so the
-/// supervisor's end (and its exit status) would be lost to waitpid, and the
-/// lock held for ever (the twelfth attack). A handler someone installed is
-/// left alone.
-fn keep_children_to_reap() {
-    // SAFETY: sigaction reads into, then writes from, a zeroed struct of
-    // this process's own.
-    unsafe {
-        let mut old: libc::sigaction = std::mem::zeroed();
-        if libc::sigaction(libc::SIGCHLD, std::ptr::null(), &mut old) == 0
-            && old.sa_sigaction == libc::SIG_IGN
-        {
-            libc::signal(libc::SIGCHLD, libc::SIG_DFL);
-        }
     }
 }
 
