@@ -4171,11 +4171,39 @@ fn a_user_the_exec_cannot_run_its_command_as_is_refused_before_the_lock_is_taken
     let ran = dir.path().join("ran");
     let work = format!("touch {}", ran.display());
     let no_setuid = ["setpriv", "--bounding-set=-setuid", "--"];
+    // Effective root, real uid nobody's (a setuid-root exec, or a caller
+    // that kept its real uid): nobody's processes may signal it.
+    let real_nobody = [
+        "python3",
+        "-c",
+        "import os, sys; os.setresuid(65534, 0, 0); os.execv(sys.argv[1], sys.argv[1:])",
+    ];
+    // Not root, with every capability --user asks for.
+    let caps = "+kill,+setuid,+setgid,+setpcap";
+    let (inh, amb) = (
+        format!("--inh-caps={caps}"),
+        format!("--ambient-caps={caps}"),
+    );
+    let capable_user = [
+        "setpriv",
+        "--reuid=65533",
+        "--regid=65533",
+        "--clear-groups",
+        &inh,
+        &amb,
+        "--",
+    ];
     for (wrapper, user, reason) in [
         (&[][..], "no-such-user-of-flashsale", "no such user"),
-        (&[][..], "root", "other than the exec's"),
-        (&[][..], "0", "other than the exec's"),
+        (&[][..], "root", "other than root"),
+        (&[][..], "0", "other than root"),
         (&no_setuid[..], "nobody", "CAP_SETUID"),
+        (&real_nobody[..], "nobody", "(they are 65534, 0, 0)"),
+        (
+            &capable_user[..],
+            "nobody",
+            "(they are 65533, 65533, 65533)",
+        ),
     ] {
         for exec in [
             &["lock", "exec", "--name", "refused-user"][..],
@@ -4215,4 +4243,44 @@ fn a_user_the_exec_cannot_run_its_command_as_is_refused_before_the_lock_is_taken
         .expect("node");
     let keys: Vec<String> = redis::cmd("KEYS").arg("*").query(&mut conn).expect("KEYS");
     assert!(keys.is_empty(), "the refused execs left {keys:?}");
+}
+
+/// From the attack on `--user`: a caller's `SECBIT_NO_SETUID_FIXUP` kept
+/// the exec's capabilities through the switch of user, and the check that
+/// root's uid cannot be taken back, made before they were emptied, failed
+/// the start after the lock was taken (exit 126). The sets are emptied
+/// first, then the switch is checked: the command runs as the user, with
+/// no capability.
+#[test]
+fn a_caller_s_securebits_keep_no_capability_through_the_switch_of_user() {
+    let nodes = servers(1);
+    let dir = open_dir();
+    let out = dir.path().join("out");
+    let script = format!(
+        "grep -E '^(Uid|CapPrm|CapEff):' /proc/self/status > {}",
+        out.display()
+    );
+    let status = Command::new("setpriv")
+        .args(["--securebits", "+no_setuid_fixup", "--"])
+        .arg(flashsale_bin())
+        .env_remove("FLASHSALE_CONFIG")
+        .env("FLASHSALE_LOCK_NODES", urls(&nodes).join(","))
+        .args(["lock", "exec", "--name", "securebits", "--user", "nobody"])
+        .args(["--", "sh", "-c", &script])
+        .status()
+        .expect("run the exec");
+    let seen = std::fs::read_to_string(&out).unwrap_or_default();
+    assert!(status.success(), "{status:?}: {seen}");
+    for (field, want) in [
+        ("Uid:", "65534 65534 65534 65534"),
+        ("CapPrm:", "0000000000000000"),
+        ("CapEff:", "0000000000000000"),
+    ] {
+        let got = seen
+            .lines()
+            .find_map(|l| l.strip_prefix(field))
+            .map(|v| v.split_whitespace().collect::<Vec<_>>().join(" "))
+            .unwrap_or_default();
+        assert_eq!(got, want, "{field} {seen}");
+    }
 }

@@ -80,8 +80,8 @@ pub struct LockExecArgs {
     /// attacks its own supervisor can blind (see docs/locks.md).
     #[arg(long)]
     pub no_pid_namespace: bool,
-    /// Run the command as this user (a name or a uid), other than the
-    /// exec's and other than root; the exec needs root's CAP_SETUID,
+    /// Run the command as this user (a name or a uid), not root; the exec
+    /// must be root (real, effective and saved uid 0) with CAP_SETUID,
     /// CAP_SETGID, CAP_SETPCAP and CAP_KILL. No process of the command's
     /// user, the command's own or an agent of that user (its tmux server,
     /// its session manager), can then stop, trace or limit the exec and

@@ -49,7 +49,7 @@ pub struct SemaphoreExecArgs {
     /// --no-pid-namespace`).
     #[arg(long)]
     pub no_pid_namespace: bool,
-    /// Run the command as this user, other than the exec's and root (see
+    /// Run the command as this user, not root, from a root exec (see
     /// `lock exec --user`).
     #[arg(long, value_name = "USER")]
     pub user: Option<String>,

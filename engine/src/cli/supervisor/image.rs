@@ -482,7 +482,8 @@ pub(super) fn spawn(spec: &Spec, privileges: Privileges) -> io::Result<libc::pid
         cmd.pre_exec(move || {
             let refused = || io::Error::from_raw_os_error(libc::EPERM);
             if let Some(ids) = &run_as {
-                if !(drop_bounding_set() && ids.become_it() && empty_capability_sets()) {
+                if !(drop_bounding_set() && ids.switch() && empty_capability_sets() && ids.holds())
+                {
                     return Err(refused());
                 }
             }

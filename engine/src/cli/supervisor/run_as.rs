@@ -28,25 +28,34 @@ pub(super) struct Identity {
 }
 
 impl Identity {
-    /// Becomes this identity: supplementary groups, then the group, then
-    /// the user (every uid and gid, real, effective and saved), and reads
-    /// them back. Async-signal-safe (no allocation); false if a step failed
-    /// or did not hold (the command must not start).
-    pub(super) fn become_it(&self) -> bool {
-        let (mut r, mut e, mut s) = (0, 0, 0);
-        let (mut rg, mut eg, mut sg) = (0, 0, 0);
+    /// Switches to this identity: supplementary groups, then the group,
+    /// then the user (every uid and gid, real, effective and saved).
+    /// Async-signal-safe (no allocation); false if a step failed (the
+    /// command must not start). Whether it holds is [`Identity::holds`],
+    /// asked once the capability sets are emptied: a caller's securebits
+    /// (`SECBIT_NO_SETUID_FIXUP`) can keep them through the switch.
+    pub(super) fn switch(&self) -> bool {
         // SAFETY: calls on this process's own credentials; setgroups reads
-        // `groups.len()` ids from a live slice; the get calls write into
-        // live locals.
+        // `groups.len()` ids from a live slice.
         unsafe {
             libc::setgroups(self.groups.len(), self.groups.as_ptr()) == 0
                 && libc::setresgid(self.gid, self.gid, self.gid) == 0
                 && libc::setresuid(self.uid, self.uid, self.uid) == 0
-                && libc::getresuid(&mut r, &mut e, &mut s) == 0
+        }
+    }
+
+    /// Reads the ids back: every uid and gid this identity's, and root's
+    /// uid not to be taken back. Async-signal-safe.
+    pub(super) fn holds(&self) -> bool {
+        let (mut r, mut e, mut s) = (0, 0, 0);
+        let (mut rg, mut eg, mut sg) = (0, 0, 0);
+        // SAFETY: the get calls write into live locals; setuid(0) on this
+        // process must fail (had it worked, the command does not start).
+        unsafe {
+            libc::getresuid(&mut r, &mut e, &mut s) == 0
                 && libc::getresgid(&mut rg, &mut eg, &mut sg) == 0
                 && [r, e, s] == [self.uid; 3]
                 && [rg, eg, sg] == [self.gid; 3]
-                // Root's uid cannot be taken back: the switch is for good.
                 && libc::setuid(0) != 0
         }
     }
@@ -68,12 +77,28 @@ pub enum BadUser {
     /// No such user in the user database.
     #[error("--user {0:?}: no such user")]
     Unknown(String),
-    /// The command would run as the exec's own user (or as root).
+    /// The command would run as root.
     #[error(
-        "--user {0:?}: the command must run as a user other than the exec's and other than root \
-         (a process can stop any process of its own user, and root any process)"
+        "--user {0:?}: the command must run as a user other than root (root can stop any \
+         process)"
     )]
     NoSeparation(String),
+    /// The exec is not wholly root: the command's user could signal it.
+    #[error(
+        "--user {user:?}: the exec must run as root, its real, effective and saved uids all 0 \
+         (they are {real}, {effective}, {saved}): a process may signal any process whose real \
+         or saved uid is its own, so the command's user could stop the exec"
+    )]
+    NotRoot {
+        /// The user asked for.
+        user: String,
+        /// The exec's real uid.
+        real: libc::uid_t,
+        /// Its effective uid.
+        effective: libc::uid_t,
+        /// Its saved uid.
+        saved: libc::uid_t,
+    },
     /// The exec lacks what switching users and ending the other user's
     /// processes take.
     #[error(
@@ -98,16 +123,30 @@ pub enum BadUser {
 
 impl RunAs {
     /// Looks `user` (a name, or a numeric uid that names no user) up and
-    /// checks this exec may run a command as it and end it: another user
-    /// than its own and than root, and CAP_SETUID, CAP_SETGID, CAP_SETPCAP
-    /// (to empty the command's bounding set before the switch) and
-    /// CAP_KILL in its effective set. Nothing is changed.
+    /// checks this exec may run a command as it and end it: a user other
+    /// than root; an exec whose real, effective and saved uids are all
+    /// root's (the attack on `--user`: a setuid-root exec, or one whose
+    /// caller kept its real uid, was the command's user's to stop, and the
+    /// command wrote beside the next holder, 14 runs of 14); and
+    /// CAP_SETUID, CAP_SETGID, CAP_SETPCAP (to empty the command's
+    /// bounding set before the switch) and CAP_KILL in its effective set.
+    /// Nothing is changed.
     pub fn resolve(user: &str) -> Result<RunAs, BadUser> {
         let run_as = lookup(user)?;
-        // SAFETY: geteuid has no failure and no memory.
-        let me = unsafe { libc::geteuid() };
-        if run_as.ids.uid == me || run_as.ids.uid == 0 {
+        if run_as.ids.uid == 0 {
             return Err(BadUser::NoSeparation(user.to_owned()));
+        }
+        let (mut real, mut effective, mut saved) = (0, 0, 0);
+        // SAFETY: getresuid writes three ids into live locals.
+        if unsafe { libc::getresuid(&mut real, &mut effective, &mut saved) } != 0
+            || [real, effective, saved] != [0; 3]
+        {
+            return Err(BadUser::NotRoot {
+                user: user.to_owned(),
+                real,
+                effective,
+                saved,
+            });
         }
         let missing = missing_capabilities();
         if !missing.is_empty() {
