@@ -40,11 +40,15 @@ pub enum Plant {
     /// locks (`chaos-lock-*`): the engine's own admin lock keeps working,
     /// so the rest of the run goes on and the check is seen alone.
     ReleaseKeepsLock = 11,
+    /// `take.lua` (a walk into another bucket) takes when the bucket holds
+    /// one unit fewer than asked: a bucket goes a unit below zero, which a
+    /// later restock of it can cover while the sale never ran short.
+    TakeOneShort = 12,
 }
 
 impl Plant {
     /// Every plant, with the name `--plant` takes.
-    pub const ALL: [(&'static str, Plant); 11] = [
+    pub const ALL: [(&'static str, Plant); 12] = [
         ("skip-request-check", Plant::SkipRequestCheck),
         ("skip-wait", Plant::SkipWait),
         ("writer-ack-before-commit", Plant::WriterAckBeforeCommit),
@@ -56,6 +60,7 @@ impl Plant {
         ("expire-early", Plant::ExpireEarly),
         ("sell-after-close", Plant::SellAfterClose),
         ("release-keeps-lock", Plant::ReleaseKeepsLock),
+        ("take-one-short", Plant::TakeOneShort),
     ];
 
     /// The plant called `name`.
@@ -98,6 +103,11 @@ pub(crate) fn rewrite(name: &str, code: &str) -> Option<String> {
             code,
             "local due = now_ms >= expires_ms",
             "local due = now_ms + 500 >= expires_ms",
+        ),
+        ("take", Plant::TakeOneShort) => replace_once(
+            code,
+            "or stock < qty or",
+            "or stock + 1 < qty or",
         ),
         ("restock", Plant::RestockTwice) => replace_once(
             code,

@@ -211,6 +211,15 @@ fn the_checker_catches_a_purchase_without_a_stock_check() {
     );
 }
 
+/// Issue 33, item 7, per bucket: a walk that takes from a bucket one unit
+/// short sends that bucket below zero while the sale as a whole still has
+/// units; each bucket's confirmations held against what was put in it by
+/// then show it, whatever a later restock covers.
+#[test]
+fn the_checker_catches_a_bucket_that_takes_a_unit_it_does_not_have() {
+    caught("take-one-short", "none", 10, &["bucket_oversold_in_time"]);
+}
+
 /// Holds: a repeated cancel that gives an order's units back a second time
 /// must show in the ledger.
 #[test]

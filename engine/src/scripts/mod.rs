@@ -75,7 +75,7 @@ impl Scripts {
     pub fn new() -> Self {
         Scripts {
             purchase: LuaScript::new("purchase", code("purchase", purchase::SOURCE)),
-            take: LuaScript::new("take", take::SOURCE),
+            take: LuaScript::new("take", code("take", take::SOURCE)),
             settle: LuaScript::new("settle", settle::SOURCE),
             create_bucket: LuaScript::new("create_bucket", create_bucket::SOURCE),
             restock: LuaScript::new("restock", code("restock", restock::SOURCE)),

@@ -65,6 +65,9 @@ pub struct EndLedger {
     /// Units ever put in each bucket (creation plus restocks), by Redis'
     /// count: `initial` bucket by bucket.
     pub bucket_initials: Vec<u64>,
+    /// Each bucket's share of each restock (operation id -> units), by
+    /// Redis' record in the bucket's sale hash.
+    pub bucket_restocks: Vec<BTreeMap<String, u64>>,
     /// Orders still in the buckets' streams: (order id, units).
     pub in_streams: Vec<(String, u64)>,
     /// Transitions still in the buckets' streams: (order id, version).
@@ -202,6 +205,10 @@ kinds! {
     /// At a confirmation, more units confirmed so far than were put in by
     /// then (units given back by then counted as put in again).
     OversoldInTime = "oversold_in_time",
+    /// The same, bucket by bucket: a bucket's confirmations against what
+    /// was put in that bucket by then (its creation share, restock shares,
+    /// units its orders gave back).
+    BucketOversoldInTime = "bucket_oversold_in_time",
     /// An order in PostgreSQL no answer named.
     OrphanOrders = "orphan_orders",
     /// A request still `unknown` after healing.
@@ -938,8 +945,10 @@ fn check_over_time(
         }
         let asked = |key: String, at: u64| first_asked.get(&key).copied().unwrap_or(at);
         let retook = |id: &str| retaken_orders.contains(id);
-        // (time, units, op): units surely taken, by when answered.
-        let mut taken: Vec<(u64, u64, &OpRecord)> = Vec::new();
+        // (time, units, op, order): units surely taken, by when answered.
+        let mut taken: Vec<(u64, u64, &OpRecord, &str)> = Vec::new();
+        // (time, units, order): units given back, by when first asked.
+        let mut returned: Vec<(u64, u64, &str)> = Vec::new();
         let mut seen_orders = HashSet::new();
         let mut closed_at: Option<u64> = None;
         for o in inp.ops {
@@ -968,7 +977,7 @@ fn check_over_time(
                         value: OkValue::Order { order_id, .. },
                     },
                 ) if s == sku && real(order_id) && seen_orders.insert(order_id.as_str()) => {
-                    taken.push((o.complete_ms, u64::from(*qty), o));
+                    taken.push((o.complete_ms, u64::from(*qty), o, order_id.as_str()));
                 }
                 (Op::Pay { order_id, .. }, _) => {
                     // A late payment answered `retaken` took units again only
@@ -978,7 +987,7 @@ fn check_over_time(
                     if let (Some((_, true)), Some(row)) = (pay_ok(o), in_db.get(order_id.as_str()))
                     {
                         if row.sku == sku && retook(order_id) {
-                            taken.push((o.complete_ms, row.qty, o));
+                            taken.push((o.complete_ms, row.qty, o, order_id.as_str()));
                         }
                     }
                 }
@@ -1012,29 +1021,25 @@ fn check_over_time(
                     None => continue,
                 },
             };
-            supply.push((at, row.qty));
+            returned.push((at, row.qty, id));
         }
-        supply.sort_unstable_by_key(|(t, _)| *t);
-        taken.sort_unstable_by_key(|(t, _, _)| *t);
-        let (mut j, mut put_in, mut so_far) = (0, 0u64, 0u64);
-        let mut worst: Option<(u64, &OpRecord)> = None;
-        for (t, units, o) in &taken {
-            while j < supply.len() && supply[j].0 < *t {
-                put_in += supply[j].1;
-                j += 1;
-            }
-            so_far += units;
-            if so_far > put_in && worst.is_none_or(|(w, _)| so_far - put_in > w) {
-                worst = Some((so_far - put_in, o));
-            }
-        }
-        if let Some((excess, o)) = worst {
+        supply.extend(returned.iter().map(|(t, q, _)| (*t, *q)));
+        taken.sort_unstable_by_key(|(t, ..)| *t);
+        let all: Vec<(u64, u64, &OpRecord)> =
+            taken.iter().map(|(t, q, o, _)| (*t, *q, *o)).collect();
+        if let Some((excess, o)) = first_excess(supply, &all) {
             v.add(
                 Kind::OversoldInTime,
                 excess,
                 format!("{sku}: at this confirmation {excess} more units were taken than could have been put in by then"),
                 &[o],
             );
+        }
+        if plan.buckets > 1 {
+            if let Some(end) = inp.end.get(sku) {
+                let restocked_at = |op: &str| asked(format!("r:{op}"), 0);
+                check_buckets_over_time(v, sku, end, &taken, &returned, restocked_at);
+            }
         }
         if let Some(closed) = closed_at {
             // A request first sent before the close may be confirmed after
@@ -1058,7 +1063,7 @@ fn check_over_time(
                     .is_some_and(|t| *t > closed),
                 _ => false,
             };
-            for (_, _, o) in taken.iter().filter(|(_, _, o)| sent_after(o)) {
+            for (_, _, o, _) in taken.iter().filter(|(_, _, o, _)| sent_after(o)) {
                 {
                     v.add(
                         Kind::SoldAfterClose,
@@ -1073,6 +1078,89 @@ fn check_over_time(
         }
         if plan.limit > 0 {
             check_limit_refusals(v, inp, plan);
+        }
+    }
+}
+
+/// The largest excess of units taken over units put in, at any taking
+/// (`taken` sorted by time): supply counts only what came strictly before.
+fn first_excess<'a>(
+    mut supply: Vec<(u64, u64)>,
+    taken: &[(u64, u64, &'a OpRecord)],
+) -> Option<(u64, &'a OpRecord)> {
+    supply.sort_unstable_by_key(|(t, _)| *t);
+    let (mut j, mut put_in, mut so_far) = (0, 0u64, 0u64);
+    let mut worst: Option<(u64, &OpRecord)> = None;
+    for (t, units, o) in taken {
+        while j < supply.len() && supply[j].0 < *t {
+            put_in += supply[j].1;
+            j += 1;
+        }
+        so_far += units;
+        if so_far > put_in && worst.is_none_or(|(w, _)| so_far - put_in > w) {
+            worst = Some((so_far - put_in, o));
+        }
+    }
+    worst
+}
+
+/// Issue 33, item 7, per bucket: the sale-wide count over time cannot see
+/// a bucket that sold units it did not have while another bucket had them
+/// spare, once a later restock of that bucket covered it (its ledger then
+/// balances at the end). Each bucket's confirmations (its orders name it)
+/// are held against what was put in that bucket by then: its share of the
+/// creation, each restock's share as Redis recorded it (`op:<id>` in the
+/// bucket's sale hash) from the restock's first send, and units its own
+/// orders gave back. Without Redis' record of the shares (a history made
+/// by hand), every restock counts in full from the start: looser, never
+/// wrong. A record for some buckets only is reported, not skipped.
+fn check_buckets_over_time(
+    v: &mut Verdict,
+    sku: &str,
+    end: &EndLedger,
+    taken: &[(u64, u64, &OpRecord, &str)],
+    returned: &[(u64, u64, &str)],
+    restocked_at: impl Fn(&str) -> u64,
+) {
+    let n = end.bucket_initials.len();
+    if !end.bucket_restocks.is_empty() && end.bucket_restocks.len() != n {
+        v.add(
+            Kind::LedgerUnbalanced,
+            1,
+            format!(
+                "{sku}: restocks per bucket are known for {} of its {n} buckets",
+                end.bucket_restocks.len()
+            ),
+            &[],
+        );
+        return;
+    }
+    let in_bucket = |id: &str, b: usize| bucket_of(id).is_some_and(|(s, i)| s == sku && i == b);
+    for (b, put_in) in end.bucket_initials.iter().enumerate() {
+        let shares = end.bucket_restocks.get(b);
+        let restocked: u64 = shares.map_or(0, |m| m.values().sum());
+        let mut supply = vec![(0, put_in.saturating_sub(restocked))];
+        for (op, units) in shares.into_iter().flatten() {
+            supply.push((restocked_at(op), *units));
+        }
+        supply.extend(
+            returned
+                .iter()
+                .filter(|(_, _, id)| in_bucket(id, b))
+                .map(|(t, q, _)| (*t, *q)),
+        );
+        let mine: Vec<(u64, u64, &OpRecord)> = taken
+            .iter()
+            .filter(|(_, _, _, id)| in_bucket(id, b))
+            .map(|(t, q, o, _)| (*t, *q, *o))
+            .collect();
+        if let Some((excess, o)) = first_excess(supply, &mine) {
+            v.add(
+                Kind::BucketOversoldInTime,
+                excess,
+                format!("{sku}: bucket {b}: at this confirmation {excess} more units were taken from it than could have been put in it by then"),
+                &[o],
+            );
         }
     }
 }

@@ -557,6 +557,7 @@ async fn ledger_end(
         let mut in_streams = Vec::new();
         let mut events_in_streams = Vec::new();
         let mut left = checker::HoldsLeft::default();
+        let mut bucket_restocks = Vec::new();
         let now = unix_ms();
         for b in &status.buckets {
             let keys = flashsale::keys::BucketKeys::new(&b.tag);
@@ -574,6 +575,22 @@ async fn ledger_end(
                 .query_async(&mut conn)
                 .await
                 .map_err(|e| anyhow::anyhow!("holds of {}: {e}", b.tag))?;
+            // Each restock's share of this bucket, as the script recorded it.
+            let fields: Vec<(String, String)> = redis::cmd("HGETALL")
+                .arg(&keys.sale)
+                .query_async(&mut conn)
+                .await
+                .map_err(|e| anyhow::anyhow!("sale hash of {}: {e}", b.tag))?;
+            let mut shares = BTreeMap::new();
+            for (field, units) in fields {
+                if let Some(op) = field.strip_prefix("op:") {
+                    let units = units.parse::<u64>().map_err(|e| {
+                        anyhow::anyhow!("restock {op} of {}: units {units:?}: {e}", b.tag)
+                    })?;
+                    shares.insert(op.to_owned(), units);
+                }
+            }
+            bucket_restocks.push(shares);
             left.owed += owed;
             left.overdue_in_index += overdue;
             left.dead_letters += dead;
@@ -618,6 +635,7 @@ async fn ledger_end(
                 initial: status.buckets.iter().map(|b| b.initial).sum(),
                 stocks: status.buckets.iter().map(|b| b.remaining).collect(),
                 bucket_initials: status.buckets.iter().map(|b| b.initial).collect(),
+                bucket_restocks,
                 in_streams,
                 events_in_streams,
                 left,
