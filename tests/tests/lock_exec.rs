@@ -4284,3 +4284,57 @@ fn a_caller_s_securebits_keep_no_capability_through_the_switch_of_user() {
         assert_eq!(got, want, "{field} {seen}");
     }
 }
+
+/// Python that joins a session keyring of its own with a key in it, puts a
+/// root-only file on descriptor 5000, and runs the rest of its arguments.
+const WITH_A_KEY_AND_A_HIGH_DESCRIPTOR: &str = r#"
+import ctypes, os, platform, resource, sys
+libc = ctypes.CDLL(None, use_errno=True)
+add_key, keyctl = {"x86_64": (248, 250), "aarch64": (217, 219)}[platform.machine()]
+if libc.syscall(keyctl, 1, b"flashsale-test") < 0: sys.exit("join keyring")
+if libc.syscall(add_key, b"user", b"flashsale-secret", b"key-of-root", 11, -3) < 0: sys.exit("add_key")
+resource.setrlimit(resource.RLIMIT_NOFILE, (8192, 8192))
+os.dup2(os.open(sys.argv[1], os.O_RDONLY), 5000)
+os.execv(sys.argv[2], sys.argv[2:])
+"#;
+
+/// What the command finds: the key and descriptor 5000.
+const LOOKS_FOR_THEM: &str = r#"
+import ctypes, os, platform
+libc = ctypes.CDLL(None, use_errno=True)
+keyctl = {"x86_64": 250, "aarch64": 219}[platform.machine()]
+found = libc.syscall(keyctl, 10, -3, b"user", b"flashsale-secret", 0)
+print("key:", "found" if found > 0 else "absent")
+try:
+    print("fd:", os.read(5000, 64).decode())
+except OSError:
+    print("fd: closed")
+"#;
+
+/// From the second attack on `--user`: the command, run as another user,
+/// read a key from the caller's session keyring (any process in a session
+/// keyring may) and a root-only file the caller had open on descriptor
+/// 5000 (past the descriptors the supervisor closes). The command gets a
+/// session keyring of its own user's, and no descriptor but 0, 1 and 2.
+#[test]
+fn a_command_run_as_another_user_gets_neither_the_caller_s_keys_nor_its_descriptors() {
+    let nodes = servers(1);
+    let dir = tempfile::TempDir::new().expect("dir");
+    let secret = dir.path().join("secret");
+    std::fs::write(&secret, "file-of-root").expect("secret");
+    let out = Command::new("python3")
+        .args(["-c", WITH_A_KEY_AND_A_HIGH_DESCRIPTOR])
+        .arg(&secret)
+        .arg(flashsale_bin())
+        .args(["lock", "exec", "--name", "keys", "--user", "nobody"])
+        .args(["--", "python3", "-c", LOOKS_FOR_THEM])
+        .env_remove("FLASHSALE_CONFIG")
+        .env("FLASHSALE_LOCK_NODES", urls(&nodes).join(","))
+        .output()
+        .expect("run the exec");
+    let said = String::from_utf8_lossy(&out.stdout);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{:?}: {said} {err}", out.status);
+    assert!(said.contains("key: absent"), "{said} {err}");
+    assert!(said.contains("fd: closed"), "{said} {err}");
+}

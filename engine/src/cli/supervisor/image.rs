@@ -21,6 +21,7 @@ use super::privileges::{
     may_kill_anyone, Privileges,
 };
 use super::process_tree::kill_tree;
+use super::run_as::Identity;
 use super::wire::{
     beat_deadline, decode_beat, decode_spec, monotonic_ns, PidNamespace, Report, Spec, BEAT_LEN,
     MAX_SPEC, SUPERVISOR_ENV, SUPERVISOR_NAME,
@@ -482,7 +483,11 @@ pub(super) fn spawn(spec: &Spec, privileges: Privileges) -> io::Result<libc::pid
         cmd.pre_exec(move || {
             let refused = || io::Error::from_raw_os_error(libc::EPERM);
             if let Some(ids) = &run_as {
-                if !(drop_bounding_set() && ids.switch() && empty_capability_sets() && ids.holds())
+                if !(drop_bounding_set()
+                    && ids.switch()
+                    && empty_capability_sets()
+                    && ids.holds()
+                    && Identity::leave_the_caller_s_keys_and_descriptors())
                 {
                     return Err(refused());
                 }

@@ -44,6 +44,55 @@ impl Identity {
         }
     }
 
+    /// Leaves what the exec's user handed the exec that the command's user
+    /// could not open itself (the second attack on `--user`): the caller's
+    /// session keyring (whose keys a process in it may read, whoever it
+    /// is), for a new one of the command's user's; and every descriptor
+    /// above the standard three, closed at the command's execve (a caller
+    /// may pass one to the exec numbered past any count a closing loop
+    /// would make). Async-signal-safe; false if a step failed (a kernel
+    /// without keyrings has none to leave).
+    pub(super) fn leave_the_caller_s_keys_and_descriptors() -> bool {
+        const KEYCTL_JOIN_SESSION_KEYRING: libc::c_long = 1;
+        const CLOSE_RANGE_CLOEXEC: libc::c_uint = 4;
+        // SAFETY: keyctl and close_range on this process's own keyring
+        // and descriptors (marked close-on-exec, not closed: the standard
+        // library's own pipe to its parent must live until the exec).
+        unsafe {
+            let joined = libc::syscall(
+                libc::SYS_keyctl,
+                KEYCTL_JOIN_SESSION_KEYRING,
+                std::ptr::null::<libc::c_char>(),
+            ) >= 0
+                || *libc::__errno_location() == libc::ENOSYS;
+            if !joined {
+                return false;
+            }
+            if libc::syscall(
+                libc::SYS_close_range,
+                3 as libc::c_uint,
+                libc::c_uint::MAX,
+                CLOSE_RANGE_CLOEXEC,
+            ) == 0
+            {
+                return true;
+            }
+            // A kernel before 5.11: every descriptor the limit allows.
+            let mut limit = libc::rlimit {
+                rlim_cur: 0,
+                rlim_max: 0,
+            };
+            if libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) != 0 {
+                return false;
+            }
+            let last = limit.rlim_cur.min(1 << 20) as libc::c_int;
+            for fd in 3..last {
+                libc::fcntl(fd, libc::F_SETFD, libc::FD_CLOEXEC);
+            }
+            true
+        }
+    }
+
     /// Reads the ids back: every uid and gid this identity's, and root's
     /// uid not to be taken back. Async-signal-safe.
     pub(super) fn holds(&self) -> bool {
