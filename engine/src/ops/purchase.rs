@@ -226,7 +226,9 @@ impl Engine {
                 bucket,
                 expires_ms,
             } => {
-                if !replicated {
+                // Under `leader` nothing waits: no order id is copied for a
+                // WAIT that will not run.
+                if !replicated && cfg.ack != Ack::Leader {
                     self.ack(home, request, Expect::Confirmed(order_id.clone()))
                         .await?;
                 }
