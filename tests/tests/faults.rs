@@ -55,6 +55,23 @@ fn spawn_buyers(
     (sender, rx)
 }
 
+/// The answers by wave, before or after the kill, and outcome (the bucket
+/// of a confirmation, the kind of an error): what a failure message needs.
+fn tally(answers: &[Answer], killed_at: Instant) -> String {
+    let mut kinds: std::collections::BTreeMap<String, usize> = Default::default();
+    for (id, at, r) in answers {
+        let when = if *at < killed_at { "before" } else { "after" };
+        let what = match r {
+            Ok(c) => format!("confirmed in bucket {}", c.bucket),
+            Err(e) => format!("{e:?}").chars().take(50).collect(),
+        };
+        *kinds
+            .entry(format!("{} {when}: {what}", &id[..1]))
+            .or_default() += 1;
+    }
+    format!("{kinds:#?}")
+}
+
 /// The fault hit a batched sale: some script call carried more than one
 /// purchase.
 fn assert_ran_batched(engine: &Engine) {
@@ -196,9 +213,11 @@ async fn kill_a_master_mid_sale(ack: flashsale::Ack) -> FailoverRun {
     // every buyer from A + IN_FLIGHT on started after it.
     //
     // On a loaded machine the failover can outlast the first wave's bounded
-    // count of buyers; then a second wave ("c") starts, after the cluster is
-    // healthy again, so every one of its requests was sent after the kill.
-    // The wait ends on that event, never because the buyers ran out.
+    // count of buyers; then further waves ("c", "d", ...) start, after the
+    // cluster is healthy again, so every one of their requests was sent
+    // after the kill. The wait ends on that event or the deadline, never
+    // because the buyers ran out (CI saw a second wave run out too, under
+    // the suite's load).
     let deadline = Instant::now() + Duration::from_secs(180);
     let resumed = |answers: &Vec<Answer>| {
         let before_kill = answers
@@ -209,7 +228,7 @@ async fn kill_a_master_mid_sale(ack: flashsale::Ack) -> FailoverRun {
         answers
             .iter()
             .filter(|(id, _, r)| {
-                let after_kill = id.starts_with('c')
+                let after_kill = !id.starts_with('b')
                     || id
                         .strip_prefix('b')
                         .and_then(|i| i.parse::<u64>().ok())
@@ -219,20 +238,24 @@ async fn kill_a_master_mid_sale(ack: flashsale::Ack) -> FailoverRun {
             .count()
     };
     let mut buyers = vec![buyers];
+    let mut next_waves = ["c", "d", "e", "f", "g", "h"].into_iter();
     while resumed(&answers) < 20 {
         assert!(
             Instant::now() < deadline,
-            "bucket 0 did not sell again after the failover ({} answers)",
-            answers.len()
+            "bucket 0 did not sell again after the failover: {}",
+            tally(&answers, killed_at)
         );
         match tokio::time::timeout(Duration::from_secs(5), rx.recv()).await {
             Ok(Some(a)) => answers.push(a),
-            Ok(None) if buyers.len() == 1 => {
-                let (second, second_rx) = spawn_buyers(&engine, &sku, "c", IN_FLIGHT, stop.clone());
-                buyers.push(second);
-                rx = second_rx;
-            }
-            Ok(None) => break,
+            Ok(None) => match next_waves.next() {
+                Some(prefix) => {
+                    let (wave, wave_rx) =
+                        spawn_buyers(&engine, &sku, prefix, IN_FLIGHT, stop.clone());
+                    buyers.push(wave);
+                    rx = wave_rx;
+                }
+                None => break,
+            },
             Err(_) => {}
         }
     }
@@ -245,7 +268,8 @@ async fn kill_a_master_mid_sale(ack: flashsale::Ack) -> FailoverRun {
     }
     assert!(
         resumed(&answers) >= 20,
-        "purchases in the failed bucket resumed after failover"
+        "purchases in the failed bucket resumed after failover: {}",
+        tally(&answers, killed_at)
     );
 
     // Settle every request: a retry of an errored request gets its outcome.
