@@ -55,6 +55,24 @@ fn spawn_buyers(
     (sender, rx)
 }
 
+/// Waits (at most 120 s) until `replica` has applied everything `master`
+/// had written when this was called.
+fn replica_caught_up(cluster: &RedisCluster, master: u16, replica: u16) {
+    let offset = |port: u16, field: &str| -> i64 {
+        let info: String = cluster.node(port).cmd(&["INFO", "replication"]);
+        info.lines()
+            .find_map(|l| l.strip_prefix(field))
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or(-1)
+    };
+    let target = offset(master, "master_repl_offset:");
+    flashsale_tests::wait_for(
+        Duration::from_secs(120),
+        || offset(replica, "slave_repl_offset:") >= target,
+        || format!("replica {replica} never reached offset {target} of master {master}"),
+    );
+}
+
 /// The answers by wave, before or after the kill, and outcome (the bucket
 /// of a confirmation, the kind of an error): what a failure message needs.
 fn tally(answers: &[Answer], killed_at: Instant) -> String {
@@ -183,6 +201,12 @@ async fn kill_a_master_mid_sale(ack: flashsale::Ack) -> FailoverRun {
         answers.push(rx.recv().await.expect("answers flow"));
     }
     let promoted = cluster.replica_of(victim);
+    // The kill is to lose what is in flight, not the sale: under `leader`
+    // nothing waits for the replica, and on a loaded machine it may still
+    // be catching up on the sale's creation (fresh-clone CI, twice: every
+    // purchase after the failover answered `unknown_sale`). Wait until the
+    // replica holds what the master held a moment ago.
+    tokio::task::block_in_place(|| replica_caught_up(&cluster, victim, promoted));
     let killed_at = Instant::now();
     cluster.node_mut(victim).kill();
     let _failed_over = {
