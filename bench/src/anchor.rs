@@ -62,8 +62,6 @@ pub fn weighted(total: u64, weights: &[u64]) -> Vec<u64> {
 pub struct AnchorStats {
     /// Requests sent.
     pub requests: u64,
-    /// When every process had been started.
-    pub spawned: Instant,
     /// The longest run any process reported ("requests completed in X
     /// seconds": its own clock, without our spawn time).
     pub elapsed: Duration,
@@ -197,7 +195,6 @@ pub async fn run(
     }
     Ok(AnchorStats {
         requests: targets.iter().map(|t| t.requests).sum(),
-        spawned,
         elapsed: if elapsed.is_zero() {
             spawned.elapsed()
         } else {

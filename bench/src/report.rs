@@ -19,8 +19,10 @@ pub struct RunResult {
     pub ops: u64,
     /// Requests in flight at once.
     pub concurrency: usize,
-    /// Confirmed purchases (lock pairs) per second of wall time; across
-    /// repetitions, the median.
+    /// Confirmed purchases (lock pairs) per second: for inventory rows,
+    /// over the span the stock clock saw on Redis (first unit taken to
+    /// stock at 0), the same for anchor and engine; across repetitions,
+    /// the median.
     pub throughput: f64,
     /// Throughput of each repetition, in the order they ran.
     pub repetitions: Vec<f64>,
@@ -35,10 +37,12 @@ pub struct RunResult {
     /// Master CPU time per answered request, µs: the `INFO cpu` deltas
     /// (system + user) of every master, over the requests answered.
     pub redis_us_per_op: Option<f64>,
-    /// Master CPU time per confirmed purchase, µs: the same deltas over the
-    /// purchases confirmed (orders queued, for the anchor). The sold-out
-    /// answers' share is in it, so it bounds the cost of one purchase from
-    /// above; it is the figure that sizes a cluster for a sale.
+    /// Master CPU time per confirmed purchase, µs: every master's CPU from
+    /// the row's start to the moment the stock keys read 0 (the stock
+    /// clock, `driver/stock_clock.rs`), over the purchases confirmed
+    /// (orders queued, for the anchor); the sold-out answers after the
+    /// zero are left out (whole-row CPU, and the note says so, when the
+    /// stock never ran out). It is the figure that sizes a cluster.
     #[serde(default)]
     pub master_us_per_confirmed: Option<f64>,
     /// This process's CPU time (getrusage: user + system) per confirmed

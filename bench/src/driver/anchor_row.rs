@@ -2,14 +2,12 @@
 //! the floor script) on the same cluster, timed and counted as the engine's
 //! rows are, its errors read from `INFO commandstats`.
 
-use std::sync::Arc;
-use std::time::Duration;
-
 use anyhow::Result;
 
 use crate::anchor;
 use crate::report::RunResult;
 
+use super::stock_clock::{with_clock, StockClock};
 use super::*;
 
 impl Bench {
@@ -70,41 +68,19 @@ impl Bench {
             anchor::Script::Purchase => flashsale::scripts::Scripts::new().purchase.sha,
             anchor::Script::Floor => self.load_on_masters(anchor::FLOOR_LUA).await?,
         };
-        // When the last unit went: polled from the stock keys, since
-        // redis-benchmark shows nothing until it exits.
-        let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
-        let poller = {
-            let keys: Vec<String> = buckets.iter().map(|b| b.key.clone()).collect();
-            let mut conn = self.engine.dedicated_connection().await?;
-            let stop = stop.clone();
-            tokio::spawn(async move {
-                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
-                    let mut empty = true;
-                    for k in &keys {
-                        let v: Option<i64> = redis::cmd("GET")
-                            .arg(k)
-                            .query_async(&mut conn)
-                            .await
-                            .unwrap_or(Some(1));
-                        if v.unwrap_or(0) > 0 {
-                            empty = false;
-                            break;
-                        }
-                    }
-                    if empty {
-                        return Some(std::time::Instant::now());
-                    }
-                    tokio::time::sleep(Duration::from_millis(1)).await;
-                }
-                None
-            })
-        };
         self.settle().await?;
         let before = master_time(&self.engine, &mut self.conn).await?;
+        let clock = StockClock::start(
+            &self.engine,
+            buckets
+                .iter()
+                .map(|b| (b.key.clone(), b.remaining))
+                .collect(),
+        )
+        .await?;
         let a = anchor::run(&targets, script, &sha, pipeline).await;
+        let seen = clock.stop().await;
         let after = master_time(&self.engine, &mut self.conn).await?;
-        stop.store(true, std::sync::atomic::Ordering::Relaxed);
-        let sold_out_at = poller.await.ok().flatten();
         let a = a?;
         bar.inc(1);
         bar.finish();
@@ -138,12 +114,10 @@ impl Bench {
         } else {
             failed
         };
-        let selling = sold_out_at
-            .map(|t| t.saturating_duration_since(a.spawned))
-            .filter(|d| !d.is_zero())
-            .unwrap_or(a.elapsed);
         let secs = a.elapsed.as_secs_f64().max(1e-9);
-        let throughput = queued as f64 / selling.as_secs_f64().max(1e-9);
+        // redis-benchmark's own wall time, replaced by the stock clock's
+        // span when the stock ran out (`with_clock`).
+        let throughput = queued as f64 / secs;
         let pct = |q: f64| a.latency_us.value_at_quantile(q) as f64 / 1000.0;
         let connections: u64 = targets.iter().map(|t| t.clients as u64).sum();
         let result = RunResult {
@@ -187,6 +161,10 @@ impl Bench {
                 },
             ),
         };
-        Ok(with_master_time(result, &before, &after))
+        Ok(with_clock(
+            with_master_time(result, &before, &after),
+            &before,
+            &seen,
+        ))
     }
 }

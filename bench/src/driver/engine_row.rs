@@ -11,6 +11,7 @@ use flashsale::Engine;
 use crate::report::RunResult;
 use crate::{strategies, targets};
 
+use super::stock_clock::{with_clock, StockClock};
 use super::*;
 
 impl Bench {
@@ -33,7 +34,14 @@ impl Bench {
             format!("{}-{scenario}-{}", self.run, label.replace(' ', "_")).into(),
         );
         self.settle().await?;
+        // Every bucket's stock key and what it holds now, for the clock.
+        let mut keys = Vec::new();
+        for sku in &skus {
+            let st = self.engine.sale_status(sku).await?;
+            keys.extend(st.buckets.iter().map(|b| (b.key.clone(), b.remaining)));
+        }
         let before = master_time(&self.engine, &mut self.conn).await?;
+        let clock = StockClock::start(&self.engine, keys).await?;
         let cpu_before = process_cpu_us();
         let batches_before = engine.stats().purchase_batch_sizes.snapshot();
         let fallthroughs_before = engine.stats().fallthroughs.load(Ordering::Relaxed);
@@ -44,6 +52,7 @@ impl Bench {
             })
             .await;
         let client_us = process_cpu_us().saturating_sub(cpu_before);
+        let seen = clock.stop().await;
         let after = master_time(&self.engine, &mut self.conn).await?;
         let fallthroughs = batch_sizes
             .stats()
@@ -81,8 +90,9 @@ impl Bench {
             + below_zero
             + stats.confirmed.abs_diff(sold)
             + queued.abs_diff(sold);
-        let mut r = with_master_time(
-            row(
+        let mut r = with_clock(
+            with_master_time(
+                row(
                 scenario,
                 label,
                 self.args.concurrency,
@@ -96,8 +106,11 @@ impl Bench {
                     None => format!("stock = ops / 2; {fallthroughs} fall-throughs"),
                 },
             ),
+                &before,
+                &after,
+            ),
             &before,
-            &after,
+            &seen,
         );
         r.batch_p50 = targets::size_at(&batches, 0.5);
         r.batch_p99 = targets::size_at(&batches, 0.99);

@@ -12,6 +12,7 @@ mod naive_row;
 mod nodes;
 mod orders_rows;
 mod refused_row;
+mod stock_clock;
 
 use std::time::Duration;
 
