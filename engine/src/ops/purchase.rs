@@ -106,7 +106,31 @@ pub(crate) struct RequestKey<'a> {
     pub(crate) home_record: &'a str,
 }
 
-impl RequestKey<'_> {
+impl<'a> RequestKey<'a> {
+    /// The request in its home bucket `home`, whose record key there,
+    /// `home_record`, the caller built once (`home.keys.request(user,
+    /// request_id)`; checked in debug builds, so that a caller handing
+    /// another bucket's or another request's key fails every test instead
+    /// of settling against the wrong record).
+    pub(crate) fn in_home(
+        user: &'a str,
+        request_id: &'a str,
+        qty: u64,
+        conn_gen: u64,
+        home: &BucketHandle,
+        home_record: &'a str,
+    ) -> Self {
+        debug_assert_eq!(home_record, home.keys.request(user, request_id));
+        Self {
+            user,
+            request_id,
+            qty,
+            conn_gen,
+            home: home.index,
+            home_record,
+        }
+    }
+
     /// The request's record key in `bucket`: the one built, for the home
     /// bucket; made here for any other.
     pub(crate) fn record_in<'k>(&'k self, bucket: &BucketHandle) -> std::borrow::Cow<'k, str> {
@@ -207,14 +231,14 @@ impl Engine {
             return Err(PurchaseError::SoldOut);
         }
 
-        let request = RequestKey {
-            user: req.user,
-            request_id: req.request_id,
-            qty: u64::from(qty),
-            conn_gen: self.cluster().generation(),
-            home: home.index,
-            home_record: &record_key,
-        };
+        let request = RequestKey::in_home(
+            req.user,
+            req.request_id,
+            u64::from(qty),
+            self.cluster().generation(),
+            home,
+            &record_key,
+        );
         let nonce = order_id::new_nonce();
         let order_id = order_id::compose(&sale.sku, home.index, &nonce);
         let order_key = (sale.hold_ms > 0).then(|| home.keys.order(&order_id));

@@ -123,14 +123,14 @@ impl Engine {
                 Some(RequestRecord::Pending { qty }) => qty,
                 _ => 1,
             };
-            let request = RequestKey {
+            let request = RequestKey::in_home(
                 user,
                 request_id,
                 qty,
-                conn_gen: self.cluster().generation(),
-                home: home.index,
-                home_record: &home_record,
-            };
+                self.cluster().generation(),
+                home,
+                &home_record,
+            );
             let settled = match self
                 .walk(sale, home, request, "-", TakeMode::Refuse { since_ms })
                 .await
