@@ -46,7 +46,8 @@ struct Cli {
     /// feature only): skip-request-check, skip-wait,
     /// writer-ack-before-commit, no-stock-check, cancel-returns-twice,
     /// skip-quota-check, lock-without-nx, restock-twice, expire-early,
-    /// sell-after-close, release-keeps-lock.
+    /// sell-after-close, release-keeps-lock, take-one-short (the list is
+    /// `flashsale::planted::Plant::ALL`).
     #[arg(long)]
     plant: Option<String>,
 }

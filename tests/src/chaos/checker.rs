@@ -131,22 +131,49 @@ const RISK_LEAD_MS: u64 = 1_000;
 /// ones whose writes a failover may take back, and so the only ones
 /// `ack = leader` excuses.
 fn mark_risk(ops: &[OpRecord], windows: &[FaultWindow]) -> Vec<OpRecord> {
-    let failovers: Vec<(u64, u64)> = windows
+    let failovers: Vec<(u64, u64, Option<&[String]>)> = windows
         .iter()
         .filter(|w| w.injected && matches!(w.fault.as_str(), "kill" | "pause"))
-        .map(|w| (w.start_ms.saturating_sub(RISK_LEAD_MS), w.end_ms))
+        .map(|w| {
+            let on_master = w.skus.as_deref();
+            (w.start_ms.saturating_sub(RISK_LEAD_MS), w.end_ms, on_master)
+        })
         .collect();
     ops.iter()
         .map(|o| {
             let mut o = o.clone();
             // From the windows only: the fault named at invoke is the one
-            // started, which may have failed to inject.
-            o.failover_risk = failovers
-                .iter()
-                .any(|&(s, e)| o.invoke_ms <= e && o.complete_ms >= s);
+            // started, which may have failed to inject. And only for a
+            // sale with a bucket on the master stopped (a failover takes
+            // back nothing another master wrote; from the attack on the
+            // checker: every operation in the window was excused, a third
+            // of a 10-minute leader run's); an operation of no sale, or a
+            // window not aimed at one master, as before.
+            let sku = sku_of(&o.op);
+            o.failover_risk = failovers.iter().any(|&(s, e, on_master)| {
+                o.invoke_ms <= e
+                    && o.complete_ms >= s
+                    && match (on_master, sku) {
+                        (Some(skus), Some(sku)) => skus.iter().any(|x| x == sku),
+                        _ => true,
+                    }
+            });
             o
         })
         .collect()
+}
+
+/// The sale an operation acts on: named, or the first part of its order
+/// id (`<sku>~<bucket>~<nonce>`); None for a lock.
+fn sku_of(op: &Op) -> Option<&str> {
+    match op {
+        Op::Purchase { sku, .. }
+        | Op::Restock { sku, .. }
+        | Op::Close { sku }
+        | Op::Status { sku } => Some(sku),
+        Op::Pay { order_id, .. } | Op::Cancel { order_id } => order_id.rsplitn(3, '~').nth(2),
+        Op::Lock { .. } => None,
+    }
 }
 
 /// Declares [`Kind`]: every kind of violation, with the name reports and
@@ -977,7 +1004,18 @@ fn check_over_time(
                         value: OkValue::Order { order_id, .. },
                     },
                 ) if s == sku && real(order_id) && seen_orders.insert(order_id.as_str()) => {
-                    taken.push((o.complete_ms, u64::from(*qty), o, order_id.as_str()));
+                    // From when its master made it (plus a margin for two
+                    // processes' clocks), if that was before the answer: a
+                    // purchase that ended `unknown` is confirmed only by
+                    // the resolve phase after the run, and its take counted
+                    // there hid every oversell in between (from the attack
+                    // on the per-bucket check).
+                    let made = in_db
+                        .get(order_id.as_str())
+                        .and_then(|r| r.created_ms)
+                        .map(|at| (at - inp.history_start_ms).max(0) as u64 + 50);
+                    let at = made.map_or(o.complete_ms, |m| m.min(o.complete_ms));
+                    taken.push((at, u64::from(*qty), o, order_id.as_str()));
                 }
                 (Op::Pay { order_id, .. }, _) => {
                     // A late payment answered `retaken` took units again only
@@ -1002,7 +1040,18 @@ fn check_over_time(
         // (from the recorded leader run of seed 20261128: an `unknown`
         // cancel at 455 s hid an expiry at 16 s, a false `oversold_in_time`)
         // gives back nothing of its own.
+        // A give-back counts no earlier than the take it undoes, and not at
+        // all for an order whose take is not counted (never answered ok:
+        // an orphan, reported as such): else it lends the sale units.
+        let mut taken_at: HashMap<&str, u64> = HashMap::new();
+        for (t, _, _, id) in &taken {
+            let e = taken_at.entry(id).or_insert(*t);
+            *e = (*e).min(*t);
+        }
         for (id, row) in in_db.iter().filter(|(_, r)| r.sku == sku) {
+            let Some(&took) = taken_at.get(id) else {
+                continue;
+            };
             let events = events_of.get(id).map(Vec::as_slice).unwrap_or_default();
             let recorded =
                 |kind: &str| events.iter().find(|e| e.kind == kind).and_then(|e| e.at_ms);
@@ -1021,7 +1070,7 @@ fn check_over_time(
                     None => continue,
                 },
             };
-            returned.push((at, row.qty, id));
+            returned.push((at.max(took), row.qty, id));
         }
         supply.extend(returned.iter().map(|(t, q, _)| (*t, *q)));
         taken.sort_unstable_by_key(|(t, ..)| *t);

@@ -616,6 +616,7 @@ fn scenario(kind: Kind, w: &mut World) -> Vec<Kind> {
                 injected: true,
                 landed: true,
                 detail: String::new(),
+                skus: None,
             });
             vec![]
         }
@@ -630,6 +631,7 @@ fn scenario(kind: Kind, w: &mut World) -> Vec<Kind> {
                 injected: true,
                 landed: true,
                 detail: String::new(),
+                skus: None,
             });
             vec![]
         }
@@ -645,6 +647,7 @@ fn injected(kind: &str, from: u64, to: u64) -> FaultWindow {
         injected: true,
         landed: true,
         detail: String::new(),
+        skus: None,
     }
 }
 
@@ -728,6 +731,36 @@ fn under_leader_ack_only_a_kill_or_pause_excuses_a_loss() {
             "under {fault:?} (injected {was_injected})"
         );
         assert_eq!(v.valid(Ack::Leader), excused, "under {fault:?}");
+    }
+}
+
+/// From the attack on the checker: a kill or pause takes back only what
+/// its own master held, so it excuses only the sales with a bucket there;
+/// a loss in a sale served wholly by other masters is a lost confirmation.
+#[test]
+fn a_failover_excuses_only_losses_of_the_sales_on_its_master() {
+    for (on_master, excused) in [(vec!["q", "h"], false), (vec!["s"], true)] {
+        for fault in ["kill", "pause"] {
+            let mut w = world();
+            w.ack = Ack::Leader;
+            w.ops
+                .push(rec(8, buy("s", "u7", "r1", 1), order("s~0~gone"), 50));
+            w.windows.push(FaultWindow {
+                skus: Some(on_master.iter().map(|s| s.to_string()).collect()),
+                ..injected(fault, 40, 900)
+            });
+            let v = w.verdict();
+            let want = if excused {
+                Kind::FailoverLost
+            } else {
+                Kind::LostConfirmed
+            };
+            assert_eq!(
+                fired(&v),
+                vec![want],
+                "{fault} of the master of {on_master:?}"
+            );
+        }
     }
 }
 
@@ -1553,4 +1586,66 @@ fn a_bucket_oversold_while_another_had_units_is_caught_in_time() {
         "{:#?}",
         v.violations
     );
+}
+
+/// From the attack on the per-bucket check: a purchase that ended
+/// `unknown` during the run, whose held order really took the last unit
+/// early and expired, is confirmed only by the resolve phase after the run.
+/// Counting its take at that answer but its give-back at the expiry lent
+/// the sale a unit for the whole run, and hid a real oversell (here b and
+/// c each took a unit after a had taken one of the two). Its take counts
+/// from when its master made it, and a give-back never before its take.
+#[test]
+fn a_take_confirmed_only_after_the_run_is_counted_from_when_its_master_made_it() {
+    let mut w = world();
+    w.tighten_h();
+    w.ops.push(rec(
+        20,
+        buy("h", "u4", "r9", 1),
+        Outcome::unknown("timeout"),
+        5,
+    ));
+    let mut resolved = rec(21, buy("h", "u4", "r9", 1), order("h~0~a"), 90_000);
+    resolved.phase = Phase::Final;
+    w.ops.push(resolved);
+    w.rows.push(DbOrder {
+        version: 2,
+        expired_ms: Some(START + 10 + HOLD + 10),
+        ..hold_row("h~0~a", "u4", "expired", 10)
+    });
+    w.events.insert(
+        ("h~0~a".into(), 2),
+        event("expired", START + 10 + HOLD + 10),
+    );
+    w.redis.insert("h~0~a".into(), ("expired".into(), 2));
+    w.end("h").left.quotas.insert("u4".into(), 0);
+    let v = w.verdict();
+    assert_eq!(fired(&v), vec![Kind::OversoldInTime], "{:#?}", v.violations);
+
+    // The same order made after c's unit came back (at 1,050 ms) took a
+    // unit that was there: nothing to report.
+    let mut w = world();
+    w.tighten_h();
+    w.ops.push(rec(
+        20,
+        buy("h", "u4", "r9", 1),
+        Outcome::unknown("timeout"),
+        1_100,
+    ));
+    let mut resolved = rec(21, buy("h", "u4", "r9", 1), order("h~0~a"), 90_000);
+    resolved.phase = Phase::Final;
+    w.ops.push(resolved);
+    w.rows.push(DbOrder {
+        version: 2,
+        expired_ms: Some(START + 1_200 + HOLD + 10),
+        ..hold_row("h~0~a", "u4", "expired", 1_200)
+    });
+    w.events.insert(
+        ("h~0~a".into(), 2),
+        event("expired", START + 1_200 + HOLD + 10),
+    );
+    w.redis.insert("h~0~a".into(), ("expired".into(), 2));
+    w.end("h").left.quotas.insert("u4".into(), 0);
+    let v = w.verdict();
+    assert_eq!(fired(&v), vec![], "{:#?}", v.violations);
 }

@@ -82,10 +82,15 @@ pub struct FaultWindow {
     /// It was injected (an attempt that failed is kept, as not injected).
     pub injected: bool,
     /// It landed where it was aimed (a kill with confirmations at risk, a
+    /// lock pause that froze a process holding or taking a lock, a
     /// cut while the writer held a batch); false for a fault not aimed.
     pub landed: bool,
     /// What the nemesis said of it.
     pub detail: String,
+    /// The sales with a bucket on the master it stopped (`kill`,
+    /// `pause`): the only ones whose writes a failover it caused can take
+    /// back. None: not aimed at one master.
+    pub skus: Option<Vec<String>>,
 }
 
 impl History {
@@ -194,6 +199,7 @@ impl History {
         injected: bool,
         landed: bool,
         detail: &str,
+        skus: Option<Vec<String>>,
     ) {
         let w = FaultWindow {
             fault: fault.to_owned(),
@@ -202,6 +208,7 @@ impl History {
             injected,
             landed,
             detail: detail.to_owned(),
+            skus,
         };
         self.windows
             .lock()

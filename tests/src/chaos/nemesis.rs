@@ -181,8 +181,16 @@ pub async fn run(
             (Err(e), _) => (format!("not injected: {e}"), false),
             (_, Err(e)) => (format!("not healed: {e}"), false),
         };
+        let skus = injected.as_ref().ok().and_then(|d| d.skus.clone());
         history.nemesis(fault.name(), "end", &detail);
-        history.fault_window(fault.name(), started_ms, injected.is_ok(), landed, &detail);
+        history.fault_window(
+            fault.name(),
+            started_ms,
+            injected.is_ok(),
+            landed,
+            &detail,
+            skus,
+        );
         healed?;
         if injected.is_err() {
             if fault == Fault::Migrate {
@@ -221,6 +229,8 @@ struct Injected {
     detail: String,
     /// It landed where it was aimed (see `FaultWindow::landed`).
     landed: bool,
+    /// The sales on the master it stopped (see `FaultWindow::skus`).
+    skus: Option<Vec<String>>,
 }
 
 impl From<String> for Injected {
@@ -228,8 +238,17 @@ impl From<String> for Injected {
         Injected {
             detail,
             landed: false,
+            skus: None,
         }
     }
+}
+
+/// The sales with a bucket among `buckets`, each once.
+fn skus_of(buckets: &[Bucket]) -> Vec<String> {
+    let mut skus: Vec<String> = buckets.iter().map(|b| b.sku.clone()).collect();
+    skus.sort();
+    skus.dedup();
+    skus
 }
 
 /// Applies one fault and heals it; `pick` chooses the victim.
@@ -274,14 +293,27 @@ async fn inject(
             Ok(Injected {
                 detail: format!("master {m} killed with {queued} entries queued ({confirmed} purchases confirmed) after its replica was cut off, replica {r} promoted"),
                 landed: true,
+                skus: Some(skus_of(&served)),
             })
         }
         Fault::Pause => {
             let m = pick_master(topo, pick).await?;
+            let buckets = t.buckets.clone();
+            let served: Vec<Bucket> = topo
+                .with_cluster(move |c| {
+                    buckets
+                        .into_iter()
+                        .filter(|b| c.master_of_slot(b.slot) == m)
+                        .collect()
+                })
+                .await?;
             topo.with_cluster(move |c| c.node(m).signal("STOP")).await?;
             tokio::time::sleep(Duration::from_millis(2500)).await;
             topo.with_cluster(move |c| c.node(m).signal("CONT")).await?;
-            done(format!("master {m} paused 2.5 s"))
+            Ok(Injected {
+                skus: Some(skus_of(&served)),
+                ..Injected::from(format!("master {m} paused 2.5 s"))
+            })
         }
         Fault::Stall => {
             // Longer than the engine's 2 s response timeout: the engine
@@ -401,11 +433,13 @@ async fn inject(
                     cut.elapsed().as_secs_f64()
                 ),
                 landed: during > 0,
+                skus: None,
             })
         }
         Fault::LockPause => {
             // Aim at a process that holds or is taking a lock right now.
             let mut i = pick % t.engines.len();
+            let mut aimed = false;
             for _ in 0..20 {
                 if let Some(holder) = t
                     .engines
@@ -413,6 +447,7 @@ async fn inject(
                     .position(|e| e.locks_in_flight.load(std::sync::atomic::Ordering::SeqCst) > 0)
                 {
                     i = holder;
+                    aimed = true;
                     break;
                 }
                 tokio::time::sleep(Duration::from_millis(50)).await;
@@ -420,7 +455,19 @@ async fn inject(
             t.engines[i].signal(libc::SIGSTOP);
             tokio::time::sleep(LOCK_LEASE * 3).await;
             t.engines[i].signal(libc::SIGCONT);
-            done(format!("engine {i} frozen for 3 lock leases"))
+            // Landed: the process frozen held or was taking a lock (else
+            // one chosen at random; the table shows how often).
+            Ok(Injected {
+                landed: aimed,
+                ..Injected::from(format!(
+                    "engine {i} frozen for 3 lock leases{}",
+                    if aimed {
+                        ", a lock in hand"
+                    } else {
+                        ", holding no lock"
+                    }
+                ))
+            })
         }
     }
 }

@@ -380,6 +380,7 @@ mod tests {
             injected,
             landed,
             detail: String::new(),
+            skus: None,
         }
     }
 
