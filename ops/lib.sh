@@ -41,6 +41,9 @@ ensure_deps() {
   command -v setcap >/dev/null || apt_install libcap2-bin
   # Prometheus and promtool, for the monitoring tests and ops/prometheus.yml.
   command -v prometheus >/dev/null && command -v promtool >/dev/null || apt_install prometheus
+  # wrk, the HTTP load generator of the bench's `http` row (serve as an
+  # operator drives it).
+  command -v wrk >/dev/null || apt_install wrk
   if ! pg_isready -q -h 127.0.0.1 -p 5432; then
     if ! command -v pg_ctlcluster >/dev/null; then
       apt_install postgresql

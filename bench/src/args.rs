@@ -44,8 +44,15 @@ pub struct Args {
     /// of peak that cap made a window of about 0.75 s).
     #[arg(long, default_value_t = 10.0)]
     pub paced_seconds: f64,
-    /// Scenarios to run (comma-separated: hot1,hotB,many,door,refused; `none` for the lock benchmark only).
-    #[arg(long, default_value = "hot1,hotB,many,door", value_delimiter = ',')]
+    /// How long the `http` row's wrk sends, seconds.
+    #[arg(long, default_value_t = 15.0)]
+    pub http_seconds: f64,
+    /// Scenarios to run (comma-separated: hot1,hotB,many,door,http,refused; `none` for the lock benchmark only).
+    #[arg(
+        long,
+        default_value = "hot1,hotB,many,door,http",
+        value_delimiter = ','
+    )]
     pub scenarios: Vec<String>,
     /// Window of each cross-process lock run, seconds.
     #[arg(long, default_value_t = 10)]

@@ -25,6 +25,11 @@ fn target_figures(
             .filter(|r| r.errors == 0 && r.oversold == 0)
             .and_then(|r| r.master_us_per_confirmed)
     };
+    let client_per_confirmed = |sc: &str, st: &str| {
+        find(results, sc, st)
+            .filter(|r| r.errors == 0 && r.oversold == 0)
+            .and_then(|r| r.client_us_per_confirmed)
+    };
     let ratio =
         |a: Option<f64>, b: Option<f64>| a.zip(b).filter(|(_, b)| *b > 0.0).map(|(a, b)| a / b);
     // An orders row that lost, duplicated or oversold an order has no rate
@@ -87,6 +92,10 @@ fn target_figures(
             find(results, "hot1", "orders drain").and_then(|r| r.engine_per_s),
         ),
         find(results, "hot1", "engine hold").and_then(|r| r.expiry_lag_p99_ms),
+        ratio(
+            client_per_confirmed("http", "serve"),
+            client_per_confirmed("hot1", "engine"),
+        ),
         lock_ratio,
         handoff,
         xproc_ratio,
@@ -209,6 +218,13 @@ const TARGETS: [TargetSpec; N_TARGETS] = [
         "< 1000",
         |x| x < 1000.0,
     ),
+    // serve (issue 35): what an HTTP purchase costs the process serving it,
+    // against what the library and its load generator cost per purchase.
+    (
+        "cost: serve CPU µs per purchase request (http serve, wrk) / hot1 engine process CPU µs per confirmed purchase",
+        "<= 2.0",
+        |x| x <= 2.0,
+    ),
     // Locks (issues 15, 35): contended rows against rslock with its retry
     // tuned; the uncontended pair is reported, not judged.
     (
@@ -259,7 +275,7 @@ const TARGETS: [TargetSpec; N_TARGETS] = [
 ];
 
 /// How many targets there are.
-const N_TARGETS: usize = 19;
+const N_TARGETS: usize = 20;
 
 /// The batch size at quantile `q` of `counts` (element `n` counts the
 /// batches of `n` purchases); None when there were no batches.

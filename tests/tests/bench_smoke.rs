@@ -43,6 +43,8 @@ fn every_strategy_runs_and_the_json_is_complete() {
             "30",
             "--paced-seconds",
             "1",
+            "--http-seconds",
+            "2",
             "--repeat",
             "2",
             "--quiet",
@@ -167,6 +169,32 @@ fn every_strategy_runs_and_the_json_is_complete() {
             );
         }
     }
+    // serve under wrk: every request answered 200, each checked against
+    // the units sold, the orders queued and the rows PostgreSQL holds
+    // (oversold counts any difference), and serve's CPU per purchase.
+    let http = find("http", "serve");
+    assert_eq!(
+        (&http["oversold"], &http["errors"]),
+        (&json!(0), &json!(0)),
+        "{http}"
+    );
+    assert!(http["confirmed"].as_u64().unwrap_or(0) > 0, "{http}");
+    assert_eq!(
+        http["confirmed"], http["ops"],
+        "every request a purchase: {http}"
+    );
+    assert!(
+        http["client_us_per_confirmed"]
+            .as_f64()
+            .is_some_and(|x| x > 0.0),
+        "{http}"
+    );
+    assert!(
+        http["master_us_per_confirmed"]
+            .as_f64()
+            .is_some_and(|x| x > 0.0),
+        "{http}"
+    );
     // Holds: sells, never oversells, and measures its expiry lag.
     let hold = find("hot1", "engine hold");
     assert_eq!(
@@ -249,7 +277,7 @@ fn every_strategy_runs_and_the_json_is_complete() {
     assert!(locks
         .iter()
         .all(|l| l["pairs"].as_u64().unwrap_or(0) > 0 && l["errors"] == 0 && l["overlaps"] == 0));
-    assert_eq!(report["targets"].as_array().map(Vec::len), Some(19));
+    assert_eq!(report["targets"].as_array().map(Vec::len), Some(20));
     // Cost per confirmed purchase on every engine row that confirmed any:
     // the masters' and the bench process's.
     for r in results.iter().filter(|r| {

@@ -7,6 +7,7 @@ mod anchor_row;
 mod door_rows;
 mod engine_row;
 mod hold_row;
+mod http_row;
 mod lock_row;
 mod naive_row;
 mod nodes;
@@ -171,16 +172,7 @@ impl Bench {
         for sku in std::mem::take(&mut self.created) {
             if let Ok(st) = self.engine.sale_status(&sku).await {
                 for b in &st.buckets {
-                    let keys = flashsale::keys::BucketKeys::new(&b.tag);
-                    let _: i64 = redis::cmd("DEL")
-                        .arg(&b.key)
-                        .arg(&b.stream)
-                        .arg(&keys.sale)
-                        .arg(&keys.pending)
-                        .arg(&keys.holds)
-                        .arg(&keys.owed)
-                        .query_async(&mut self.conn)
-                        .await?;
+                    self.delete_bucket_keys(&b.tag, b.slot).await?;
                 }
             }
             let _: i64 = redis::cmd("SREM")
@@ -200,6 +192,57 @@ impl Bench {
                 .await?;
         }
         Ok(())
+    }
+}
+
+impl Bench {
+    /// Every key of one bucket (they all start `{tag}:` and share its
+    /// slot): stock, stream, sale hash, indexes, and the request records
+    /// and quotas its buyers left, which would otherwise live out their TTL
+    /// (a day, for the `http` row's serve) and fill the cluster run after
+    /// run. Scanned on the bucket's master, outside every row's clock.
+    async fn delete_bucket_keys(&mut self, tag: &str, slot: u16) -> Result<()> {
+        use redis::cluster_routing::{Route, RoutingInfo, SingleNodeRoutingInfo, SlotAddr};
+        let route = RoutingInfo::SingleNode(SingleNodeRoutingInfo::SpecificNode(Route::new(
+            slot,
+            SlotAddr::Master,
+        )));
+        let mut pattern = String::with_capacity(tag.len() + 4);
+        pattern.push('{');
+        for c in tag.chars() {
+            if matches!(c, '*' | '?' | '[' | ']' | '\\') {
+                pattern.push('\\');
+            }
+            pattern.push(c);
+        }
+        pattern.push_str("}:*");
+        let mut cursor = 0u64;
+        loop {
+            let reply = self
+                .conn
+                .route_command(
+                    redis::cmd("SCAN")
+                        .arg(cursor)
+                        .arg("MATCH")
+                        .arg(&pattern)
+                        .arg("COUNT")
+                        .arg(1000)
+                        .clone(),
+                    route.clone(),
+                )
+                .await?;
+            let (next, keys): (u64, Vec<String>) = redis::from_redis_value(reply)?;
+            if !keys.is_empty() {
+                let _: i64 = redis::cmd("UNLINK")
+                    .arg(&keys)
+                    .query_async(&mut self.conn)
+                    .await?;
+            }
+            cursor = next;
+            if cursor == 0 {
+                return Ok(());
+            }
+        }
     }
 }
 
@@ -376,11 +419,12 @@ pub async fn measure(b: &mut Bench) -> Result<(Vec<RunResult>, Vec<lockbench::Lo
                 }
             }
             "door" => results.extend(b.door_runs().await?),
+            "http" => results.extend(b.http_run().await?),
             "refused" => results.push(b.refused_run().await?),
             "none" => {}
             other => {
                 return Err(anyhow!(
-                    "unknown scenario {other:?} (hot1, hotB, many, door, refused, none)"
+                    "unknown scenario {other:?} (hot1, hotB, many, door, http, refused, none)"
                 ))
             }
         }
