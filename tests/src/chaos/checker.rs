@@ -977,6 +977,7 @@ fn check_over_time(
         // (time, units, order): units given back, by when first asked.
         let mut returned: Vec<(u64, u64, &str)> = Vec::new();
         let mut seen_orders = HashSet::new();
+        let mut retakes_seen = HashSet::new();
         let mut closed_at: Option<u64> = None;
         for o in inp.ops {
             match (&o.op, &o.outcome) {
@@ -1018,14 +1019,27 @@ fn check_over_time(
                     taken.push((at, u64::from(*qty), o, order_id.as_str()));
                 }
                 (Op::Pay { order_id, .. }, _) => {
-                    // A late payment answered `retaken` took units again only
-                    // when its hold had given them back (PostgreSQL records
-                    // the retake); a hold past its deadline but not yet
-                    // swept still had them, and its payment takes none.
-                    if let (Some((_, true)), Some(row)) = (pay_ok(o), in_db.get(order_id.as_str()))
-                    {
-                        if row.sku == sku && retook(order_id) {
-                            taken.push((o.complete_ms, row.qty, o, order_id.as_str()));
+                    // A late payment took units again only when its hold
+                    // had given them back, as PostgreSQL records (a hold
+                    // past its deadline but not yet swept still had them,
+                    // and its payment takes none); once per order, at its
+                    // first payment whatever the answer: a retake whose
+                    // answer was lost is answered by the replay with
+                    // `retaken: false` (from the second attack on the
+                    // over-time check), and took the units all the same.
+                    // From when the master recorded it, else the answer.
+                    if let Some(row) = in_db.get(order_id.as_str()) {
+                        if row.sku == sku
+                            && retook(order_id)
+                            && retakes_seen.insert(order_id.as_str())
+                        {
+                            let recorded = events_of
+                                .get(order_id.as_str())
+                                .and_then(|es| es.iter().find(|e| e.kind == "paid" && e.retake))
+                                .and_then(|e| e.at_ms)
+                                .map(|at| (at - inp.history_start_ms).max(0) as u64 + 50);
+                            let at = recorded.unwrap_or(o.complete_ms);
+                            taken.push((at, row.qty, o, order_id.as_str()));
                         }
                     }
                 }

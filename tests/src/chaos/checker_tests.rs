@@ -1649,3 +1649,67 @@ fn a_take_confirmed_only_after_the_run_is_counted_from_when_its_master_made_it()
     let v = w.verdict();
     assert_eq!(fired(&v), vec![], "{:#?}", v.violations);
 }
+
+/// From the second attack on the over-time check: a late payment that
+/// retook its expired hold's unit, whose answer was lost (`unknown`) and
+/// whose retry was answered by the replay (`retaken: false`), took the
+/// unit all the same; PostgreSQL records the retake. Counting it only on
+/// an answer that said `retaken` left the unit lent to the sale for good,
+/// hiding d's oversell (here covered by a later restock).
+#[test]
+fn a_retake_whose_answer_was_lost_is_counted_from_postgresql_s_record() {
+    let mut w = world();
+    w.tighten_h();
+    if let Some(h) = w.sales.iter_mut().find(|s| s.sku == "h") {
+        h.late = LatePayment::Retake;
+    }
+    // c expired at 1,050 ms; its late payment retook the unit at 1,105.
+    w.pay("h~0~c", "p7", Outcome::unknown("timeout"), 1_100);
+    w.pay("h~0~c", "p7", paid_ok(), 1_200);
+    if let Some(c) = w.rows.iter_mut().find(|r| r.order_id == "h~0~c") {
+        c.status = "paid".into();
+        c.version = 3;
+        c.payment_ref = Some("p7".into());
+        c.paid_ms = Some(START + 1_105);
+    }
+    w.events.insert(
+        ("h~0~c".into(), 3),
+        DbEvent {
+            retake: true,
+            ..event("paid", START + 1_105)
+        },
+    );
+    w.redis.insert("h~0~c".into(), ("paid".into(), 3));
+    w.end("h").left.quotas.insert("u3".into(), 1);
+    // d is confirmed with no unit left, then a restock covers it.
+    w.ops
+        .push(rec(40, buy("h", "u5", "r1", 1), order("h~0~d"), 1_300));
+    w.rows.push(DbOrder {
+        version: 2,
+        expired_ms: Some(START + 1_300 + HOLD + 10),
+        ..hold_row("h~0~d", "u5", "expired", 1_300)
+    });
+    w.events.insert(
+        ("h~0~d".into(), 2),
+        event("expired", START + 1_300 + HOLD + 10),
+    );
+    w.redis.insert("h~0~d".into(), ("expired".into(), 2));
+    w.end("h").left.quotas.insert("u5".into(), 0);
+    w.ops.push(rec(
+        41,
+        Op::Restock {
+            sku: "h".into(),
+            qty: 1,
+            op_id: "oph".into(),
+        },
+        Outcome::Ok {
+            value: OkValue::Done,
+        },
+        2_000,
+    ));
+    let end = w.end("h");
+    end.initial = 3;
+    end.bucket_initials = vec![3];
+    let v = w.verdict();
+    assert_eq!(fired(&v), vec![Kind::OversoldInTime], "{:#?}", v.violations);
+}
