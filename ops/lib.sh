@@ -44,6 +44,8 @@ ensure_deps() {
   # wrk, the HTTP load generator of the bench's `http` row (serve as an
   # operator drives it).
   command -v wrk >/dev/null || apt_install wrk
+  # valgrind, whose callgrind counts instructions per purchase (bench/cost).
+  command -v valgrind >/dev/null || apt_install valgrind
   if ! pg_isready -q -h 127.0.0.1 -p 5432; then
     if ! command -v pg_ctlcluster >/dev/null; then
       apt_install postgresql

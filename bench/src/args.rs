@@ -65,6 +65,10 @@ pub struct Args {
     /// for A/B runs and profiling).
     #[arg(long, hide = true)]
     pub lock_shared: Option<String>,
+    /// Internal (bench/cost): make N purchases on a fresh sale, each by a
+    /// new buyer, `--concurrency` in flight, and exit.
+    #[arg(long, hide = true)]
+    pub cost_purchases: Option<u64>,
     /// Skip the lock benchmark.
     #[arg(long)]
     pub no_lock_bench: bool,

@@ -12,6 +12,7 @@
 
 mod anchor;
 mod args;
+mod cost;
 mod driver;
 mod load;
 mod lockbench;
@@ -63,6 +64,10 @@ async fn main() -> Result<()> {
         return Ok(());
     }
     let config = config(&args)?;
+    if let Some(n) = args.cost_purchases {
+        println!("{}", cost::purchases(config, n, args.concurrency).await?);
+        return Ok(());
+    }
     let lock_nodes = config.lock_nodes.clone();
     let engine = Engine::connect(Config {
         lock_nodes: Vec::new(),

@@ -318,3 +318,32 @@ fn every_strategy_runs_and_the_json_is_complete() {
         .cmd(&["SMEMBERS", "{fs}:skus"]);
     assert!(left.is_empty(), "bench sales left behind: {left:?}");
 }
+
+/// `bench/cost` counts instructions per confirmed purchase for the engine
+/// process and redis-server under callgrind, from two runs of different
+/// sizes; here on the test build, with small runs: it must finish and give
+/// a positive count for each, or the figure it exists for is unmeasured.
+#[test]
+fn the_cost_script_counts_instructions_per_purchase_on_both_sides() {
+    let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../bench/cost");
+    let out = std::process::Command::new("bash")
+        .arg(&script)
+        .args(["20", "60", "1"])
+        .env("FLASHSALE_BENCH_BIN", bench_bin())
+        .output()
+        .expect("run bench/cost");
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{text}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    for side in ["engine process:", "redis-server:"] {
+        let count: i64 = text
+            .lines()
+            .find_map(|l| l.trim().strip_prefix(side))
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or_else(|| panic!("no {side} figure in: {text}"));
+        assert!(count > 0, "{side} {count}: {text}");
+    }
+}
