@@ -86,6 +86,15 @@ pub struct RunResult {
     /// the row's stock (with the writers running for `orders`, alone for
     /// `orders drain`).
     pub engine_per_s: Option<f64>,
+    /// `orders drain` only: CPU µs of every PostgreSQL process (from
+    /// /proc) per order written, over the drain.
+    #[serde(default)]
+    pub db_us_per_order: Option<f64>,
+    /// Timed by the stock clock (`driver/stock_clock.rs`): the stock keys,
+    /// first unit taken to the last. Throughputs are compared only
+    /// between rows timed so.
+    #[serde(default)]
+    pub stock_clock: bool,
     /// What to know when reading the row.
     pub note: String,
 }

@@ -3,7 +3,7 @@
 //! JSON has every field with sane values. No speed thresholds here: targets
 //! are judged in the harness's own output.
 
-use flashsale_tests::{bench_bin, RedisCluster, RedisServer};
+use flashsale_tests::{bench_bin, flashsale_bin, RedisCluster, RedisServer};
 use serde_json::{json, Value};
 
 #[test]
@@ -14,6 +14,9 @@ fn every_strategy_runs_and_the_json_is_complete() {
     let dir = tempfile::TempDir::new().expect("dir");
     let pg = flashsale_tests::pg::PgDb::create();
     let out = std::process::Command::new(bench_bin())
+        // The http row's serve: built here (a fresh clone has no binary
+        // beside the bench until something builds it).
+        .env("FLASHSALE_BIN", flashsale_bin())
         .env("FLASHSALE_CLUSTER_NODES", cluster.seeds().join(","))
         .env("FLASHSALE_POSTGRES_URL", pg.url())
         .env("FLASHSALE_LOCK_NODES", lock_urls.join(","))
@@ -53,6 +56,9 @@ fn every_strategy_runs_and_the_json_is_complete() {
         .arg(dir.path())
         .output()
         .expect("run flashsale-bench");
+    // What the bench said of nodes it could not read, shown with any
+    // failure below.
+    eprintln!("bench stderr: {}", String::from_utf8_lossy(&out.stderr));
     assert!(
         out.status.success(),
         "bench failed: {}",
@@ -136,7 +142,11 @@ fn every_strategy_runs_and_the_json_is_complete() {
             // where sold-out answers cost as much as sales (`lock` takes the
             // lock for each) the two rates are close enough for noise to
             // swap them (CI saw 1,970 answers/s beside 1,977 confirmed/s).
-            if !st.contains('@') {
+            // Not for the rows on the stock clock either: their purchases
+            // are timed off the stock keys and their answers by the row's
+            // own wall time, two clocks, and at 400 operations one poll of
+            // the stock is a tenth of the selling span.
+            if !st.contains('@') && r["stock_clock"] != true {
                 assert!(
                     r["answers_per_s"].as_f64().unwrap_or(0.0)
                         >= 0.9 * r["throughput"].as_f64().unwrap_or(f64::MAX),
@@ -194,6 +204,31 @@ fn every_strategy_runs_and_the_json_is_complete() {
             .as_f64()
             .is_some_and(|x| x > 0.0),
         "{http}"
+    );
+    // The orders rows: the masters' CPU per order end to end, and for the
+    // drain the writers' and PostgreSQL's CPU per order.
+    for st in ["orders", "orders drain"] {
+        let r = find("hot1", st);
+        assert!(
+            r["master_us_per_confirmed"]
+                .as_f64()
+                .is_some_and(|x| x > 0.0),
+            "{st}: {r}"
+        );
+    }
+    // PostgreSQL's CPU is read from /proc in clock ticks (10 ms): a drain
+    // of 800 orders may take less than one, so only its presence is
+    // checked here; the writers' comes from getrusage, in µs.
+    let drain = find("hot1", "orders drain");
+    assert!(
+        drain["client_us_per_confirmed"]
+            .as_f64()
+            .is_some_and(|x| x > 0.0),
+        "{drain}"
+    );
+    assert!(
+        drain["db_us_per_order"].as_f64().is_some_and(|x| x >= 0.0),
+        "{drain}"
     );
     // Holds: sells, never oversells, and measures its expiry lag.
     let hold = find("hot1", "engine hold");
@@ -277,7 +312,7 @@ fn every_strategy_runs_and_the_json_is_complete() {
     assert!(locks
         .iter()
         .all(|l| l["pairs"].as_u64().unwrap_or(0) > 0 && l["errors"] == 0 && l["overlaps"] == 0));
-    assert_eq!(report["targets"].as_array().map(Vec::len), Some(20));
+    assert_eq!(report["targets"].as_array().map(Vec::len), Some(22));
     // Cost per confirmed purchase on every engine row that confirmed any:
     // the masters' and the bench process's.
     for r in results.iter().filter(|r| {
@@ -344,6 +379,14 @@ fn the_cost_script_counts_instructions_per_purchase_on_both_sides() {
             .find_map(|l| l.trim().strip_prefix(side))
             .and_then(|v| v.trim().parse().ok())
             .unwrap_or_else(|| panic!("no {side} figure in: {text}"));
-        assert!(count > 0, "{side} {count}: {text}");
+        // A purchase script and its call cost redis-server tens of
+        // thousands of instructions, and the engine thousands: a count
+        // below these bounds measured something else.
+        let floor = if side == "redis-server:" {
+            20_000
+        } else {
+            5_000
+        };
+        assert!(count > floor, "{side} {count}: {text}");
     }
 }

@@ -147,6 +147,8 @@ impl Bench {
             expiry_lag_p99_ms: None,
             persistence_forks: None,
             engine_per_s: None,
+            db_us_per_order: None,
+            stock_clock: false,
             note: format!(
                 "redis-benchmark EVALSHA {}, {} bucket(s), {connections} connection(s) x {} in flight; checked against stock{}",
                 match script {

@@ -114,6 +114,12 @@ impl Bench {
         );
         r.batch_p50 = targets::size_at(&batches, 0.5);
         r.batch_p99 = targets::size_at(&batches, 0.99);
+        // To the stock's zero, as the masters' CPU: the sold-out answers
+        // after it (the local flag) are no purchase's cost; the whole row
+        // when the stock never ran out.
+        let client_us = seen
+            .process_cpu_at_sold_out
+            .map_or(client_us, |at| at.saturating_sub(cpu_before));
         r.client_us_per_confirmed =
             (r.confirmed > 0).then(|| client_us as f64 / r.confirmed as f64);
         Ok(r)

@@ -61,8 +61,12 @@ pub(super) async fn master_time(
                 .arg("stats")
                 .query_async::<String>(&mut conn)
                 .await
+                .map_err(|e| eprintln!("forks of {node} unknown: INFO: {e}"))
                 .ok(),
-            Err(_) => None,
+            Err(e) => {
+                eprintln!("forks of {node} unknown: cannot connect: {e}");
+                None
+            }
         };
         match text {
             Some(text) => {
@@ -323,6 +327,13 @@ pub(super) fn commandstats(text: &str) -> CommandStats {
 /// went down): its forks are then unknown, not zero.
 pub(super) fn row_forks(before: &MasterTime, after: &MasterTime) -> Option<u64> {
     if before.unanswered + after.unanswered > 0 || before.forks.len() != after.forks.len() {
+        if before.forks.len() != after.forks.len() {
+            eprintln!(
+                "forks unknown: the nodes changed during the row ({:?} before, {:?} after)",
+                before.forks.keys().collect::<Vec<_>>(),
+                after.forks.keys().collect::<Vec<_>>()
+            );
+        }
         return None;
     }
     let mut forks = 0;
@@ -376,6 +387,45 @@ pub(super) fn with_master_time(
     row
 }
 
+/// CPU µs (user + system) the process `pid` has used, from /proc.
+pub(super) fn proc_cpu_us(pid: u32) -> Option<u64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // After the command's ")", fields start at 3 (state): utime is 14,
+    // stime 15, in clock ticks.
+    let rest = stat.rsplit_once(')')?.1;
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    let ticks: u64 = fields.get(11)?.parse::<u64>().ok()? + fields.get(12)?.parse::<u64>().ok()?;
+    // SAFETY: sysconf has no preconditions.
+    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as u64;
+    Some(ticks * 1_000_000 / hz)
+}
+
+/// CPU µs used so far by every process named `postgres` (the server and
+/// its backends; a backend that exits between two readings takes its CPU
+/// with it, so a row keeps its connections open across both).
+pub(super) fn postgres_cpu_us() -> u64 {
+    let Ok(dir) = std::fs::read_dir("/proc") else {
+        return 0;
+    };
+    dir.flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|pid| {
+            std::fs::read_to_string(format!("/proc/{pid}/comm"))
+                .is_ok_and(|c| c.trim() == "postgres")
+        })
+        .filter_map(proc_cpu_us)
+        .sum()
+}
+
+/// Every master's CPU µs from `before` to `after`, summed.
+pub(super) fn masters_cpu_between(before: &MasterTime, after: &MasterTime) -> u64 {
+    after
+        .masters
+        .iter()
+        .map(|(m, &(_, us))| us.saturating_sub(before.masters.get(m).map_or(us, |b| b.1)))
+        .sum()
+}
+
 /// CPU time this process has used (user + system, every thread), µs.
 pub(super) fn process_cpu_us() -> u64 {
     // SAFETY: getrusage fills the zeroed struct it is given.
@@ -391,6 +441,12 @@ pub(super) fn process_cpu_us() -> u64 {
 #[cfg(test)]
 mod tests {
     use super::{commandstats, cpu_us, row_forks, CommandStats, MasterTime, Persistence};
+
+    #[test]
+    fn a_process_s_cpu_is_read_from_proc() {
+        assert!(super::proc_cpu_us(std::process::id()).is_some());
+        assert_eq!(super::proc_cpu_us(u32::MAX), None);
+    }
 
     #[test]
     fn cpu_time_adds_system_and_user_seconds() {

@@ -140,8 +140,12 @@ impl Bench {
             .engine_run("hot1", label, e, vec![st.sku.clone()], None, ops)
             .await?;
         let confirmed = sold.confirmed;
+        // The drain's own CPU (orders drain: the writers alone in this
+        // process, and PostgreSQL's processes), from the writers' start.
+        let mut drain_cpu = None;
         if writers.is_none() {
             // The whole backlog is in the stream: the drain starts now.
+            drain_cpu = Some((process_cpu_us(), postgres_cpu_us()));
             started = std::time::Instant::now();
             writers = Some(
                 self.engine
@@ -184,16 +188,23 @@ impl Bench {
             }
             tokio::time::sleep(Duration::from_millis(2)).await;
         }
+        let drain_cpu = drain_cpu.map(|(me, db)| {
+            (
+                process_cpu_us().saturating_sub(me),
+                postgres_cpu_us().saturating_sub(db),
+            )
+        });
         stop.store(true, Ordering::Relaxed);
         let peak = sampler.await.unwrap_or(0);
         let report = match writers {
             Some(w) => w.shutdown().await?,
             None => flashsale::WriterReport::default(),
         };
-        let forks = row_forks(
-            &forks_before,
-            &master_time(&self.engine, &mut self.conn).await?,
-        );
+        let after = master_time(&self.engine, &mut self.conn).await?;
+        let forks = row_forks(&forks_before, &after);
+        // What an order costs the masters end to end: its sale, and the
+        // writers' reads, acknowledgements, trims and claims of its entry.
+        let masters_us = masters_cpu_between(&forks_before, &after);
         let (written, distinct) = order_counts(pool, &st.sku).await?;
         let _ = flashsale::db::client(pool)
             .await?
@@ -217,8 +228,14 @@ impl Bench {
             )
         };
         note.push_str(&format!(
-            "; batches held for a replica {}; latency and batch columns are the selling phase's",
-            report.held_unreplicated
+            "; batches held for a replica {}; latency and batch columns are the selling phase's; \
+             master µs/confirmed is per order end to end (its sale and the writers' reads, acks, trims and claims){}",
+            report.held_unreplicated,
+            if live {
+                ""
+            } else {
+                "; client µs/confirmed is the writers' CPU per order over the drain, with PostgreSQL's processes' in db_us_per_order"
+            }
         ));
         note.push_str(&disturbed(forks));
         if timed_out {
@@ -238,10 +255,20 @@ impl Bench {
             errors,
             // Per purchase, not per order written: left out.
             redis_us_per_op: None,
-            master_us_per_confirmed: None,
-            client_us_per_confirmed: None,
+            // End to end: selling plus draining, per order written.
+            master_us_per_confirmed: (written > 0).then(|| masters_us as f64 / written as f64),
+            // The writers' CPU per order, where they drained alone.
+            client_us_per_confirmed: drain_cpu
+                .filter(|_| written > 0)
+                .map(|(me, _)| me as f64 / written as f64),
+            db_us_per_order: drain_cpu
+                .filter(|_| written > 0)
+                .map(|(_, db)| db as f64 / written as f64),
             projected_ceiling: None,
             engine_per_s: Some(sold.throughput),
+            // Timed from the first purchase (or the writers' start) to
+            // the last row written, not by the stock clock.
+            stock_clock: false,
             persistence_forks: forks,
             note,
             ..sold

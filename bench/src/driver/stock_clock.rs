@@ -20,7 +20,7 @@ use std::time::{Duration, Instant};
 
 use flashsale::Engine;
 
-use super::nodes::{cpu_us, info, MasterTime};
+use super::nodes::{cpu_us, info, process_cpu_us, MasterTime};
 use crate::report::RunResult;
 
 /// How often the stock is read. A read is one GET per bucket still holding
@@ -39,6 +39,10 @@ pub(super) struct Watched {
     /// `sold_out`: None when the stock never ran out or a master did not
     /// answer.
     pub(super) cpu_at_sold_out: Option<std::collections::BTreeMap<String, u64>>,
+    /// This process's CPU µs (getrusage) at `sold_out`: the engine rows'
+    /// client CPU per confirmed purchase is counted to the zero too, so
+    /// the sold-out answers after it are not charged to the purchases.
+    pub(super) process_cpu_at_sold_out: Option<u64>,
 }
 
 impl Watched {
@@ -96,6 +100,7 @@ impl StockClock {
                 }
                 if left.is_empty() {
                     seen.sold_out = Some(at);
+                    seen.process_cpu_at_sold_out = Some(process_cpu_us());
                     seen.cpu_at_sold_out = cpu_of(&mut conn, &masters).await;
                     break;
                 }
@@ -139,6 +144,7 @@ pub(super) fn with_clock(mut row: RunResult, before: &MasterTime, seen: &Watched
             row.repetitions = vec![row.throughput];
             row.throughput_min = row.throughput;
             row.throughput_max = row.throughput;
+            row.stock_clock = true;
             row.note
                 .push_str("; timed off the stock keys, first unit to last");
         }
