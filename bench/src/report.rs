@@ -99,6 +99,18 @@ pub struct RunResult {
     pub note: String,
 }
 
+impl RunResult {
+    /// A row of one repetition whose rate is `throughput`: the rate, its
+    /// only repetition, and the range of one.
+    pub fn with_rate(mut self, throughput: f64) -> RunResult {
+        self.throughput = throughput;
+        self.repetitions = vec![throughput];
+        self.throughput_min = throughput;
+        self.throughput_max = throughput;
+        self
+    }
+}
+
 /// Facts of the machine and cluster the run measured.
 #[derive(Debug, Clone, Serialize)]
 pub struct Machine {

@@ -125,30 +125,14 @@ impl Bench {
             strategy: strategy.into(),
             ops: a.requests,
             concurrency: connections as usize * pipeline.max(1),
-            throughput,
-            repetitions: vec![throughput],
-            throughput_min: throughput,
-            throughput_max: throughput,
             answers_per_s: a.requests as f64 / secs,
             stock,
-            redis_us_per_op: None,
-            master_us_per_confirmed: None,
-            client_us_per_confirmed: None,
-            projected_ceiling: None,
-            batch_p50: None,
-            batch_p99: None,
             p50_ms: pct(0.5),
             p99_ms: pct(0.99),
             p999_ms: Some(pct(0.999)),
             confirmed: queued,
             oversold,
             errors,
-            ratio_to_anchor: None,
-            expiry_lag_p99_ms: None,
-            persistence_forks: None,
-            engine_per_s: None,
-            db_us_per_order: None,
-            stock_clock: false,
             note: format!(
                 "redis-benchmark EVALSHA {}, {} bucket(s), {connections} connection(s) x {} in flight; checked against stock{}",
                 match script {
@@ -162,7 +146,9 @@ impl Bench {
                     anchor::Script::Floor => "",
                 },
             ),
-        };
+            ..RunResult::default()
+        }
+        .with_rate(throughput);
         Ok(with_clock(
             with_master_time(result, &before, &after),
             &before,

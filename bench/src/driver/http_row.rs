@@ -258,38 +258,25 @@ impl Bench {
             strategy: "serve".into(),
             ops: w.requests,
             concurrency: self.args.concurrency,
-            throughput,
-            repetitions: vec![throughput],
-            throughput_min: throughput,
-            throughput_max: throughput,
             answers_per_s: w.requests as f64 / secs,
             stock: status.initial,
-            redis_us_per_op: None,
-            master_us_per_confirmed: None,
             client_us_per_confirmed: serve_us
                 .filter(|_| w.ok > 0)
                 .map(|us| us as f64 / w.ok as f64),
-            projected_ceiling: None,
-            batch_p50: None,
-            batch_p99: None,
             p50_ms: w.p50_ms,
             p99_ms: w.p99_ms,
             p999_ms: Some(w.p999_ms),
             confirmed: w.ok,
             oversold,
             errors,
-            ratio_to_anchor: None,
-            expiry_lag_p99_ms: None,
-            persistence_forks: None,
-            engine_per_s: None,
-            db_us_per_order: None,
-            stock_clock: false,
             note: format!(
                 "wrk, 2 threads, {} connections, {} s, a new user per request, to `flashsale serve --no-order-writer`; client µs is serve's CPU per 200 (/proc); each 200 checked against units sold ({sold}; {in_flight} sold in flight when wrk stopped, at most one per connection), orders queued ({queued}) and rows in PostgreSQL ({written}, one per user: {duplicated} duplicated)",
                 self.args.concurrency,
                 window.as_secs()
             ),
-        };
+            ..RunResult::default()
+        }
+        .with_rate(throughput);
         r = with_master_time(r, &before, &after);
         let _ = flashsale::db::client(&pool)
             .await?
@@ -299,7 +286,7 @@ impl Bench {
     }
 
     /// Runs an order writer until PostgreSQL holds `expected` orders of
-    /// `sku` (or the cap passes); returns how many it holds. The writer
+    /// `sku` (or the cap passes). The writer
     /// drains every sale in the index: the row runs after the cleanup, when
     /// its sale is the only one (else it would write every earlier row's
     /// orders into PostgreSQL, and leave them there).
@@ -308,7 +295,7 @@ impl Bench {
         pool: &flashsale::db::Pool,
         sku: &str,
         expected: u64,
-    ) -> Result<u64> {
+    ) -> Result<()> {
         let writer = self
             .engine
             .spawn_order_writer(pool.clone(), flashsale::WriterConfig::default())
@@ -320,7 +307,7 @@ impl Bench {
             written = order_rows(pool, sku).await?;
         }
         writer.shutdown().await?;
-        order_rows(pool, sku).await
+        Ok(())
     }
 }
 

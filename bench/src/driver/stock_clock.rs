@@ -140,10 +140,8 @@ async fn cpu_of(
 pub(super) fn with_clock(mut row: RunResult, before: &MasterTime, seen: &Watched) -> RunResult {
     match seen.selling() {
         Some(span) => {
-            row.throughput = row.confirmed as f64 / span.as_secs_f64();
-            row.repetitions = vec![row.throughput];
-            row.throughput_min = row.throughput;
-            row.throughput_max = row.throughput;
+            let rate = row.confirmed as f64 / span.as_secs_f64();
+            row = row.with_rate(rate);
             row.stock_clock = true;
             row.note
                 .push_str("; timed off the stock keys, first unit to last");
