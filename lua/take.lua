@@ -64,8 +64,8 @@
 -- and no take happens once this master's clock is past since + limit: the
 -- record's expiry and that check read the same clock against the same
 -- since, whatever the skew between masters. The second limit covers this
--- clock stepping back by as much. The home bucket's record, which answers
--- every retry, keeps request_ttl.
+-- clock stepping back by as much. The home bucket's record of a request
+-- refused everywhere lives as long, for the same reason (settle.lua).
 
 local MAX = 9007199254740991
 local sale = redis.call('HMGET', KEYS[1], 'state', 'bucket', 'starts_ms', 'ends_ms', 'hold_ms', 'sku', 'tag')

@@ -134,19 +134,21 @@ fn every_strategy_runs_and_the_json_is_complete() {
                 r["ops"].as_u64().unwrap_or(0) >= r["confirmed"].as_u64().unwrap_or(u64::MAX),
                 "{sc}/{st} answers include the confirmations: {r}"
             );
-            // As rates only where the run is not paced: a paced run answers
-            // at the pace throughout, so its answers over the whole run and
-            // its confirmations over the selling phase come out the same
-            // up to noise. Within 10 %: the row's throughput is the median
-            // of its repetitions and its answer rate one repetition's, and
-            // where sold-out answers cost as much as sales (`lock` takes the
-            // lock for each) the two rates are close enough for noise to
-            // swap them (CI saw 1,970 answers/s beside 1,977 confirmed/s).
-            // Not for the rows on the stock clock either: their purchases
-            // are timed off the stock keys and their answers by the row's
-            // own wall time, two clocks, and at 400 operations one poll of
-            // the stock is a tenth of the selling span.
-            if !st.contains('@') && r["stock_clock"] != true {
+            // As rates only where sold-out answers are cheap, so answers
+            // per second of wall time must come out well above confirmations
+            // per second of selling. Not where the run is paced (it answers
+            // at the pace throughout, so the two rates are the same up to
+            // noise), nor for `lock`, which takes the lock for every
+            // sold-out answer as for a sale: there too the rates are equal
+            // up to noise, and the row's throughput is the mean of two
+            // repetitions while its answer rate is one of them (CI saw
+            // 1,970 answers/s beside 1,977 confirmed/s, then 2,022 beside
+            // 2,256 on a machine twice as busy). The count check above
+            // covers those rows. Not for the rows on the stock clock
+            // either: their purchases are timed off the stock keys and
+            // their answers by the row's own wall time, two clocks, and at
+            // 400 operations one poll of the stock is a tenth of the span.
+            if !st.contains('@') && st != "lock" && r["stock_clock"] != true {
                 assert!(
                     r["answers_per_s"].as_f64().unwrap_or(0.0)
                         >= 0.9 * r["throughput"].as_f64().unwrap_or(f64::MAX),
