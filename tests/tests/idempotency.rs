@@ -1111,3 +1111,101 @@ async fn a_retry_whose_walk_start_is_lost_keeps_its_refusals() {
         "bucket 0 keeps its refusal as long as the request: PTTL {ttl}"
     );
 }
+
+/// From the attack on the shorter home record: once a refused request's
+/// home record expired, a retry began a new walk, and a bucket refusal
+/// left by the old walk (written late by a held-up attempt, or on a master
+/// whose clock runs behind) was read as final by one attempt of the new
+/// walk, which went on and took further on, while a second attempt took
+/// here once that refusal expired: two orders for one request (seen with
+/// a paused master and with 50 ms of clock skew). A refusal binds only its
+/// own walk: a walk with a later start decides again over it. Sent as the
+/// walks' `take.lua` calls, on a real cluster.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_new_walk_is_not_bound_by_an_old_walk_s_refusal() {
+    let cluster = RedisCluster::start(3, 0);
+    let limit_ms: u64 = 2000;
+    let engine = engine_with(&cluster, |c| {
+        c.pending_timeout = Duration::from_millis(limit_ms);
+    })
+    .await;
+    let status = sale(
+        &engine,
+        SaleSpec {
+            buckets: 2,
+            ..SaleSpec::new("old-refusal", 1)
+        },
+    )
+    .await;
+    // The bucket with no stock: the old walk is refused there.
+    let b = status
+        .buckets
+        .iter()
+        .find(|b| b.remaining == 0)
+        .expect("a bucket with no stock");
+    let node = cluster.node(cluster.master_of_slot(b.slot));
+    let keys = flashsale::keys::BucketKeys::new(&b.tag);
+    let record = keys.request("pia", "pia-1");
+    let now_ms = || {
+        let t: Vec<u64> = node.cmd(&["TIME"]);
+        t[0] * 1000 + t[1] / 1000
+    };
+    let take = |since: u64, nonce: &str| -> (i64, String) {
+        // `<sku>~<bucket>~<32 hex digits>`, as the engine names orders.
+        let order = format!("old-refusal~{}~{nonce:0>32}", b.index);
+        let (since, limit) = (since.to_string(), limit_ms.to_string());
+        let reply: Vec<redis::Value> = node.cmd(&[
+            "EVAL",
+            include_str!("../../lua/take.lua"),
+            "5",
+            &keys.sale,
+            &keys.stock,
+            &keys.orders,
+            &record,
+            &keys.holds,
+            "1",
+            &order,
+            "pia",
+            "86400",
+            "take",
+            "0",
+            "0",
+            "compact",
+            &since,
+            &limit,
+        ]);
+        let code = match reply.first() {
+            Some(redis::Value::Int(c)) => *c,
+            other => panic!("take.lua replied {other:?}"),
+        };
+        let id = match reply.get(1) {
+            Some(redis::Value::BulkString(s)) => String::from_utf8_lossy(s).into_owned(),
+            _ => String::new(),
+        };
+        (code, id)
+    };
+    let old_since = now_ms() - 500;
+    assert_eq!(
+        take(old_since, "0ld").0,
+        -1,
+        "setup: the old walk is refused"
+    );
+    let left: String = node.cmd(&["GET", &record]);
+    assert!(left.starts_with("X:1:-1"), "setup: {left}");
+    // Stock in every bucket, and a retry's new walk.
+    engine.restock("old-refusal", 4).await.expect("restock");
+    let new_since = now_ms();
+    assert!(new_since > old_since);
+    let (code, first) = take(new_since, "a3");
+    assert_eq!(
+        code, 1,
+        "the new walk takes here: the old refusal is not its own"
+    );
+    // Every other attempt of the new walk finds that take.
+    let (code, again) = take(new_since, "a4");
+    assert_eq!((code, again), (2, first.clone()));
+    // The old walk still finds what the new walk decided here.
+    assert_eq!(take(old_since, "a2"), (2, first));
+    let after = engine.sale_status("old-refusal").await.expect("status");
+    assert_eq!(stream_orders(&cluster, &after).len(), 1, "one order");
+}
