@@ -186,7 +186,14 @@ impl Engine {
                         // A refusal is what lets the walk go on to the next
                         // bucket; a failover that forgot it could let a retry
                         // take here after this walk took further on.
-                        self.ack(b, request, Expect::Refused).await?;
+                        self.ack(
+                            b,
+                            request,
+                            Expect::Refused {
+                                since: out.since_ms,
+                            },
+                        )
+                        .await?;
                     }
                 }
                 TakeReply::UnknownSale => return Err(PurchaseError::UnknownSale(sale.sku.clone())),
