@@ -44,6 +44,8 @@ ensure_deps() {
   # wrk, the HTTP load generator of the bench's `http` row (serve as an
   # operator drives it).
   command -v wrk >/dev/null || apt_install wrk
+  # The TLS tests make their CA and certificates with it.
+  command -v openssl >/dev/null || apt_install openssl
   # valgrind, whose callgrind counts instructions per purchase (bench/cost).
   command -v valgrind >/dev/null || apt_install valgrind
   if ! pg_isready -q -h 127.0.0.1 -p 5432; then

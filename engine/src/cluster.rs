@@ -23,6 +23,7 @@ use crate::metrics::{self as m, Stats};
 use crate::placement::SlotMap;
 pub(crate) use crate::scripts::call::ScriptCall;
 use crate::scripts::{LuaScript, Scripts};
+use crate::tls::Certificates;
 
 /// Failed attempts to reach a node after which a call renews the shared
 /// connection (see [`Cluster::renew_connection`]).
@@ -73,17 +74,21 @@ impl Cluster {
         nodes: &[String],
         retry: Backoff,
         stats: Arc<Stats>,
+        certificates: &Certificates,
     ) -> Result<Cluster, ConnectError> {
-        let client = ClusterClient::builder(nodes.to_vec())
+        let tls = nodes.iter().any(|n| n.starts_with("rediss://"));
+        let builder = ClusterClient::builder(nodes.to_vec())
             .connection_timeout(Duration::from_secs(1))
             .response_timeout(Duration::from_secs(2))
-            .retries(4)
+            .retries(4);
+        let client = certificates
+            .cluster_builder(builder, tls)
             .build()
             .map_err(ConnectError::redis)?;
         let conn = client
             .get_async_connection()
             .await
-            .map_err(ConnectError::redis)?;
+            .map_err(|e| ConnectError::at_connect(e, tls))?;
         Ok(Cluster {
             client,
             conn: RwLock::new(conn),

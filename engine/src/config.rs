@@ -68,6 +68,9 @@ pub struct Config {
     pub order_record: OrderRecord,
     /// Retry policy for Redis errors that may pass (failover, reshard).
     pub retry: Backoff,
+    /// The files of TLS to `rediss://` nodes, cluster and lock nodes alike
+    /// (the `[tls]` table; needs the `tls` feature).
+    pub tls: crate::tls::TlsFiles,
 }
 
 /// How the purchase scripts write a new order on its stream.
@@ -112,6 +115,7 @@ impl Default for Config {
             batch_light_load: 0,
             order_record: OrderRecord::Compact,
             retry: Backoff::default(),
+            tls: crate::tls::TlsFiles::default(),
         }
     }
 }
@@ -173,6 +177,21 @@ impl Config {
         for n in &self.lock_nodes {
             check_redis_url("lock_nodes", n)?;
         }
+        // The cluster client speaks TLS to every node or to none: a slot
+        // map names nodes by address only, so a mix cannot be honoured.
+        let tls_seeds = self
+            .cluster_nodes
+            .iter()
+            .filter(|n| n.starts_with("rediss://"))
+            .count();
+        if tls_seeds != 0 && tls_seeds != self.cluster_nodes.len() {
+            return Err(ConfigError::new(
+                "cluster_nodes",
+                "every seed node is rediss:// or none is: the cluster is reached \
+                 the same way on every node",
+            ));
+        }
+        self.tls.validate().map_err(ConfigError::from)?;
         if self.lock_nodes.len() == 2 {
             return Err(ConfigError::new(
                 "lock_nodes",
@@ -257,20 +276,21 @@ impl Config {
 /// the error names the field and shows the node without its password.
 fn check_redis_url(field: &str, url: &str) -> Result<(), ConfigError> {
     let shown = crate::redact::redis_url(url);
-    if url.starts_with("rediss://") {
-        // No TLS is built in (no crypto provider): refused here, with a
-        // reason, instead of failing (or panicking) at connect time.
+    if url.starts_with("rediss://") && !cfg!(feature = "tls") {
+        // Refused here, with a reason, instead of failing (or panicking:
+        // no crypto provider) at connect time.
         return Err(ConfigError::new(
             field,
             format!(
-                "{shown:?}: TLS (rediss://) is not supported; use redis:// over a trusted link"
+                "{shown:?}: this build has no TLS (rediss://); build flashsale with \
+                 its `tls` feature, or use redis:// over a trusted link"
             ),
         ));
     }
-    if !url.starts_with("redis://") {
+    if !url.starts_with("redis://") && !url.starts_with("rediss://") {
         return Err(ConfigError::new(
             field,
-            format!("{shown:?} must start with redis://"),
+            format!("{shown:?} must start with redis:// or rediss://"),
         ));
     }
     // Read as redis-rs reads it (the url crate): a host, and a port the
@@ -383,8 +403,10 @@ pub(crate) mod millis {
 mod tests {
     use super::*;
 
-    /// No TLS is built in: a `rediss://` node is refused when the config is
-    /// checked, naming the field, never at connect time (where it panicked).
+    /// A build without the `tls` feature refuses a `rediss://` node when the
+    /// config is checked, naming the field, never at connect time (where it
+    /// panicked: no crypto provider). A build with it takes the node, but
+    /// not a cluster reached by TLS on some seeds and not on others.
     #[test]
     fn a_tls_node_url_is_refused_with_a_reason_not_at_connect() {
         for (nodes, locks, field) in [
@@ -404,11 +426,26 @@ mod tests {
                 lock_nodes: locks,
                 ..Config::default()
             };
+            if cfg!(feature = "tls") {
+                assert_eq!(c.validate(), Ok(()));
+                continue;
+            }
             let e = c.validate().unwrap_err();
             assert_eq!(e.field, field);
             assert!(e.problem.contains("TLS"), "{e}");
             assert!(!e.to_string().contains("pw@"), "{e}");
         }
+        let mixed = Config {
+            cluster_nodes: vec![
+                "rediss://:pw@127.0.0.1:7001".to_owned(),
+                "redis://:pw@127.0.0.1:7002".to_owned(),
+            ],
+            lock_nodes: vec![],
+            ..Config::default()
+        };
+        let e = mixed.validate().unwrap_err();
+        assert_eq!(e.field, "cluster_nodes");
+        assert!(!e.to_string().contains("pw@"), "{e}");
     }
 }
 
@@ -420,6 +457,12 @@ pub struct ConfigError {
     pub field: String,
     /// What is wrong with it.
     pub problem: String,
+}
+
+impl From<crate::tls::TlsFileError> for ConfigError {
+    fn from(e: crate::tls::TlsFileError) -> Self {
+        ConfigError::new(e.field, e.problem)
+    }
 }
 
 impl ConfigError {

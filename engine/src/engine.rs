@@ -42,6 +42,7 @@ use crate::placement::SlotMap;
 use crate::replication::WaitBatches;
 use crate::sale::{SaleCache, SaleHandle};
 use crate::scripts::Scripts;
+use crate::tls::Certificates;
 
 /// A cheap-to-clone handle on the inventory cluster.
 #[derive(Clone)]
@@ -65,16 +66,29 @@ impl Engine {
     /// and loads every script on every master.
     pub async fn connect(config: Config) -> Result<Engine, ConnectError> {
         config.validate()?;
+        let certificates =
+            Certificates::load(&config.tls).map_err(crate::config::ConfigError::from)?;
         let stats = Arc::new(Stats::default());
-        let cluster =
-            Arc::new(Cluster::connect(&config.cluster_nodes, config.retry, stats.clone()).await?);
+        let cluster = Arc::new(
+            Cluster::connect(
+                &config.cluster_nodes,
+                config.retry,
+                stats.clone(),
+                &certificates,
+            )
+            .await?,
+        );
         m::describe();
         let locks = if config.lock_nodes.is_empty() {
             None
         } else {
             Some(
-                LockClient::new(&config.lock_nodes, LockConfig::default())
-                    .map_err(ConnectError::Lock)?,
+                LockClient::with_certificates(
+                    &config.lock_nodes,
+                    LockConfig::default(),
+                    &certificates,
+                )
+                .map_err(ConnectError::Lock)?,
             )
         };
         let map = cluster.slot_map().await.map_err(ConnectError::redis)?;

@@ -308,6 +308,17 @@ pub enum ConnectError {
     /// The cluster could not be reached.
     #[error("redis cluster: {0}")]
     Redis(RedisError),
+    /// A `rediss://` node's certificate was refused: signed by no CA this
+    /// client trusts, expired, or for another host name.
+    #[error("redis cluster: the server's TLS certificate was refused: {0}")]
+    Certificate(RedisError),
+    /// A `redis://` node closed the connection at once, as a TLS-only port
+    /// does when spoken to in plain text.
+    #[error(
+        "redis cluster: {0} (the node closed a plain-text connection: if it is \
+         TLS-only, use rediss://)"
+    )]
+    PlainTextRefused(RedisError),
     /// The cluster answers but some slot has no master.
     #[error("redis cluster: not every slot is served")]
     SlotsUncovered,
@@ -322,6 +333,23 @@ impl From<ConfigError> for ConnectError {
 impl ConnectError {
     pub(crate) fn redis(e: RedisError) -> Self {
         ConnectError::Redis(e)
+    }
+
+    /// The first connection's error, told apart where TLS explains it.
+    pub(crate) fn at_connect(e: RedisError, tls: bool) -> Self {
+        // rustls names a refused certificate "invalid peer certificate";
+        // redis-rs keeps the I/O error's text, not its kind, through the
+        // cluster's initial connections.
+        let text = e.to_string();
+        if tls && text.contains("invalid peer certificate") {
+            ConnectError::Certificate(e)
+        } else if !tls
+            && (text.contains("Connection reset") || text.contains("unexpected end of file"))
+        {
+            ConnectError::PlainTextRefused(e)
+        } else {
+            ConnectError::Redis(e)
+        }
     }
 }
 

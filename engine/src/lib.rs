@@ -87,6 +87,7 @@ pub mod scripts;
 #[cfg(feature = "settings")]
 pub mod settings;
 mod sweepers;
+pub mod tls;
 pub mod validate;
 
 pub use config::{Ack, Backoff, Config, OrderRecord};
@@ -109,3 +110,4 @@ pub use settings::{ServerConfig, Settings, SettingsError};
 pub use status::{BucketStatus, SaleStatus};
 pub use sweepers::expiry::ExpiryReport;
 pub use sweepers::fall_through::SweepReport;
+pub use tls::{Certificates, TlsFileError, TlsFiles};

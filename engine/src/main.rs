@@ -104,9 +104,13 @@ async fn dispatch(cli: Cli) -> Result<ExitCode> {
         Command::Sale(cmd) => cli::sale::run(settings, cmd).await,
         Command::Orders(cmd) => cli::orders::run(settings, cmd).await,
         Command::Serve(args) => cli::serve::command(settings, args, cli::shutdown_signal()).await,
-        Command::Lock(cmd) => cli::lock_exec::command(&settings.engine.lock_nodes, cmd).await,
+        Command::Lock(cmd) => {
+            let certificates = flashsale::Certificates::load(&settings.engine.tls)?;
+            cli::lock_exec::command(&settings.engine.lock_nodes, &certificates, cmd).await
+        }
         Command::Semaphore(cmd) => {
-            cli::semaphore_exec::command(&settings.engine.lock_nodes, cmd).await
+            let certificates = flashsale::Certificates::load(&settings.engine.tls)?;
+            cli::semaphore_exec::command(&settings.engine.lock_nodes, &certificates, cmd).await
         }
         Command::Reconcile(args) => cli::reconcile::run(settings, args).await,
     }

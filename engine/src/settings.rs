@@ -552,6 +552,9 @@ mod tests {
         let mut full = Settings::default();
         full.server.admin_token = Some("x".repeat(16));
         full.server.metrics_listen = Some("127.0.0.1:9464".into());
+        full.engine.tls.ca_file = Some("ca.pem".into());
+        full.engine.tls.cert_file = Some("client.pem".into());
+        full.engine.tls.key_file = Some("client.key".into());
         let code: toml::Table =
             toml::from_str(&toml::to_string(&full).expect("serialize")).expect("TOML");
         let mut code_keys = Vec::new();

@@ -12,6 +12,7 @@ pub mod pg;
 pub mod proxy;
 pub mod redis_nodes;
 pub mod serve;
+pub mod tls;
 pub mod waiting;
 
 pub use binaries::*;

@@ -19,7 +19,30 @@ pub fn run(settings: &Settings, cmd: ConfigCommand) -> Result<ExitCode> {
     match cmd {
         ConfigCommand::Check => {
             println!("{}", toml::to_string(&settings.redacted())?);
+            println!("# {}", tls_plan(settings)?);
             Ok(ExitCode::SUCCESS)
         }
     }
+}
+
+/// What the connections to `rediss://` nodes will verify, as a TOML comment
+/// line (the output stays a config file). The `[tls]` files are read here,
+/// so one missing or unreadable fails the check, not the first connect.
+fn tls_plan(settings: &Settings) -> Result<String> {
+    let e = &settings.engine;
+    let tls_nodes = e
+        .cluster_nodes
+        .iter()
+        .chain(&e.lock_nodes)
+        .filter(|n| n.starts_with("rediss://"))
+        .count();
+    if tls_nodes == 0 {
+        return Ok(if e.tls == flashsale::TlsFiles::default() {
+            "TLS: no rediss:// node; plain connections".to_owned()
+        } else {
+            "TLS: [tls] files are set, but no node is rediss://: they are not used".to_owned()
+        });
+    }
+    flashsale::Certificates::load(&e.tls)?;
+    Ok(format!("TLS: {}", e.tls.describe()))
 }

@@ -17,6 +17,7 @@
 //! several, a semaphore's permit), and `stop_signals.rs` is the signals
 //! both execs answer.
 
+use flashsale::Certificates;
 use std::process::ExitCode;
 use std::time::Duration;
 
@@ -144,14 +145,22 @@ pub enum LockCommand {
 }
 
 /// Runs one lock command.
-pub async fn command(lock_nodes: &[String], cmd: LockCommand) -> Result<ExitCode> {
+pub async fn command(
+    lock_nodes: &[String],
+    certificates: &Certificates,
+    cmd: LockCommand,
+) -> Result<ExitCode> {
     match cmd {
-        LockCommand::Exec(args) => run(lock_nodes, args).await,
+        LockCommand::Exec(args) => run(lock_nodes, certificates, args).await,
     }
 }
 
 /// Runs the command under the lock.
-pub async fn run(lock_nodes: &[String], args: LockExecArgs) -> Result<ExitCode> {
+pub async fn run(
+    lock_nodes: &[String],
+    certificates: &Certificates,
+    args: LockExecArgs,
+) -> Result<ExitCode> {
     // Before anything is taken or set: an exec that could not end its
     // command refuses with the nodes as they were.
     super::supervisor::preflight().map_err(|e| anyhow!("{e}"))?;
@@ -159,7 +168,7 @@ pub async fn run(lock_nodes: &[String], args: LockExecArgs) -> Result<ExitCode> 
     // Before the wait: a signal while waiting must leave the queue, not
     // kill the process with its entry still in it.
     let mut stops = StopSignals::install()?;
-    let client = exec_client(lock_nodes, "--ttl", args.ttl)?;
+    let client = exec_client(lock_nodes, certificates, "--ttl", args.ttl)?;
     let code = run_with(&client, &mut stops, args, run_as.as_ref()).await;
     // Whatever dropped calls left to do on the nodes (leave a fair queue,
     // count out as a waiter) is done before the process exits.
@@ -239,7 +248,12 @@ async fn run_with(
 
 /// The lock client of an exec whose grant the watchdog renews every
 /// `lease` (named `flag` on the command line).
-pub fn exec_client(lock_nodes: &[String], flag: &str, lease: Duration) -> Result<LockClient> {
+pub fn exec_client(
+    lock_nodes: &[String],
+    certificates: &Certificates,
+    flag: &str,
+    lease: Duration,
+) -> Result<LockClient> {
     // The watchdog learns of a lost lease only when a renewal round comes
     // back, within the node timeout (100 ms): a shorter lease could end,
     // and the next holder get in, before the loss is known.
@@ -248,12 +262,13 @@ pub fn exec_client(lock_nodes: &[String], flag: &str, lease: Duration) -> Result
             "{flag} must be at least 500ms: a shorter lease can run out before its loss is known"
         ));
     }
-    Ok(LockClient::new(
+    Ok(LockClient::with_certificates(
         lock_nodes,
         LockConfig {
             watchdog_ttl: lease,
             ..LockConfig::default()
         },
+        certificates,
     )?)
 }
 

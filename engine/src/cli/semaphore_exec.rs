@@ -6,6 +6,7 @@
 //! the command's group is killed by its reaper at once. Every exit path is
 //! `lock exec`'s (see there): the same signals, grace, and exit codes.
 
+use flashsale::Certificates;
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
@@ -67,19 +68,27 @@ pub enum SemaphoreCommand {
 }
 
 /// Runs one semaphore command.
-pub async fn command(lock_nodes: &[String], cmd: SemaphoreCommand) -> Result<ExitCode> {
+pub async fn command(
+    lock_nodes: &[String],
+    certificates: &Certificates,
+    cmd: SemaphoreCommand,
+) -> Result<ExitCode> {
     match cmd {
-        SemaphoreCommand::Exec(args) => run(lock_nodes, args).await,
+        SemaphoreCommand::Exec(args) => run(lock_nodes, certificates, args).await,
     }
 }
 
-async fn run(lock_nodes: &[String], args: SemaphoreExecArgs) -> Result<ExitCode> {
+async fn run(
+    lock_nodes: &[String],
+    certificates: &Certificates,
+    args: SemaphoreExecArgs,
+) -> Result<ExitCode> {
     // Before anything is taken or set: an exec that could not end its
     // command refuses with the nodes as they were.
     super::supervisor::preflight().map_err(|e| anyhow!("{e}"))?;
     let run_as = args.user.as_deref().map(RunAs::resolve).transpose()?;
     let mut stops = StopSignals::install()?;
-    let client = exec_client(lock_nodes, "--lease", args.lease)?;
+    let client = exec_client(lock_nodes, certificates, "--lease", args.lease)?;
     let code = run_with(&client, &mut stops, args, run_as.as_ref()).await;
     client.settle().await;
     code

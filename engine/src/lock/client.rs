@@ -2,6 +2,7 @@
 //! what this process holds, and the one place a script runs on every node
 //! in parallel under the per-node timeout.
 
+use crate::tls::Certificates;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -209,6 +210,17 @@ impl LockClient {
     /// its use (should it end, the next lock call restarts the timer on its
     /// own runtime; grants held meanwhile go unrenewed).
     pub fn new(urls: &[String], config: LockConfig) -> Result<LockClient, LockError> {
+        LockClient::with_certificates(urls, config, &Certificates::default())
+    }
+
+    /// [`LockClient::new`] for nodes that may be `rediss://`: their
+    /// connections trust and present what `certificates` holds (the
+    /// config's `[tls]` files, [`Certificates::load`]).
+    pub fn with_certificates(
+        urls: &[String],
+        config: LockConfig,
+        certificates: &Certificates,
+    ) -> Result<LockClient, LockError> {
         if urls.is_empty() {
             return Err(LockError::Config("no lock nodes configured".into()));
         }
@@ -217,7 +229,7 @@ impl LockClient {
         }
         let nodes: Vec<LockNode> = urls
             .iter()
-            .map(|u| LockNode::new(u))
+            .map(|u| LockNode::new(u, certificates))
             .collect::<Result<_, _>>()?;
         let waiters = Arc::new(Waiters::default());
         let listeners = nodes

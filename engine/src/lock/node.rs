@@ -3,6 +3,7 @@
 //! NOSCRIPT (a node restarted empty has no scripts). Never talks to the
 //! inventory cluster.
 
+use crate::tls::Certificates;
 use std::sync::Mutex;
 use std::time::Duration;
 
@@ -38,10 +39,12 @@ impl std::fmt::Display for NodeError {
 }
 
 impl LockNode {
-    /// A node at `url` (`redis://host:port`); connects on first use.
-    pub fn new(url: &str) -> Result<LockNode, super::LockError> {
+    /// A node at `url` (`redis://host:port`, or `rediss://` with
+    /// `certificates`); connects on first use.
+    pub fn new(url: &str, certificates: &Certificates) -> Result<LockNode, super::LockError> {
         let addr = crate::redact::host_port(url);
-        let client = redis::Client::open(url)
+        let client = certificates
+            .client(url)
             .map_err(|e| super::LockError::Config(format!("{addr}: {e}")))?;
         Ok(LockNode {
             addr,

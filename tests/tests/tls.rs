@@ -1,0 +1,260 @@
+//! TLS to Redis on real TLS-only servers (`tests/src/tls.rs`): purchases,
+//! the order writer, a failover and locks over `rediss://`, and the three
+//! ways a connection must fail at connect with a clear error rather than
+//! hang or retry: a CA that signed nothing the server shows, an expired
+//! server certificate, and plain text sent to a TLS port.
+
+use std::time::{Duration, Instant};
+
+use flashsale::lock::{LockClient, LockConfig, LockOptions};
+use flashsale::{Certificates, Config, ConnectError, Engine, PurchaseRequest, SaleSpec};
+use flashsale_tests::tls::TlsRedis;
+use flashsale_tests::{db_order_ids, fast_writer, wait_for_db_orders, PgDb};
+
+fn config(redis: &TlsRedis, ca: &std::path::Path) -> Config {
+    Config {
+        cluster_nodes: redis.seeds(),
+        lock_nodes: redis.lock_urls(),
+        tls: redis.pki.trusting(ca),
+        ..Config::default()
+    }
+}
+
+fn buy<'a>(sku: &'a str, user: &'a str, rid: &'a str) -> PurchaseRequest<'a> {
+    PurchaseRequest {
+        sku,
+        user,
+        qty: 1,
+        request_id: rid,
+    }
+}
+
+/// Over TLS only: sales are made and sold, every order reaches
+/// PostgreSQL through the order writer, reconcile balances, and a lock on
+/// a TLS lock node is taken and given back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn purchases_orders_and_locks_work_over_tls() {
+    let redis = TlsRedis::start(3, 0, 1, false);
+    let engine = Engine::connect(config(&redis, &redis.pki.ca))
+        .await
+        .expect("the engine connects over TLS");
+    engine
+        .create_sale(SaleSpec {
+            buckets: 3,
+            ..SaleSpec::new("tls-sale", 30)
+        })
+        .await
+        .expect("create over TLS");
+    for i in 0..40 {
+        let (user, rid) = (format!("u{i}"), format!("r{i}"));
+        let answer = engine.purchase(buy("tls-sale", &user, &rid)).await;
+        if i < 30 {
+            answer.expect("confirmed over TLS");
+        } else {
+            assert!(
+                matches!(answer, Err(flashsale::PurchaseError::SoldOut)),
+                "{answer:?}"
+            );
+        }
+    }
+    let pg = PgDb::create();
+    let pool = flashsale::db::pool(&pg.url(), 4).expect("pool");
+    let writer = engine
+        .spawn_order_writer(pool.clone(), fast_writer(Duration::from_secs(5)))
+        .await
+        .expect("writer over TLS");
+    wait_for_db_orders(&pool, "tls-sale", 30, Duration::from_secs(60)).await;
+    assert_eq!(db_order_ids(&pool, "tls-sale").await.len(), 30);
+    writer.shutdown().await.expect("writer stops");
+    let ledger = flashsale::ledger::reconcile(&engine, &pool, &["tls-sale".to_owned()])
+        .await
+        .expect("reconcile over TLS");
+    assert!(ledger.iter().all(|r| r.conserved), "{ledger:?}");
+
+    let locks = engine.locks().expect("lock nodes configured");
+    let guard = locks
+        .lock("tls-lock", &LockOptions::new("tls-test"))
+        .await
+        .expect("lock over TLS");
+    assert!(guard.unlock().await, "released over TLS");
+}
+
+/// A master killed over TLS: its replica takes over (the cluster bus and
+/// replication are TLS too), and the engine follows it over TLS.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failover_over_tls_keeps_selling() {
+    let mut redis = TlsRedis::start(3, 1, 0, false);
+    let engine = Engine::connect(config(&redis, &redis.pki.ca))
+        .await
+        .expect("the engine connects over TLS");
+    let status = engine
+        .create_sale(SaleSpec::new("tls-failover", 100))
+        .await
+        .expect("create");
+    engine
+        .purchase(buy("tls-failover", "before", "r1"))
+        .await
+        .expect("confirmed before the kill");
+    let master = status.buckets[0]
+        .master
+        .rsplit_once(':')
+        .and_then(|(_, p)| p.parse::<u16>().ok())
+        .expect("the bucket's master port");
+    redis.kill(master);
+    // Retries of one request until its answer is confirmed: the engine
+    // rides the failover, whatever it takes on a busy machine.
+    let deadline = Instant::now() + Duration::from_secs(90);
+    let confirmed = loop {
+        match engine.purchase(buy("tls-failover", "after", "r2")).await {
+            Ok(c) => break c,
+            Err(e) => assert!(
+                Instant::now() < deadline,
+                "no confirmation over TLS within 90 s of the kill: {e}"
+            ),
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    assert!(!confirmed.order_id.is_empty());
+    let after = engine.sale_status("tls-failover").await.expect("status");
+    assert_ne!(after.buckets[0].master, status.buckets[0].master);
+    assert_eq!(after.remaining, 98, "both purchases kept");
+}
+
+/// Connecting with a CA that signed nothing the servers show, to servers
+/// whose certificate expired, or in plain text to a TLS port, fails at
+/// connect with an error that says so, within seconds (no hang, no retry
+/// storm), and never shows a certificate or key's contents.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_wrong_ca_an_expired_certificate_and_plain_text_fail_at_connect() {
+    let redis = TlsRedis::start(3, 0, 1, false);
+    let expired = TlsRedis::start(0, 0, 1, true);
+    let key_text = std::fs::read_to_string(&redis.pki.key).expect("key");
+    let key_line = key_text.lines().nth(1).expect("a key line").to_owned();
+    let plain = Config {
+        cluster_nodes: redis
+            .seeds()
+            .iter()
+            .map(|s| s.replace("rediss://", "redis://"))
+            .collect(),
+        lock_nodes: Vec::new(),
+        ..Config::default()
+    };
+    let cases = [
+        (
+            "wrong CA",
+            Config {
+                lock_nodes: Vec::new(),
+                ..config(&redis, &redis.pki.other_ca)
+            },
+        ),
+        (
+            "expired",
+            Config {
+                cluster_nodes: expired.lock_urls(),
+                lock_nodes: Vec::new(),
+                tls: expired.pki.trusting(&expired.pki.ca),
+                ..Config::default()
+            },
+        ),
+        ("plain text", plain),
+    ];
+    for (what, config) in cases {
+        let started = Instant::now();
+        let result = tokio::time::timeout(Duration::from_secs(30), Engine::connect(config)).await;
+        let took = started.elapsed();
+        let Ok(result) = result else {
+            panic!("{what}: connect hung for 30 s");
+        };
+        let e = match result {
+            Ok(_) => panic!("{what}: connected"),
+            Err(e) => e,
+        };
+        match what {
+            "plain text" => assert!(
+                matches!(e, ConnectError::PlainTextRefused(_)),
+                "{what}: {e:?}"
+            ),
+            _ => assert!(matches!(e, ConnectError::Certificate(_)), "{what}: {e:?}"),
+        }
+        let text = format!("{e} {e:?}");
+        eprintln!("{what} ({took:?}): {e}");
+        assert!(took < Duration::from_secs(20), "{what}: took {took:?}");
+        assert!(!text.contains(&key_line), "{what}: key material in {text}");
+        assert!(!text.contains("BEGIN"), "{what}: PEM in {text}");
+        if what != "plain text" {
+            assert!(
+                text.to_lowercase().contains("certificate"),
+                "{what}: says it is the certificate: {e}"
+            );
+        }
+    }
+    // A lock node with a CA that signed nothing it shows: the lock call
+    // fails with an error, within its node timeout, not a hang.
+    let certificates = Certificates::load(&redis.pki.trusting(&redis.pki.other_ca)).expect("load");
+    let client =
+        LockClient::with_certificates(&redis.lock_urls(), LockConfig::default(), &certificates)
+            .expect("client");
+    let started = Instant::now();
+    let got = tokio::time::timeout(
+        Duration::from_secs(30),
+        client.try_lock("x", &LockOptions::new("t")),
+    )
+    .await
+    .expect("no hang");
+    match got {
+        Ok(Some(_)) => panic!("locked through a server its CA never signed"),
+        Ok(None) => {}
+        Err(e) => eprintln!("lock node, wrong CA: {e}"),
+    }
+    assert!(started.elapsed() < Duration::from_secs(20));
+}
+
+/// `flashsale config check` takes `rediss://` nodes and says what their
+/// connections will verify; a `[tls]` file it cannot read fails the check,
+/// naming the key, with nothing of the files in the output.
+#[test]
+fn config_check_takes_rediss_and_says_what_it_will_verify() {
+    let dir = tempfile::TempDir::new().expect("temp dir");
+    let pki = flashsale_tests::tls::Pki::make(dir.path());
+    let key_text = std::fs::read_to_string(&pki.key).expect("key");
+    let key_line = key_text.lines().nth(1).expect("a key line").to_owned();
+    let file = dir.path().join("flashsale.toml");
+    let run = |ca: &std::path::Path| {
+        std::fs::write(
+            &file,
+            format!(
+                "cluster_nodes = [\"rediss://:S3cretPw@127.0.0.1:7001\"]\n\
+                 lock_nodes = [\"rediss://127.0.0.1:7101\"]\n\
+                 [tls]\nca_file = {ca:?}\ncert_file = {:?}\nkey_file = {:?}\n",
+                pki.cert, pki.key
+            ),
+        )
+        .expect("write config");
+        let out = flashsale_tests::flashsale_cmd(None, None, &[])
+            .env_remove("FLASHSALE_LOCK_NODES")
+            .arg("--config")
+            .arg(&file)
+            .args(["config", "check"])
+            .output()
+            .expect("run flashsale config check");
+        let text = format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert!(!text.contains("S3cretPw"), "{text}");
+        assert!(!text.contains(&key_line), "{text}");
+        (out.status.success(), text)
+    };
+    let (ok, text) = run(&pki.ca);
+    assert!(ok, "{text}");
+    assert!(
+        text.contains("verifies each server's certificate"),
+        "{text}"
+    );
+    assert!(text.contains(&pki.ca.display().to_string()), "{text}");
+    assert!(text.contains("presents the client certificate"), "{text}");
+    let (ok, text) = run(&dir.path().join("absent-ca.pem"));
+    assert!(!ok, "{text}");
+    assert!(text.contains("tls.ca_file"), "{text}");
+}
