@@ -1,16 +1,14 @@
 -- take.lua: one step of a fall-through walk. Takes stock for a pending
 -- request in a bucket other than the buyer's home bucket, or records that
--- this bucket refused it. Either outcome is final for the walk here (a take
--- for the request: see below for a refusal and a later walk).
+-- this bucket refused it. Either outcome is final for the request here.
 --
 -- Why a refusal is recorded: the engine walks the other buckets in one fixed
 -- order and stops at the first that takes. If a refusal were forgotten, a
 -- retry after a restock could take in a bucket an earlier attempt passed,
 -- while that attempt took further on: two orders for one request. With every
 -- outcome final per bucket, a bucket takes only when each bucket before it
--- refused for good, so at most one bucket ever takes for a walk, however
--- many attempts (and sweepers) walk at once; and a later walk of the
--- request begins only once no attempt of the earlier one can take.
+-- refused for good, so at most one bucket ever takes for a request, however
+-- many attempts (and sweepers) walk at once.
 --
 -- KEYS[1] {tag}:sale         hash: bucket, state, starts_ms, ends_ms, hold_ms
 -- KEYS[2] {tag}:stock        integer, the units left in this bucket
@@ -18,9 +16,7 @@
 --                            order is one field, p or h, as purchase.lua writes it)
 -- KEYS[4] {tag}:r:<n>:<user>:<request_id>   this request's record in this bucket:
 --                              "C:<qty>:<bucket>:<order_id>" took here
---                              "X:<qty>:<code>:<since>"      refused here (code -1/-4/-5)
---                              by a walk that began at since (0: unknown; a
---                              record without it, from an older build: 0)
+--                              "X:<qty>:<code>"              refused here (code -1/-4/-5)
 -- KEYS[5] {tag}:holds        sorted set of held orders (score: expires_ms)
 -- KEYS[6] {tag}:o:<order_id> only when the sale holds orders (hold_ms > 0): the
 --                            order's hold, written when this bucket takes (see
@@ -68,23 +64,8 @@
 -- and no take happens once this master's clock is past since + limit: the
 -- record's expiry and that check read the same clock against the same
 -- since, whatever the skew between masters. The second limit covers this
--- clock stepping back by as much. The home bucket's record of a request
--- refused everywhere lives as long, for the same reason (settle.lua).
---
--- Why a refusal names its walk's start, and a walk with a known start
--- decides again over a refusal of an older one: once the home record of a
--- request refused everywhere expires, a retry begins a new walk. A refusal
--- of the old walk may still stand here (written late by an attempt that
--- was held up, or on a master whose clock runs behind), and would expire
--- on its own schedule, not the new walk's: read as final, one attempt of
--- the new walk would pass this bucket, another take here after it
--- expired, while the first took further on (two orders; the attack on the
--- shorter home record found it). A refusal binds only the attempts of its
--- own walk, and no attempt of the old walk takes anywhere once it was
--- refused everywhere (each bucket refused it for good, or is past its
--- limit), so the new walk owes it nothing. A refusal of an unknown start
--- (0) stays final for everyone, and an old walk still treats a newer
--- walk's refusal as final.
+-- clock stepping back by as much. The home bucket's record, which answers
+-- every retry, keeps request_ttl.
 
 local MAX = 9007199254740991
 local sale = redis.call('HMGET', KEYS[1], 'state', 'bucket', 'starts_ms', 'ends_ms', 'hold_ms', 'sku', 'tag')
@@ -111,12 +92,6 @@ if not since_ms or since_ms < 0 or since_ms > MAX or since_ms ~= math.floor(sinc
   return {-7, '', 0}
 end
 local prior = redis.call('GET', KEYS[4])
-if prior and since_ms > 0 then
-  local by = tonumber(string.match(prior, '^X:%d+:%-?%d+:(%d+)$') or '0')
-  if by > 0 and by < since_ms then
-    prior = nil
-  end
-end
 if prior then
   local kind, pqty, rest = string.match(prior, '^(%u):(%d+):(.*)$')
   if tonumber(pqty) ~= qty then
@@ -132,7 +107,7 @@ if prior then
   if ARGV[6] == '1' then
     redis.call('SET', KEYS[4], prior, 'KEEPTTL')
   end
-  return {tonumber(string.match(rest, '^(%-?%d+)')), '', tonumber(redis.call('GET', KEYS[2]) or '0')}
+  return {tonumber(rest), '', tonumber(redis.call('GET', KEYS[2]) or '0')}
 end
 if ARGV[5] == 'confirm' then
   return {-9, '', 0}
@@ -161,7 +136,7 @@ if refusal then
   if since_ms > 0 then
     keep_ms = math.min(math.max(since_ms + 2 * walk_ms - now_ms, walk_ms), keep_ms)
   end
-  redis.call('SET', KEYS[4], 'X:' .. qty .. ':' .. refusal .. ':' .. string.format('%d', since_ms), 'PX', keep_ms)
+  redis.call('SET', KEYS[4], 'X:' .. qty .. ':' .. refusal, 'PX', keep_ms)
   return {refusal, '', stock}
 end
 

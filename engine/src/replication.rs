@@ -44,13 +44,8 @@ pub(crate) enum Expect {
     Confirmed(String),
     /// Pending (a home reservation before the walk).
     Pending,
-    /// Refused by a bucket for the walk that began at `since` (ms; 0
-    /// unknown): `take.lua`'s `X:<qty>:<code>:<by>` record of that walk, a
-    /// later one, or one of unknown start, which `take.lua` holds final
-    /// for this walk. A refusal of an earlier walk is not: `take.lua`
-    /// decides again over it, so a replica holding only that one holds
-    /// nothing of this walk's.
-    Refused { since: u64 },
+    /// Refused by a bucket of a walk (`take.lua`'s `X:` record).
+    Refused,
     /// A restock's `op:<id>` field with these units (Lua writes numbers
     /// past 10^14 in exponent form, so compared as numbers).
     Units(u64),
@@ -62,9 +57,7 @@ impl Expect {
     /// True when `record` (a record's text, "" when missing) is this outcome.
     pub(crate) fn held_by(&self, record: &str) -> bool {
         match self {
-            Expect::Refused { since } => {
-                refusal_start(record).is_some_and(|by| *since == 0 || by == 0 || by >= *since)
-            }
+            Expect::Refused => record.starts_with("X:"),
             Expect::Units(units) => record.parse::<f64>().ok() == Some(*units as f64),
             Expect::Text(text) => record == *text,
             Expect::Pending => matches!(
@@ -76,19 +69,6 @@ impl Expect {
                 Some(RequestRecord::Confirmed { ref order_id, .. }) if order_id == id
             ),
         }
-    }
-}
-
-/// The walk start a bucket's refusal record names (`X:<qty>:<code>:<by>`;
-/// 0 for a record without one, an older build's), or None when `record`
-/// is no refusal.
-fn refusal_start(record: &str) -> Option<u64> {
-    let rest = record.strip_prefix("X:")?;
-    let mut parts = rest.split(':');
-    let (_qty, _code) = (parts.next()?, parts.next()?);
-    match parts.next() {
-        None => Some(0),
-        Some(by) => by.parse().ok(),
     }
 }
 
@@ -267,32 +247,4 @@ fn probe_key(slot: u16) -> String {
         .find(|tag| crate::placement::tag_slot(tag) == slot)
         .map(|tag| format!("{{{tag}}}:ack-probe"))
         .unwrap_or_default()
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// From the second attack on the shorter refusal records: under
-    /// `ack = replicated` a walk's refusal was counted as held by a
-    /// promoted replica that held only an earlier walk's refusal (any
-    /// `X:` record passed), which `take.lua` no longer holds final for a
-    /// later walk: the new walk's refusal was lost with the failover, one
-    /// attempt went on and took further on, another took here (two
-    /// orders). A refusal is held only by one of this walk, a later one,
-    /// or one of unknown start.
-    #[test]
-    fn a_refusal_of_an_earlier_walk_does_not_hold_a_later_walk_s() {
-        let later = Expect::Refused { since: 2_000 };
-        assert!(!later.held_by("X:1:-1:1000"), "an earlier walk's");
-        assert!(later.held_by("X:1:-1:2000"));
-        assert!(later.held_by("X:1:-4:3000"), "a later walk's");
-        assert!(later.held_by("X:1:-1:0"), "unknown start");
-        assert!(later.held_by("X:1:-1"), "an older build's");
-        assert!(!later.held_by("C:1:1:abc"));
-        assert!(!later.held_by(""));
-        assert!(!later.held_by("X:1:-1:nope"));
-        let unknown = Expect::Refused { since: 0 };
-        assert!(unknown.held_by("X:1:-1:1000"));
-    }
 }

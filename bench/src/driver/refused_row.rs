@@ -7,8 +7,8 @@
 //! two, so every request walks every bucket and all refuse it. The row
 //! gives the masters' `used_memory` per request right after the flood and
 //! once twice the walk limit (`pending_timeout`) has passed since it ended,
-//! when no record of a refused request is needed any more (`take.lua`,
-//! `settle.lua`): nothing of the flood should be left.
+//! when a bucket's refusal is no longer needed and only the home records
+//! (which answer retries for `request_ttl`) should be left.
 
 use std::time::{Duration, Instant};
 

@@ -30,9 +30,6 @@ pub(crate) struct WalkOutcome {
     pub(crate) refusal: Refusal,
     /// Every bucket walked reported no stock at all.
     pub(crate) all_empty: bool,
-    /// When the walk began (the request's pending score; 0 unknown), which
-    /// `settle.lua` checks against the request's current one.
-    pub(crate) since_ms: u64,
 }
 
 impl Engine {
@@ -92,12 +89,6 @@ impl Engine {
             // settle.lua writes a missing record from the outcome, so this
             // is never answered; refuse rather than guess.
             RequestRecord::Missing => Err(unconfirmed("settle.lua left no record")),
-            // A newer attempt of the request is walking (this walk's
-            // all-refused record expired and a retry began again): its
-            // answer is that walk's, not yet known here.
-            RequestRecord::Pending { .. } if settled.superseded => Err(unconfirmed(
-                "a newer attempt of this request is deciding it; retry",
-            )),
             RequestRecord::Pending { .. } => {
                 Err(unconfirmed("settle.lua left the request pending"))
             }
@@ -150,10 +141,6 @@ impl Engine {
             expires_ms: None,
             refusal: Refusal::SoldOut,
             all_empty: true,
-            since_ms: match mode {
-                TakeMode::Take { since_ms } | TakeMode::Refuse { since_ms } => since_ms,
-                TakeMode::Confirm => 0,
-            },
         };
         for step in 1..n {
             let b = &sale.buckets[(home.index as usize + step) % n];
@@ -186,14 +173,7 @@ impl Engine {
                         // A refusal is what lets the walk go on to the next
                         // bucket; a failover that forgot it could let a retry
                         // take here after this walk took further on.
-                        self.ack(
-                            b,
-                            request,
-                            Expect::Refused {
-                                since: out.since_ms,
-                            },
-                        )
-                        .await?;
+                        self.ack(b, request, Expect::Refused).await?;
                     }
                 }
                 TakeReply::UnknownSale => return Err(PurchaseError::UnknownSale(sale.sku.clone())),
@@ -269,8 +249,6 @@ impl Engine {
             record_ttl_secs: self.config().request_ttl_secs(),
             pending_member: &member,
             qty: request.qty,
-            since_ms: walk.since_ms,
-            walk_limit_ms: self.config().walk_limit_ms(),
         };
         let keys = SettleKeys {
             quota: &quota,

@@ -16,18 +16,12 @@ pub(crate) const SOURCE: &str = include_str!("../../../lua/settle.lua");
 pub const SETTLED: i64 = 1;
 /// It was settled already.
 pub const ALREADY: i64 = 0;
-/// The request is pending on a newer walk: this one is stale.
-pub const SUPERSEDED: i64 = 2;
 
 /// `settle.lua`: the request's record after settling.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SettleReply {
     /// True when this call settled the request.
     pub settled: bool,
-    /// True when the request is pending on a walk that began after this
-    /// one (its all-refused record expired and a retry began again): this
-    /// walk settled nothing, and its record is that newer walk's.
-    pub superseded: bool,
     /// The record as it is now.
     pub record: RequestRecord,
 }
@@ -36,22 +30,14 @@ pub struct SettleReply {
 pub(crate) fn decode(v: Value) -> Result<SettleReply, BadReply> {
     const S: &str = "settle";
     let items = array(S, v, 2)?;
-    let (settled, superseded) = match int(S, &items[0])? {
-        SETTLED => (true, false),
-        ALREADY => (false, false),
-        SUPERSEDED => (false, true),
+    let settled = match int(S, &items[0])? {
+        SETTLED => true,
+        ALREADY => false,
         c => return Err(bad(S, format!("code {c}"))),
     };
     let raw = text(S, &items[1])?;
     let record = RequestRecord::parse(&raw).ok_or_else(|| bad(S, format!("record {raw:?}")))?;
-    if superseded && !matches!(record, RequestRecord::Pending { .. }) {
-        return Err(bad(S, format!("superseded with record {raw:?}")));
-    }
-    Ok(SettleReply {
-        settled,
-        superseded,
-        record,
-    })
+    Ok(SettleReply { settled, record })
 }
 
 /// How the walk over the other buckets ended (ARGV[1] to ARGV[4]).
@@ -76,10 +62,6 @@ pub(crate) struct SettleArgs<'a> {
     /// The request's member of the pending set (`keys::pending_member`).
     pub(crate) pending_member: &'a str,
     pub(crate) qty: u64,
-    /// When the walk began (its score in the pending set; 0 unknown).
-    pub(crate) since_ms: u64,
-    /// The walk limit (`pending_timeout`), ms.
-    pub(crate) walk_limit_ms: u64,
 }
 
 impl SettleArgs<'_> {
@@ -99,9 +81,7 @@ impl SettleArgs<'_> {
         };
         call.arg(self.record_ttl_secs)
             .arg(self.pending_member)
-            .arg(self.qty)
-            .arg(self.since_ms)
-            .arg(self.walk_limit_ms);
+            .arg(self.qty);
         call
     }
 }
@@ -119,7 +99,6 @@ mod tests {
             decode(v(1, "C:2:1:abc:def")),
             Ok(SettleReply {
                 settled: true,
-                superseded: false,
                 record: RequestRecord::Confirmed {
                     qty: 2,
                     bucket: 1,
@@ -143,14 +122,6 @@ mod tests {
             Some(RequestRecord::Pending { qty: 3 })
         );
         assert!(decode(v(0, "Z:1")).is_err());
-        assert_eq!(
-            decode(v(2, "P:1")).map(|r| (r.settled, r.superseded)),
-            Ok((false, true))
-        );
-        assert!(
-            decode(v(2, "S:1:-1")).is_err(),
-            "superseded only by a pending walk"
-        );
-        assert!(decode(v(3, "P:1")).is_err());
+        assert!(decode(v(2, "P:1")).is_err());
     }
 }

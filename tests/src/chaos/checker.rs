@@ -545,29 +545,19 @@ fn qty_of(o: &OpRecord) -> u32 {
 
 /// In a sale of more than one bucket a refusal for stock that came from
 /// Redis' scripts is settled into the request's record (`settle.lua`), and
-/// every retry replays it while the record stands: the request is not
-/// confirmed after it, even once a restock came in. (A refusal from the
-/// engine's sold-out flag is not recorded, and the worker marks which is
-/// which; a one-bucket sale records no refusal.) The record stands until at
-/// least twice the walk limit (`pending_timeout`) from its walk's start,
-/// which is no earlier than the request's first attempt; after that a retry
-/// is a new request (`settle.lua`). Under `leader` a refusal in flight
-/// while its master failed over may lose its record: counted apart.
+/// every retry replays it: the request is never confirmed after it, even
+/// once a restock came in. (A refusal from the engine's sold-out flag is
+/// not recorded, and the worker marks which is which; a one-bucket sale
+/// records no refusal.) Under `leader` a refusal in flight while its
+/// master failed over may lose its record: counted apart.
 fn check_refusal_final(v: &mut Verdict, key: &Key<'_>, ops: &[&OpRecord], leader: bool) {
     let (sku, user, rid) = *key;
     let settled = ops.iter().filter(
         |o| matches!(&o.outcome, Outcome::Fail { code, from_scripts: true } if code == "sold_out"),
     );
-    // The walk began at or after the first attempt was sent (the same
-    // machine's clock, to the millisecond: 10 ms of slack).
-    let first_ms = ops.iter().map(|o| o.invoke_ms).min().unwrap_or(0);
-    let stands_until = first_ms + 2 * super::topology::PENDING_TIMEOUT.as_millis() as u64 - 10;
     for f in settled {
         let later_ok = ops.iter().find(|o| {
-            order_id(o).is_some()
-                && qty_of(o) == qty_of(f)
-                && o.invoke_ms > f.complete_ms
-                && o.invoke_ms < stands_until
+            order_id(o).is_some() && qty_of(o) == qty_of(f) && o.invoke_ms > f.complete_ms
         });
         if let Some(ok) = later_ok {
             let kind = if leader && at_risk(f) {

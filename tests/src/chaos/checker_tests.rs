@@ -989,46 +989,6 @@ fn a_multi_bucket_refusal_from_the_scripts_stays_final() {
     }
 }
 
-/// The refusal's record stands until at least twice the walk limit from
-/// the walk's start (`settle.lua`), no earlier than the request's first
-/// attempt: a confirmation sent before that is a changed answer, one sent
-/// after it is a new request, decided again (the record expired).
-#[test]
-fn a_multi_bucket_refusal_is_final_only_while_its_record_stands() {
-    let life = 2 * crate::chaos::topology::PENDING_TIMEOUT.as_millis() as u64;
-    for (ok_at, wrong) in [(life - 100, true), (life + 100, false)] {
-        let mut w = world();
-        w.sales[0].buckets = 2;
-        w.sales[0].stock = 1;
-        if let Some(end) = w.end.get_mut("s") {
-            end.initial = 6;
-            end.stocks = vec![5, 0];
-            end.bucket_initials = vec![6, 0];
-        }
-        // The request's confirmation, moved to `ok_at`.
-        for o in w.ops.iter_mut().filter(|o| o.id == 1) {
-            o.invoke_ms = ok_at;
-            o.complete_ms = ok_at + 5;
-        }
-        w.ops.push(rec(
-            7,
-            buy("s", "u1", "r1", 1),
-            Outcome::Fail {
-                code: "sold_out".into(),
-                from_scripts: true,
-            },
-            2,
-        ));
-        let v = w.verdict();
-        assert_eq!(
-            fired(&v).contains(&Kind::RequestAnswerChanged),
-            wrong,
-            "confirmed at {ok_at}: {:#?}",
-            v.violations
-        );
-    }
-}
-
 /// Issue 33, item 7: the sale's sums balanced while one bucket sold a unit
 /// it never had and another lost one (an oversell covered by a loss). Each
 /// bucket's own ledger shows it, whatever the sale-wide sums say.
