@@ -57,6 +57,7 @@ mod doc_examples {
 // buyer's home bucket), `redact` (the bench prints URLs without their
 // secrets), `validate` and `ratelimit` (the `flashsale` binary's `serve`
 // is a crate of its own). `replies` and `lua` have no user outside.
+pub mod acl;
 mod batch;
 mod cluster;
 pub mod config;

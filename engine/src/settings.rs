@@ -109,7 +109,7 @@ impl Settings {
         // (`server = ["0.0.0.0:1", "token"]`): only a table is a table here.
         for (key, value) in doc.get_ref().iter() {
             let key = key.get_ref().as_ref();
-            if matches!(key, "server" | "retry")
+            if matches!(key, "server" | "retry" | "tls")
                 && !matches!(value.get_ref(), toml::de::DeValue::Table(_))
             {
                 return Err(ParseFailure::NotATable {
@@ -456,7 +456,8 @@ fn is_setting_name(key: &str) -> bool {
         return false;
     };
     let named = |name: &str| {
-        name == "admin_token"
+        // Unset by default, so absent from the defaults' table.
+        matches!(name, "admin_token" | "ca_file" | "cert_file" | "key_file")
             || all.iter().any(|(k, v)| {
                 k == name || matches!(v, toml::Value::Table(inner) if inner.contains_key(name))
             })
@@ -465,7 +466,7 @@ fn is_setting_name(key: &str) -> bool {
     match (parts.next(), parts.next(), parts.next()) {
         (Some(one), None, _) => named(one),
         (Some(table), Some(field), None) => {
-            matches!(table, "server" | "retry") && named(field.trim_matches('"'))
+            matches!(table, "server" | "retry" | "tls") && named(field.trim_matches('"'))
         }
         _ => false,
     }
@@ -564,6 +565,28 @@ mod tests {
             missing.is_empty(),
             "keys the page does not document: {missing:?}"
         );
+    }
+
+    /// docs/deployment.md's worked example is a config the binary takes:
+    /// it parses, and both halves validate (the TLS file it names is read
+    /// only at connect and by `config check`).
+    #[test]
+    fn the_deployment_example_is_a_valid_config() {
+        let page = include_str!("../../docs/deployment.md");
+        let block = page
+            .split("```toml\n")
+            .nth(1)
+            .and_then(|b| b.split("```").next())
+            .expect("a toml block in docs/deployment.md");
+        let s = Settings::parse(block).expect("the example parses");
+        assert_eq!(s.engine.validate(), Ok(()));
+        assert_eq!(s.server.validate(), Ok(()));
+        assert!(s
+            .engine
+            .cluster_nodes
+            .iter()
+            .all(|n| n.starts_with("rediss://")));
+        assert!(s.engine.tls.ca_file.is_some());
     }
 
     #[test]
