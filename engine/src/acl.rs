@@ -17,7 +17,8 @@ pub const INVENTORY_RULE: &str = "resetkeys ~{* resetchannels -@all \
      +get +set +del +exists +incr +incrby +decrby +pttl +pexpire +pexpireat +time \
      +hget +hmget +hset +hsetnx +hdel +hincrby +hgetall +sadd +smembers \
      +zadd +zrem +zscore +zrange +zrangebyscore +zcard \
-     +xadd +xlen +xrange +xdel +xtrim +xinfo +xgroup +xreadgroup +xack +xautoclaim +xpending";
+     +xadd +xlen +xrange +xdel +xtrim +xreadgroup +xack +xautoclaim +xpending \
+     +xgroup|create +xgroup|delconsumer +xinfo|groups +xinfo|stream +xinfo|consumers";
 
 /// The lock nodes' user: the locks' keys (every one starts `flashsale:`:
 /// locks, fences, waiters, queues, semaphores, latches), the release

@@ -163,6 +163,16 @@ impl Config {
         }
     }
 
+    /// Whether any node, of the cluster or the locks, is `rediss://`: only
+    /// then are the `[tls]` files read (`flashsale config check` says they
+    /// are unused otherwise, and every command agrees).
+    pub fn uses_tls(&self) -> bool {
+        self.cluster_nodes
+            .iter()
+            .chain(&self.lock_nodes)
+            .any(|n| n.starts_with("rediss://"))
+    }
+
     /// Checks the values that cannot be right; names the field that is not.
     pub fn validate(&self) -> Result<(), ConfigError> {
         if self.cluster_nodes.is_empty() {

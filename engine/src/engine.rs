@@ -66,8 +66,11 @@ impl Engine {
     /// and loads every script on every master.
     pub async fn connect(config: Config) -> Result<Engine, ConnectError> {
         config.validate()?;
-        let certificates =
-            Certificates::load(&config.tls).map_err(crate::config::ConfigError::from)?;
+        let certificates = if config.uses_tls() {
+            Certificates::load(&config.tls).map_err(crate::config::ConfigError::from)?
+        } else {
+            Certificates::default()
+        };
         let stats = Arc::new(Stats::default());
         let cluster = Arc::new(
             Cluster::connect(

@@ -105,13 +105,23 @@ async fn dispatch(cli: Cli) -> Result<ExitCode> {
         Command::Orders(cmd) => cli::orders::run(settings, cmd).await,
         Command::Serve(args) => cli::serve::command(settings, args, cli::shutdown_signal()).await,
         Command::Lock(cmd) => {
-            let certificates = flashsale::Certificates::load(&settings.engine.tls)?;
+            let certificates = tls_files(&settings)?;
             cli::lock_exec::command(&settings.engine.lock_nodes, &certificates, cmd).await
         }
         Command::Semaphore(cmd) => {
-            let certificates = flashsale::Certificates::load(&settings.engine.tls)?;
+            let certificates = tls_files(&settings)?;
             cli::semaphore_exec::command(&settings.engine.lock_nodes, &certificates, cmd).await
         }
         Command::Reconcile(args) => cli::reconcile::run(settings, args).await,
+    }
+}
+
+/// The `[tls]` files, read only when some node is `rediss://` (as the
+/// engine and `config check` do).
+fn tls_files(settings: &Settings) -> Result<flashsale::Certificates, flashsale::TlsFileError> {
+    if settings.engine.uses_tls() {
+        flashsale::Certificates::load(&settings.engine.tls)
+    } else {
+        Ok(flashsale::Certificates::default())
     }
 }

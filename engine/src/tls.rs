@@ -7,7 +7,7 @@
 //! and a build without the `tls` feature builds every client from its
 //! URL alone (`Config::validate` refuses `rediss://` there).
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 use serde::{Deserialize, Serialize};
 
@@ -67,12 +67,17 @@ impl TlsFiles {
     /// What a connection to a `rediss://` node will check, in words, for
     /// `flashsale config check`.
     pub fn describe(&self) -> String {
+        // Paths quoted and escaped: `config check` prints this as a comment
+        // line of its TOML output, which a newline in a path would end.
         let roots = match &self.ca_file {
-            Some(ca) => format!("the CA certificates in {}", ca.display()),
+            Some(ca) => format!("the CA certificates in {:?}", ca.display().to_string()),
             None => "the system's root certificates".to_owned(),
         };
         let client = match &self.cert_file {
-            Some(cert) => format!("; presents the client certificate {}", cert.display()),
+            Some(cert) => format!(
+                "; presents the client certificate {:?}",
+                cert.display().to_string()
+            ),
             None => "; presents no client certificate".to_owned(),
         };
         format!(
@@ -112,13 +117,13 @@ impl Certificates {
                 return Ok(Certificates { inner: None });
             }
             let root_cert = match &files.ca_file {
-                Some(p) => Some(read_pem("tls.ca_file", p)?),
+                Some(p) => Some(read_pem("tls.ca_file", p, Pem::Certificates)?),
                 None => None,
             };
             let client_tls = match (&files.cert_file, &files.key_file) {
                 (Some(c), Some(k)) => Some(redis::ClientTlsConfig {
-                    client_cert: read_pem("tls.cert_file", c)?,
-                    client_key: read_pem("tls.key_file", k)?,
+                    client_cert: read_pem("tls.cert_file", c, Pem::Certificates)?,
+                    client_key: read_pem("tls.key_file", k, Pem::PrivateKey)?,
                 }),
                 _ => None,
             };
@@ -183,29 +188,72 @@ pub(crate) fn install_crypto_provider() {
     });
 }
 
-/// The file at `path`, which must hold PEM text. Its contents never reach
-/// an error: a key is a secret.
+/// What a `[tls]` file must hold.
 #[cfg(feature = "tls")]
-fn read_pem(field: &'static str, path: &Path) -> Result<Vec<u8>, TlsFileError> {
-    let bytes = std::fs::read(path).map_err(|e| {
-        TlsFileError::new(
-            field,
-            format!("{} could not be read: {}", path.display(), e.kind()),
-        )
+#[derive(Clone, Copy)]
+enum Pem {
+    /// One or more certificates.
+    Certificates,
+    /// One private key (PKCS#8, PKCS#1 or SEC1, unencrypted).
+    PrivateKey,
+}
+
+/// Largest `[tls]` file read: a bundle of every public root is about
+/// 220 KB; a path to something else (a device, a log) is refused before
+/// it is read whole.
+#[cfg(feature = "tls")]
+const MAX_PEM_BYTES: u64 = 1 << 20;
+
+/// The file at `path`, which must be a regular file holding what `what`
+/// says, parsed here with rustls' own PEM types (the ones redis-rs parses
+/// it with again) so that nothing the file holds can reach an error: a
+/// parser's error carries the text it stopped at, and in a key file that
+/// is the key.
+#[cfg(feature = "tls")]
+fn read_pem(
+    field: &'static str,
+    path: &std::path::Path,
+    what: Pem,
+) -> Result<Vec<u8>, TlsFileError> {
+    use rustls::pki_types::pem::PemObject;
+    use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+    let shown = format!("{:?}", path.display().to_string());
+    let meta = std::fs::metadata(path).map_err(|e| {
+        TlsFileError::new(field, format!("{shown} could not be read: {}", e.kind()))
     })?;
-    if !bytes.windows(11).any(|w| w == b"-----BEGIN ") {
+    if !meta.is_file() {
         return Err(TlsFileError::new(
             field,
-            format!("{} holds no PEM block", path.display()),
+            format!("{shown} is not a regular file"),
+        ));
+    }
+    if meta.len() > MAX_PEM_BYTES {
+        return Err(TlsFileError::new(
+            field,
+            format!("{shown} is larger than {MAX_PEM_BYTES} bytes"),
+        ));
+    }
+    let bytes = std::fs::read(path).map_err(|e| {
+        TlsFileError::new(field, format!("{shown} could not be read: {}", e.kind()))
+    })?;
+    let parsed = match what {
+        Pem::Certificates => {
+            let certs: Result<Vec<_>, _> = CertificateDer::pem_slice_iter(&bytes).collect();
+            certs.is_ok_and(|c| !c.is_empty())
+        }
+        Pem::PrivateKey => PrivateKeyDer::from_pem_slice(&bytes).is_ok(),
+    };
+    if !parsed {
+        let expected = match what {
+            Pem::Certificates => "PEM certificates (-----BEGIN CERTIFICATE-----)",
+            Pem::PrivateKey => "an unencrypted PEM private key (PKCS#8, PKCS#1 or SEC1)",
+        };
+        return Err(TlsFileError::new(
+            field,
+            format!("{shown} does not hold {expected}"),
         ));
     }
     Ok(bytes)
-}
-
-#[cfg(not(feature = "tls"))]
-#[allow(dead_code)]
-fn read_pem(_field: &'static str, _path: &Path) -> Result<Vec<u8>, TlsFileError> {
-    Ok(Vec::new())
 }
 
 #[cfg(test)]
@@ -227,6 +275,47 @@ mod tests {
         assert!(TlsFiles::default().validate().is_ok());
     }
 
+    /// From the attack on TLS: a key file holding its PEM on one line (what
+    /// `echo $KEY > client.key` writes) passed the load, and redis-rs's
+    /// parser then put the whole key, as a byte array, in the connect
+    /// error every command printed. The files are parsed here, and a file
+    /// that does not parse gets a fixed message.
+    #[cfg(feature = "tls")]
+    #[test]
+    fn a_one_line_key_is_refused_at_load_and_never_printed() {
+        use rustls::pki_types::pem::PemObject;
+        let dir = std::env::temp_dir().join(format!("flashsale-tls-flat-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("temp dir");
+        // A real key, generated by rustls' own types round trip is not
+        // available: any base64 body shows the leak as well as a key.
+        let body = "MIIEvQIBADANBgkqhkiG9w0BAQEFAASCBKcwggSjAgEAAoIBAQC7S3cretKeyBytesAA";
+        let flat = format!("-----BEGIN PRIVATE KEY----- {body} -----END PRIVATE KEY-----");
+        let key = dir.join("flat.key");
+        std::fs::write(&key, &flat).expect("write");
+        assert!(
+            rustls::pki_types::PrivateKeyDer::from_pem_slice(flat.as_bytes()).is_err(),
+            "setup: the one-line key does not parse"
+        );
+        let ca = dir.join("ca.pem");
+        std::fs::write(
+            &ca,
+            format!("-----BEGIN CERTIFICATE-----\n{body}\n-----END CERTIFICATE-----\n"),
+        )
+        .expect("write");
+        let files = TlsFiles {
+            ca_file: None,
+            cert_file: Some(ca.clone()),
+            key_file: Some(key.clone()),
+        };
+        let e = Certificates::load(&files).expect_err("a key that does not parse");
+        assert_eq!(e.field, "tls.key_file", "{e}");
+        let text = format!("{e} {e:?}");
+        assert!(!text.contains("cretKey"), "{text}");
+        // Nor as the bytes of the key ("80, 82, 73, 86": "PRIV").
+        assert!(!text.contains("80, 82, 73"), "{text}");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
     #[cfg(feature = "tls")]
     #[test]
     fn a_key_file_s_contents_never_reach_an_error() {
@@ -240,7 +329,7 @@ mod tests {
             ..TlsFiles::default()
         };
         let e = Certificates::load(&files).unwrap_err();
-        assert!(e.problem.contains("no PEM block"), "{e}");
+        assert!(e.problem.contains("does not hold"), "{e}");
         assert!(!e.to_string().contains("S3cret"), "{e}");
         let missing = TlsFiles {
             ca_file: Some(dir.join("absent.pem")),
@@ -249,6 +338,16 @@ mod tests {
         let e = Certificates::load(&missing).unwrap_err();
         assert_eq!(e.field, "tls.ca_file");
         assert!(e.problem.contains("could not be read"), "{e}");
+        // A directory, or a device, is refused before any read (a FIFO
+        // hung the check; /dev/zero would have taken all memory).
+        for odd in [dir.clone(), std::path::PathBuf::from("/dev/zero")] {
+            let e = Certificates::load(&TlsFiles {
+                ca_file: Some(odd),
+                ..TlsFiles::default()
+            })
+            .unwrap_err();
+            assert!(e.problem.contains("not a regular file"), "{e}");
+        }
         let _ = std::fs::remove_dir_all(&dir);
     }
 }

@@ -171,6 +171,10 @@ async fn the_engine_the_writer_and_the_locks_run_under_the_least_privilege_rules
         vec!["KEYS", "*"],
         vec!["CONFIG", "GET", "*"],
         vec!["GET", "not-a-tag"],
+        // The writers' group is created and its dead consumers deleted,
+        // never destroyed or moved (the attack on this rule did both).
+        vec!["XGROUP", "DESTROY", "{acl}:orders", "writers"],
+        vec!["XGROUP", "SETID", "{acl}:orders", "writers", "0"],
     ] {
         let mut q = redis::cmd(cmd[0]);
         for a in &cmd[1..] {

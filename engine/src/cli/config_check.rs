@@ -30,13 +30,7 @@ pub fn run(settings: &Settings, cmd: ConfigCommand) -> Result<ExitCode> {
 /// so one missing or unreadable fails the check, not the first connect.
 fn tls_plan(settings: &Settings) -> Result<String> {
     let e = &settings.engine;
-    let tls_nodes = e
-        .cluster_nodes
-        .iter()
-        .chain(&e.lock_nodes)
-        .filter(|n| n.starts_with("rediss://"))
-        .count();
-    if tls_nodes == 0 {
+    if !e.uses_tls() {
         return Ok(if e.tls == flashsale::TlsFiles::default() {
             "TLS: no rediss:// node; plain connections".to_owned()
         } else {
@@ -44,5 +38,15 @@ fn tls_plan(settings: &Settings) -> Result<String> {
         });
     }
     flashsale::Certificates::load(&e.tls)?;
-    Ok(format!("TLS: {}", e.tls.describe()))
+    let plain = e
+        .lock_nodes
+        .iter()
+        .filter(|n| n.starts_with("redis://"))
+        .count();
+    let warning = if plain > 0 {
+        format!(" (and {plain} lock node(s) over plain redis://, their passwords in clear)")
+    } else {
+        String::new()
+    };
+    Ok(format!("TLS: {}{warning}", e.tls.describe()))
 }
