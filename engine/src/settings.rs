@@ -514,18 +514,21 @@ mod tests {
         }
     }
 
+    /// The first ```toml block of a docs page.
+    fn first_toml_block(page: &str) -> &str {
+        page.split("```toml\n")
+            .nth(1)
+            .and_then(|b| b.split("```").next())
+            .expect("a toml block in the page")
+    }
+
     /// docs/configuration.md cannot drift from the code: its example (with
     /// the keys it shows commented out, unset by default) parses as
     /// settings, so every key it names exists and takes the value shown,
     /// and every key the code has is in it.
     #[test]
     fn the_configuration_page_names_every_key_and_only_real_ones() {
-        let page = include_str!("../../docs/configuration.md");
-        let block = page
-            .split("```toml\n")
-            .nth(1)
-            .and_then(|b| b.split("```").next())
-            .expect("a toml block in docs/configuration.md");
+        let block = first_toml_block(include_str!("../../docs/configuration.md"));
         // `# key = value` lines are keys shown unset: uncommented here.
         let text: String = block
             .lines()
@@ -572,12 +575,7 @@ mod tests {
     /// only at connect and by `config check`).
     #[test]
     fn the_deployment_example_is_a_valid_config() {
-        let page = include_str!("../../docs/deployment.md");
-        let block = page
-            .split("```toml\n")
-            .nth(1)
-            .and_then(|b| b.split("```").next())
-            .expect("a toml block in docs/deployment.md");
+        let block = first_toml_block(include_str!("../../docs/deployment.md"));
         let s = Settings::parse(block).expect("the example parses");
         assert_eq!(s.engine.validate(), Ok(()));
         assert_eq!(s.server.validate(), Ok(()));
