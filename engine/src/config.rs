@@ -212,6 +212,13 @@ impl Config {
         if self.postgres_url.trim().is_empty() {
             return Err(ConfigError::new("postgres_url", "must not be empty"));
         }
+        // The TLS options (sslmode, sslrootcert, ...) are checked now; the
+        // files they name are read when the pool is made.
+        #[cfg(feature = "postgres")]
+        if let Err(crate::pg_tls::PgTlsError(why)) = crate::pg_tls::PgTls::split(&self.postgres_url)
+        {
+            return Err(ConfigError::new("postgres_url", why));
+        }
         // The orders table's qty is a 32-bit integer: a larger purchase would
         // be confirmed, then dead-lettered by the order writer.
         if !(1..=i32::MAX as u32).contains(&self.max_qty) {

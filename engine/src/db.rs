@@ -23,11 +23,16 @@ pub enum DbError {
     /// The connection string does not parse.
     #[error("postgres_url: {0}")]
     Url(String),
+    /// The TLS options of the connection string (`sslmode`, `sslrootcert`,
+    /// `sslcert`, `sslkey`) cannot be used: which, and why (never what a
+    /// file holds).
+    #[error("postgres_url: {0}")]
+    Tls(String),
     /// No connection could be had from the pool.
     #[error("postgres unreachable: {0}")]
     Unreachable(String),
     /// A statement failed.
-    #[error("postgres: {0}")]
+    #[error("postgres: {}", with_causes(.0))]
     Query(#[from] tokio_postgres::Error),
     /// A fenced write carried a token lower than one the resource accepted.
     #[error("stale fencing token {token} for {resource:?}")]
@@ -39,32 +44,62 @@ pub enum DbError {
     },
 }
 
+impl From<crate::pg_tls::PgTlsError> for DbError {
+    fn from(e: crate::pg_tls::PgTlsError) -> Self {
+        DbError::Tls(e.0)
+    }
+}
+
 /// How long the server lets a flashsale write transaction sit idle before
 /// it ends the session (`idle_in_transaction_session_timeout`, set with
 /// `SET LOCAL` by [`begin`]). Each of them runs its statements back to
 /// back.
 pub const IDLE_IN_TRANSACTION: &str = "30s";
 
-/// A pool of connections to `url` (a tokio-postgres connection string). No
-/// connection is opened until one is needed; a broken one is replaced.
+/// A pool of connections to `url` (a libpq connection string, key=value or
+/// URL; its TLS options are read by [`crate::pg_tls`]). No connection is
+/// opened until one is needed; a broken one is replaced. The TLS files are
+/// read here, so a wrong one fails before any connection.
 pub fn pool(url: &str, max_size: usize) -> Result<Pool, DbError> {
-    let mut pg: tokio_postgres::Config = url
+    let (driver_url, tls) = crate::pg_tls::PgTls::split(url)?;
+    let mut pg: tokio_postgres::Config = driver_url
         .parse()
         .map_err(|e: tokio_postgres::Error| DbError::Url(e.to_string()))?;
     if pg.get_connect_timeout().is_none() {
         pg.connect_timeout(std::time::Duration::from_secs(2));
     }
-    let manager = Manager::from_config(
-        pg,
-        NoTls,
-        ManagerConfig {
-            recycling_method: RecyclingMethod::Fast,
-        },
-    );
+    let config = ManagerConfig {
+        recycling_method: RecyclingMethod::Fast,
+    };
+    let manager = match tls_connector(&tls)? {
+        Some(connector) => Manager::from_config(pg, connector, config),
+        None => Manager::from_config(pg, NoTls, config),
+    };
     Pool::builder(manager)
         .max_size(max_size)
         .build()
         .map_err(|e| DbError::Url(e.to_string()))
+}
+
+#[cfg(feature = "postgres-tls")]
+fn tls_connector(
+    tls: &crate::pg_tls::PgTls,
+) -> Result<Option<tokio_postgres_rustls::MakeRustlsConnect>, DbError> {
+    Ok(tls.connector()?)
+}
+
+/// A build without `postgres-tls` connects in plain text only: a string
+/// that asks for TLS is refused rather than quietly sent in clear.
+#[cfg(not(feature = "postgres-tls"))]
+fn tls_connector(tls: &crate::pg_tls::PgTls) -> Result<Option<NoTls>, DbError> {
+    if tls.mode == crate::pg_tls::SslMode::Disable {
+        return Ok(None);
+    }
+    Err(DbError::Tls(
+        "sslmode asks for TLS, and this build has no TLS to PostgreSQL \
+         (the postgres-tls feature)"
+            .into(),
+    ))
 }
 
 /// Starts a write transaction on `c` that the server ends if it sits idle
@@ -86,11 +121,30 @@ pub async fn begin(
     Ok(tx)
 }
 
+/// An error and every cause under it, as one line. tokio-postgres shows a
+/// server's refusal as "db error" alone, its message (`no pg_hba.conf entry
+/// ... no encryption`, `password authentication failed`) one source below,
+/// and a TLS failure's reason likewise: without them an operator is told
+/// nothing. Server messages and rustls reasons name no secret.
+fn with_causes(e: &dyn std::error::Error) -> String {
+    let mut line = e.to_string();
+    let mut cause = e.source();
+    while let Some(c) = cause {
+        let text = c.to_string();
+        if !line.contains(&text) {
+            line.push_str(": ");
+            line.push_str(&text);
+        }
+        cause = c.source();
+    }
+    line
+}
+
 /// A connection from the pool.
 pub async fn client(pool: &Pool) -> Result<deadpool_postgres::Object, DbError> {
     pool.get()
         .await
-        .map_err(|e| DbError::Unreachable(e.to_string()))
+        .map_err(|e| DbError::Unreachable(with_causes(&e)))
 }
 
 /// Applies every migration not yet recorded in `flashsale_migrations`.

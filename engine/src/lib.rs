@@ -76,6 +76,8 @@ pub mod order_id;
 pub mod order_state;
 #[cfg(feature = "postgres")]
 pub mod orders;
+#[cfg(feature = "postgres")]
+pub mod pg_tls;
 pub mod placement;
 #[cfg(feature = "planted-bugs")]
 #[doc(hidden)]

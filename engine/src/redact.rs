@@ -70,7 +70,12 @@ pub fn redis_url(url: &str) -> String {
 #[cfg(feature = "postgres")]
 pub fn postgres_url(url: &str) -> String {
     use tokio_postgres::config::Host;
-    let Ok(c) = url.parse::<tokio_postgres::Config>() else {
+    // libpq's TLS options first, as the pool reads them: the driver alone
+    // refuses `sslmode=verify-full`.
+    let Ok((driver_url, tls)) = crate::pg_tls::PgTls::split(url) else {
+        return HIDDEN_PG.into();
+    };
+    let Ok(c) = driver_url.parse::<tokio_postgres::Config>() else {
         return HIDDEN_PG.into();
     };
     let mut shown = Vec::new();
@@ -101,6 +106,9 @@ pub fn postgres_url(url: &str) -> String {
     }
     if c.get_password().is_some() {
         shown.push("password=<redacted>".into());
+    }
+    if let Some(mode) = tls.mode_name() {
+        shown.push(format!("sslmode={mode}"));
     }
     shown.join(" ")
 }
@@ -245,6 +253,9 @@ mod tests {
             "postgres://postgres:PgPw-S3cret@127.0.0.1:5432/x",
             "postgres://u:p@PgPw-S3cret@127.0.0.1/x",
             "postgresql://postgres@127.0.0.1/x?password=PgPw-S3cret&sslmode=disable",
+            "host=db password=PgPw-S3cret sslmode=verify-full sslrootcert=/ca.crt",
+            "postgres://u:PgPw-S3cret@db/x?sslmode=verify-ca&sslrootcert=%2Fca.crt",
+            "host=db password=PgPw-S3cret sslmode=verify-full",
         ] {
             let shown = postgres_url(pg);
             assert!(!shown.contains("S3cret"), "{pg}: {shown}");
@@ -252,6 +263,10 @@ mod tests {
         assert_eq!(
             postgres_url("postgres://fs:S3cret@db.internal:5433/orders?sslmode=disable"),
             "host=db.internal port=5433 user=fs dbname=orders password=<redacted>"
+        );
+        assert_eq!(
+            postgres_url("host=db.internal user=fs password=S3cret sslmode=verify-full sslrootcert='/etc/ca.crt'"),
+            "host=db.internal user=fs password=<redacted> sslmode=verify-full"
         );
         assert_eq!(
             postgres_url("host=127.0.0.1 user=postgres dbname='my db'"),

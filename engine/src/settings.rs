@@ -585,6 +585,11 @@ mod tests {
             .iter()
             .all(|n| n.starts_with("rediss://")));
         assert!(s.engine.tls.ca_file.is_some());
+        #[cfg(feature = "postgres")]
+        {
+            let (_, pg) = crate::pg_tls::PgTls::split(&s.engine.postgres_url).expect("pg tls");
+            assert_eq!(pg.mode, crate::pg_tls::SslMode::VerifyFull);
+        }
     }
 
     #[test]

@@ -9,6 +9,7 @@ pub mod binaries;
 pub mod chaos;
 pub mod fixture;
 pub mod pg;
+pub mod pg_tls;
 pub mod proxy;
 pub mod redis_nodes;
 pub mod serve;

@@ -28,9 +28,16 @@ impl ServeProcess {
     /// TOML keys, `server` adds keys of the `[server]` table; the retry
     /// deadline is 1.5 s so an unreachable cluster answers 503 quickly.
     pub fn start(cluster: &RedisCluster, pg: &PgDb, top: &str, server: &str) -> ServeProcess {
+        ServeProcess::start_on(&cluster.seeds(), &pg.url(), top, server)
+    }
+
+    /// As [`ServeProcess::start`], on any seed nodes and PostgreSQL
+    /// connection string (the TLS tests give `rediss://` seeds and a
+    /// `sslmode=verify-full` string).
+    pub fn start_on(seeds: &[String], postgres_url: &str, top: &str, server: &str) -> ServeProcess {
         let dir = TempDir::new().expect("dir");
         let port = free_port();
-        let seeds: Vec<String> = cluster.seeds().iter().map(|s| format!("{s:?}")).collect();
+        let seeds: Vec<String> = seeds.iter().map(|s| format!("{s:?}")).collect();
         let config = dir.path().join("flashsale.toml");
         // `top` may set lock_nodes itself; otherwise there are none.
         let locks = if top.contains("lock_nodes") {
@@ -43,7 +50,7 @@ impl ServeProcess {
              [server]\nlisten = \"127.0.0.1:{port}\"\nadmin_token = {token:?}\nreconcile_every_ms = 500\n{server}\n\n\
              [retry]\ndeadline_ms = 1500\n",
             seeds = seeds.join(", "),
-            pg = pg.url(),
+            pg = postgres_url,
             token = ADMIN_TOKEN,
         );
         std::fs::write(&config, text).expect("write config");

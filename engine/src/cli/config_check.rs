@@ -20,6 +20,7 @@ pub fn run(settings: &Settings, cmd: ConfigCommand) -> Result<ExitCode> {
         ConfigCommand::Check => {
             println!("{}", toml::to_string(&settings.redacted())?);
             println!("# {}", tls_plan(settings)?);
+            println!("# {}", postgres_plan(settings)?);
             Ok(ExitCode::SUCCESS)
         }
     }
@@ -49,4 +50,16 @@ fn tls_plan(settings: &Settings) -> Result<String> {
         String::new()
     };
     Ok(format!("TLS: {}{warning}", e.tls.describe()))
+}
+
+/// What the connections to PostgreSQL will verify (libpq's `sslmode` and
+/// `sslrootcert` in `postgres_url`), as a TOML comment line. The files are
+/// read here, so a missing CA or a key that is not the certificate's fails
+/// the check.
+fn postgres_plan(settings: &Settings) -> Result<String> {
+    let url = &settings.engine.postgres_url;
+    let (_, tls) = flashsale::pg_tls::PgTls::split(url)?;
+    // The pool reads the files the same way at start; nothing connects.
+    flashsale::db::pool(url, 1)?;
+    Ok(tls.describe())
 }

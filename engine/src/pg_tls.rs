@@ -1,0 +1,623 @@
+//! TLS to PostgreSQL, asked for the way every PostgreSQL client asks for
+//! it: libpq's `sslmode`, `sslrootcert`, `sslcert` and `sslkey` in
+//! `postgres_url`. tokio-postgres reads only `disable`, `prefer` and
+//! `require`, and verifies nothing itself; this module takes the four
+//! options out of the string before the driver reads it, and builds the
+//! rustls connector (tokio-postgres-rustls) that does what the mode
+//! promises. Why a module of its own: the pool, the redacted display and
+//! `flashsale config check` must read the string the same way.
+//!
+//! One departure from libpq, on purpose: with no `sslmode` flashsale
+//! connects in plain text, as it always has (libpq's default, `prefer`,
+//! would encrypt without verifying anything, and only when the server
+//! offers it). `sslmode=prefer` is accepted and means what it means in
+//! libpq.
+
+use std::path::PathBuf;
+
+/// Why the TLS options of a `postgres_url` cannot be used: which option,
+/// and why (never the string, which may hold a password, nor what a file
+/// holds). `crate::db` gives it as `DbError::Tls`.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct PgTlsError(pub String);
+
+/// libpq's `sslmode`, as flashsale honours it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum SslMode {
+    /// Plain text (also what no `sslmode` means here).
+    #[default]
+    Disable,
+    /// TLS when the server offers it, without verifying the server.
+    Prefer,
+    /// TLS always; the server verified against `sslrootcert` only when it
+    /// is given (libpq's rule).
+    Require,
+    /// TLS, the server's certificate chain verified against `sslrootcert`.
+    VerifyCa,
+    /// As `VerifyCa`, and the certificate must name the host connected to.
+    VerifyFull,
+}
+
+impl SslMode {
+    fn parse(v: &str) -> Result<SslMode, PgTlsError> {
+        Ok(match v {
+            "disable" => SslMode::Disable,
+            "prefer" => SslMode::Prefer,
+            "require" => SslMode::Require,
+            "verify-ca" => SslMode::VerifyCa,
+            "verify-full" => SslMode::VerifyFull,
+            _ => {
+                return Err(PgTlsError(
+                    "sslmode must be disable, prefer, require, verify-ca or verify-full".into(),
+                ))
+            }
+        })
+    }
+
+    /// The mode as written, `None` for no TLS.
+    fn written(self) -> Option<&'static str> {
+        match self {
+            SslMode::Disable => None,
+            SslMode::Prefer => Some("prefer"),
+            SslMode::Require => Some("require"),
+            SslMode::VerifyCa => Some("verify-ca"),
+            SslMode::VerifyFull => Some("verify-full"),
+        }
+    }
+
+    /// What tokio-postgres is told: it only needs to know whether to ask
+    /// the server for TLS and whether to go on without it.
+    fn for_driver(self) -> &'static str {
+        match self {
+            SslMode::Disable => "disable",
+            SslMode::Prefer => "prefer",
+            SslMode::Require | SslMode::VerifyCa | SslMode::VerifyFull => "require",
+        }
+    }
+}
+
+/// Which certificates sign the server's (`sslrootcert`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RootCert {
+    /// A PEM file of CA certificates.
+    File(PathBuf),
+    /// `sslrootcert=system`: the system's root certificates.
+    System,
+}
+
+/// The TLS options of a `postgres_url`: what a connection will do.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct PgTls {
+    /// The mode.
+    pub mode: SslMode,
+    /// `sslrootcert`.
+    pub root_cert: Option<RootCert>,
+    /// `sslcert`: this client's certificate (mutual TLS).
+    pub cert_file: Option<PathBuf>,
+    /// `sslkey`: its private key.
+    pub key_file: Option<PathBuf>,
+}
+
+impl PgTls {
+    /// Splits `url` (libpq key=value or URL form) into the string
+    /// tokio-postgres reads (the four options taken out, `sslmode` told as
+    /// the driver understands it) and what TLS will do. Errors never carry
+    /// the string, which may hold a password.
+    pub fn split(url: &str) -> Result<(String, PgTls), PgTlsError> {
+        let is_url = url.starts_with("postgres://") || url.starts_with("postgresql://");
+        let (rest, options) = if is_url {
+            split_url(url)
+        } else {
+            split_key_values(url)?
+        };
+        let mut tls = PgTls::default();
+        for (key, value) in options {
+            match key.as_str() {
+                "sslmode" => tls.mode = SslMode::parse(&value)?,
+                "sslrootcert" if value == "system" => tls.root_cert = Some(RootCert::System),
+                "sslrootcert" => tls.root_cert = Some(RootCert::File(non_empty(&key, value)?)),
+                "sslcert" => tls.cert_file = Some(non_empty(&key, value)?),
+                "sslkey" => tls.key_file = Some(non_empty(&key, value)?),
+                _ => {}
+            }
+        }
+        tls.check()?;
+        let driver = tls.mode.for_driver();
+        let with_mode = if is_url {
+            let sep = if rest.contains('?') { '&' } else { '?' };
+            format!("{rest}{sep}sslmode={driver}")
+        } else {
+            format!("{rest} sslmode={driver}")
+        };
+        Ok((with_mode, tls))
+    }
+
+    /// The combinations libpq refuses, or that could only verify nothing
+    /// while seeming to.
+    fn check(&self) -> Result<(), PgTlsError> {
+        let verifies = matches!(self.mode, SslMode::VerifyCa | SslMode::VerifyFull);
+        if verifies && self.root_cert.is_none() {
+            return Err(PgTlsError(
+                "sslmode=verify-ca and verify-full need sslrootcert: a PEM file of the CA \
+                 certificates, or sslrootcert=system"
+                    .into(),
+            ));
+        }
+        match (&self.cert_file, &self.key_file) {
+            (Some(_), None) => Err(PgTlsError("sslcert is set: sslkey is needed too".into())),
+            (None, Some(_)) => Err(PgTlsError("sslkey is set: sslcert is needed too".into())),
+            _ if self.mode == SslMode::Disable
+                && (self.root_cert.is_some() || self.cert_file.is_some()) =>
+            {
+                Err(PgTlsError(
+                    "sslrootcert, sslcert or sslkey given without an sslmode that uses TLS \
+                     (require, verify-ca or verify-full)"
+                        .into(),
+                ))
+            }
+            _ => Ok(()),
+        }
+    }
+
+    /// `sslmode` as written in the string, `None` when it asks for no TLS.
+    pub fn mode_name(&self) -> Option<&'static str> {
+        self.mode.written()
+    }
+
+    /// Whether the server's certificate chain is verified.
+    pub fn verifies_chain(&self) -> bool {
+        match self.mode {
+            SslMode::Disable | SslMode::Prefer => false,
+            SslMode::Require => self.root_cert.is_some(),
+            SslMode::VerifyCa | SslMode::VerifyFull => true,
+        }
+    }
+
+    /// What a connection will check, in words, for `flashsale config check`.
+    pub fn describe(&self) -> String {
+        let roots = match &self.root_cert {
+            Some(RootCert::File(p)) => {
+                format!("the CA certificates in {:?}", p.display().to_string())
+            }
+            Some(RootCert::System) | None => "the system's root certificates".to_owned(),
+        };
+        let client = match &self.cert_file {
+            Some(c) => format!(
+                "; presents the client certificate {:?}",
+                c.display().to_string()
+            ),
+            None => String::new(),
+        };
+        let what = match self.mode {
+            SslMode::Disable => return "PostgreSQL: plain text (no sslmode)".to_owned(),
+            SslMode::Prefer => {
+                "sslmode=prefer: TLS when the server offers it, the server not verified".to_owned()
+            }
+            SslMode::Require if self.verifies_chain() => format!(
+                "sslmode=require: TLS; verifies the server's certificate chain against {roots} \
+                 (not its host name)"
+            ),
+            SslMode::Require => "sslmode=require: TLS, the server not verified".to_owned(),
+            SslMode::VerifyCa => format!(
+                "sslmode=verify-ca: TLS; verifies the server's certificate chain against \
+                 {roots} (not its host name)"
+            ),
+            SslMode::VerifyFull => format!(
+                "sslmode=verify-full: TLS; verifies the server's certificate and host name \
+                 against {roots}"
+            ),
+        };
+        format!("PostgreSQL: {what}{client}")
+    }
+
+    /// The connector for a TLS mode (`None` for `disable`), its files read
+    /// now: an unreadable or wrong one fails here, naming the option and
+    /// the path, never the contents.
+    #[cfg(feature = "postgres-tls")]
+    pub(crate) fn connector(
+        &self,
+    ) -> Result<Option<tokio_postgres_rustls::MakeRustlsConnect>, PgTlsError> {
+        if self.mode == SslMode::Disable {
+            return Ok(None);
+        }
+        verify::connector(self).map(Some)
+    }
+}
+
+fn non_empty(key: &str, value: String) -> Result<PathBuf, PgTlsError> {
+    if value.is_empty() {
+        return Err(PgTlsError(format!("{key} must name a file")));
+    }
+    Ok(PathBuf::from(value))
+}
+
+/// The options this module takes out of a connection string.
+const TLS_KEYS: [&str; 4] = ["sslmode", "sslrootcert", "sslcert", "sslkey"];
+
+/// URL form: the query's TLS parameters (names and values
+/// percent-decoded, as tokio-postgres decodes them) taken out; the rest of
+/// the URL left as written.
+fn split_url(url: &str) -> (String, Vec<(String, String)>) {
+    let Some((base, query)) = url.split_once('?') else {
+        return (url.to_owned(), Vec::new());
+    };
+    let mut kept = Vec::new();
+    let mut taken = Vec::new();
+    for part in query.split('&').filter(|p| !p.is_empty()) {
+        let (k, v) = part.split_once('=').unwrap_or((part, ""));
+        let key = decode(k);
+        if TLS_KEYS.contains(&key.as_str()) {
+            taken.push((key, decode(v)));
+        } else {
+            kept.push(part);
+        }
+    }
+    let rest = if kept.is_empty() {
+        base.to_owned()
+    } else {
+        format!("{base}?{}", kept.join("&"))
+    };
+    (rest, taken)
+}
+
+fn decode(s: &str) -> String {
+    percent_encoding::percent_decode_str(s)
+        .decode_utf8_lossy()
+        .into_owned()
+}
+
+/// Key=value form, read as tokio-postgres reads it (`key = value`, a value
+/// bare with `\` escapes or in single quotes): the TLS pairs taken out,
+/// every other pair kept as written.
+fn split_key_values(s: &str) -> Result<(String, Vec<(String, String)>), PgTlsError> {
+    let bad = || PgTlsError("the connection string does not parse".into());
+    let mut kept: Vec<&str> = Vec::new();
+    let mut taken = Vec::new();
+    let mut it = s.char_indices().peekable();
+    loop {
+        while it.next_if(|&(_, c)| c.is_whitespace()).is_some() {}
+        let Some(&(start, _)) = it.peek() else { break };
+        let mut key_end = s.len();
+        while let Some(&(i, c)) = it.peek() {
+            if c.is_whitespace() || c == '=' {
+                key_end = i;
+                break;
+            }
+            it.next();
+        }
+        let key = &s[start..key_end];
+        while it.next_if(|&(_, c)| c.is_whitespace()).is_some() {}
+        if it.next().map(|(_, c)| c) != Some('=') || key.is_empty() {
+            return Err(bad());
+        }
+        while it.next_if(|&(_, c)| c.is_whitespace()).is_some() {}
+        let mut value = String::new();
+        if it.next_if(|&(_, c)| c == '\'').is_some() {
+            loop {
+                match it.next() {
+                    Some((_, '\'')) => break,
+                    Some((_, '\\')) => value.push(it.next().ok_or_else(bad)?.1),
+                    Some((_, c)) => value.push(c),
+                    None => return Err(bad()),
+                }
+            }
+        } else {
+            while let Some(&(_, c)) = it.peek() {
+                if c.is_whitespace() {
+                    break;
+                }
+                it.next();
+                if c == '\\' {
+                    if let Some((_, e)) = it.next() {
+                        value.push(e);
+                    }
+                } else {
+                    value.push(c);
+                }
+            }
+        }
+        let end = it.peek().map_or(s.len(), |&(i, _)| i);
+        if TLS_KEYS.contains(&key) {
+            taken.push((key.to_owned(), value));
+        } else {
+            kept.push(&s[start..end]);
+        }
+    }
+    Ok((kept.join(" "), taken))
+}
+
+/// The rustls side: the verifiers each mode needs and the files read.
+#[cfg(feature = "postgres-tls")]
+mod verify {
+    use std::sync::Arc;
+
+    use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
+    use rustls::client::WebPkiServerVerifier;
+    use rustls::pki_types::pem::PemObject;
+    use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName, UnixTime};
+    use rustls::{CertificateError, DigitallySignedStruct, Error, RootCertStore, SignatureScheme};
+
+    use super::{PgTls, PgTlsError, RootCert, SslMode};
+
+    pub(super) fn connector(
+        tls: &PgTls,
+    ) -> Result<tokio_postgres_rustls::MakeRustlsConnect, PgTlsError> {
+        crate::tls::install_crypto_provider();
+        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let builder = rustls::ClientConfig::builder_with_provider(provider.clone())
+            .with_safe_default_protocol_versions()
+            .map_err(|e| PgTlsError(format!("TLS versions: {e}")))?;
+        let verifier: Arc<dyn ServerCertVerifier> = if tls.verifies_chain() {
+            let roots = Arc::new(roots(tls.root_cert.as_ref())?);
+            let webpki = WebPkiServerVerifier::builder_with_provider(roots, provider.clone())
+                .build()
+                .map_err(|e| PgTlsError(format!("sslrootcert: {e}")))?;
+            if tls.mode == SslMode::VerifyFull {
+                webpki
+            } else {
+                Arc::new(ChainOnly(webpki))
+            }
+        } else {
+            Arc::new(Unverified(provider))
+        };
+        let builder = builder
+            .dangerous()
+            .with_custom_certificate_verifier(verifier);
+        let config = match (&tls.cert_file, &tls.key_file) {
+            (Some(cert), Some(key)) => {
+                let chain = read("sslcert", cert, |b| {
+                    CertificateDer::pem_slice_iter(b)
+                        .collect::<Result<Vec<_>, _>>()
+                        .ok()
+                        .filter(|c| !c.is_empty())
+                        .map(|c| c.into_iter().map(|c| c.into_owned()).collect::<Vec<_>>())
+                })?;
+                let key = read("sslkey", key, |b| {
+                    PrivateKeyDer::from_pem_slice(b).ok().map(|k| k.clone_key())
+                })?;
+                builder
+                    .with_client_auth_cert(chain, key)
+                    .map_err(|_| PgTlsError("sslkey is not the key of sslcert".into()))?
+            }
+            _ => builder.with_no_client_auth(),
+        };
+        Ok(tokio_postgres_rustls::MakeRustlsConnect::new(config))
+    }
+
+    /// The trusted roots: a file's certificates, or the system's.
+    fn roots(root: Option<&RootCert>) -> Result<RootCertStore, PgTlsError> {
+        let mut store = RootCertStore::empty();
+        match root {
+            Some(RootCert::File(path)) => {
+                let certs = read("sslrootcert", path, |b| {
+                    CertificateDer::pem_slice_iter(b)
+                        .collect::<Result<Vec<_>, _>>()
+                        .ok()
+                        .filter(|c| !c.is_empty())
+                        .map(|c| c.into_iter().map(|c| c.into_owned()).collect::<Vec<_>>())
+                })?;
+                for c in certs {
+                    store
+                        .add(c)
+                        .map_err(|_| PgTlsError("sslrootcert holds an unusable CA".into()))?;
+                }
+            }
+            Some(RootCert::System) | None => {
+                let found = rustls_native_certs::load_native_certs();
+                store.add_parsable_certificates(found.certs);
+                if store.is_empty() {
+                    return Err(PgTlsError(
+                        "sslrootcert=system: no system root certificate could be read".into(),
+                    ));
+                }
+            }
+        }
+        Ok(store)
+    }
+
+    /// A file read and parsed by `parse`; the error names the option and
+    /// the path, never what the file holds (`crate::tls` reads the
+    /// `[tls]` files the same way, and says why).
+    fn read<T>(
+        option: &str,
+        path: &std::path::Path,
+        parse: impl Fn(&[u8]) -> Option<T>,
+    ) -> Result<T, PgTlsError> {
+        let shown = format!("{:?}", path.display().to_string());
+        let meta = std::fs::metadata(path)
+            .map_err(|e| PgTlsError(format!("{option} {shown} could not be read: {}", e.kind())))?;
+        if !meta.is_file() || meta.len() > 1 << 20 {
+            return Err(PgTlsError(format!(
+                "{option} {shown} is not a regular file of at most 1 MiB"
+            )));
+        }
+        let bytes = std::fs::read(path)
+            .map_err(|e| PgTlsError(format!("{option} {shown} could not be read: {}", e.kind())))?;
+        parse(&bytes).ok_or_else(|| {
+            PgTlsError(format!(
+                "{option} {shown} does not hold what it should (PEM certificates for \
+                 sslrootcert and sslcert, an unencrypted PEM private key for sslkey)"
+            ))
+        })
+    }
+
+    /// `verify-ca` (and `require` with `sslrootcert`): the chain must lead
+    /// to a trusted root; the host name is not checked.
+    #[derive(Debug)]
+    struct ChainOnly(Arc<WebPkiServerVerifier>);
+
+    impl ServerCertVerifier for ChainOnly {
+        fn verify_server_cert(
+            &self,
+            end_entity: &CertificateDer<'_>,
+            intermediates: &[CertificateDer<'_>],
+            server_name: &ServerName<'_>,
+            ocsp: &[u8],
+            now: UnixTime,
+        ) -> Result<ServerCertVerified, Error> {
+            match self
+                .0
+                .verify_server_cert(end_entity, intermediates, server_name, ocsp, now)
+            {
+                Err(Error::InvalidCertificate(
+                    CertificateError::NotValidForName
+                    | CertificateError::NotValidForNameContext { .. },
+                )) => Ok(ServerCertVerified::assertion()),
+                other => other,
+            }
+        }
+
+        fn verify_tls12_signature(
+            &self,
+            message: &[u8],
+            cert: &CertificateDer<'_>,
+            dss: &DigitallySignedStruct,
+        ) -> Result<HandshakeSignatureValid, Error> {
+            self.0.verify_tls12_signature(message, cert, dss)
+        }
+
+        fn verify_tls13_signature(
+            &self,
+            message: &[u8],
+            cert: &CertificateDer<'_>,
+            dss: &DigitallySignedStruct,
+        ) -> Result<HandshakeSignatureValid, Error> {
+            self.0.verify_tls13_signature(message, cert, dss)
+        }
+
+        fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
+            self.0.supported_verify_schemes()
+        }
+    }
+
+    /// `require` and `prefer` without `sslrootcert`: libpq encrypts and
+    /// verifies nothing. The handshake's signatures are still checked, so
+    /// the server holds the key of the certificate it shows.
+    #[derive(Debug)]
+    struct Unverified(Arc<rustls::crypto::CryptoProvider>);
+
+    impl ServerCertVerifier for Unverified {
+        fn verify_server_cert(
+            &self,
+            _end_entity: &CertificateDer<'_>,
+            _intermediates: &[CertificateDer<'_>],
+            _server_name: &ServerName<'_>,
+            _ocsp: &[u8],
+            _now: UnixTime,
+        ) -> Result<ServerCertVerified, Error> {
+            Ok(ServerCertVerified::assertion())
+        }
+
+        fn verify_tls12_signature(
+            &self,
+            message: &[u8],
+            cert: &CertificateDer<'_>,
+            dss: &DigitallySignedStruct,
+        ) -> Result<HandshakeSignatureValid, Error> {
+            rustls::crypto::verify_tls12_signature(
+                message,
+                cert,
+                dss,
+                &self.0.signature_verification_algorithms,
+            )
+        }
+
+        fn verify_tls13_signature(
+            &self,
+            message: &[u8],
+            cert: &CertificateDer<'_>,
+            dss: &DigitallySignedStruct,
+        ) -> Result<HandshakeSignatureValid, Error> {
+            rustls::crypto::verify_tls13_signature(
+                message,
+                cert,
+                dss,
+                &self.0.signature_verification_algorithms,
+            )
+        }
+
+        fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
+            self.0.signature_verification_algorithms.supported_schemes()
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn verify_full_is_taken_out_of_a_key_value_string_and_told_as_require() {
+        let (rest, tls) = PgTls::split(
+            "host=db.internal port=5433 user=fs password='a b\\'c' sslmode=verify-full \
+             sslrootcert='/etc/ca dir/root.crt' dbname=orders",
+        )
+        .expect("split");
+        assert_eq!(
+            rest,
+            "host=db.internal port=5433 user=fs password='a b\\'c' dbname=orders sslmode=require"
+        );
+        assert_eq!(tls.mode, SslMode::VerifyFull);
+        assert_eq!(
+            tls.root_cert,
+            Some(RootCert::File("/etc/ca dir/root.crt".into()))
+        );
+        let pg: tokio_postgres::Config = rest.parse().expect("the driver reads what is left");
+        assert_eq!(pg.get_password(), Some(&b"a b'c"[..]));
+    }
+
+    #[test]
+    fn verify_ca_is_taken_out_of_a_url_with_its_other_parameters_kept() {
+        let (rest, tls) = PgTls::split(
+            "postgres://fs:pw@db:5432/orders?application_name=fs&sslmode=verify-ca\
+             &sslrootcert=%2Fetc%2Fca.crt&connect_timeout=3",
+        )
+        .expect("split");
+        assert_eq!(
+            rest,
+            "postgres://fs:pw@db:5432/orders?application_name=fs&connect_timeout=3&sslmode=require"
+        );
+        assert_eq!(tls.mode, SslMode::VerifyCa);
+        assert_eq!(tls.root_cert, Some(RootCert::File("/etc/ca.crt".into())));
+        rest.parse::<tokio_postgres::Config>()
+            .expect("the driver reads what is left");
+        let (rest, tls) = PgTls::split("postgresql://db/orders").expect("split");
+        assert_eq!(rest, "postgresql://db/orders?sslmode=disable");
+        assert_eq!(tls, PgTls::default());
+    }
+
+    #[test]
+    fn verify_full_without_a_root_certificate_is_refused_without_the_password() {
+        for url in [
+            "host=db user=fs password=S3cret sslmode=verify-full",
+            "postgres://fs:S3cret@db/orders?sslmode=verify-ca",
+        ] {
+            let e = PgTls::split(url).expect_err("no sslrootcert");
+            assert!(e.to_string().contains("sslrootcert"), "{e}");
+            assert!(!e.to_string().contains("S3cret"), "{e}");
+        }
+        let e = PgTls::split("host=db sslmode=verify-everything").expect_err("bad mode");
+        assert!(e.to_string().contains("sslmode must be"), "{e}");
+        let e = PgTls::split("host=db sslmode=require sslcert=/c.crt").expect_err("no key");
+        assert!(e.to_string().contains("sslkey"), "{e}");
+        let e = PgTls::split("host=db sslrootcert=/ca.crt").expect_err("no mode");
+        assert!(e.to_string().contains("without an sslmode"), "{e}");
+        assert!(PgTls::split("host=db password='unterminated").is_err());
+    }
+
+    #[test]
+    fn require_verifies_the_chain_only_when_given_a_root_certificate() {
+        let (_, plain) = PgTls::split("host=db sslmode=require").expect("split");
+        assert!(!plain.verifies_chain());
+        assert!(plain.describe().contains("not verified"));
+        let (_, rooted) =
+            PgTls::split("host=db sslmode=require sslrootcert=/ca.crt").expect("split");
+        assert!(rooted.verifies_chain());
+        assert!(rooted.describe().contains("not its host name"));
+        let (_, full) =
+            PgTls::split("host=db sslmode=verify-full sslrootcert=system").expect("split");
+        assert_eq!(full.root_cert, Some(RootCert::System));
+        assert!(full.describe().contains("host name against the system's"));
+    }
+}
