@@ -68,6 +68,16 @@ pub fn pool(url: &str, max_size: usize) -> Result<Pool, DbError> {
     if pg.get_connect_timeout().is_none() {
         pg.connect_timeout(std::time::Duration::from_secs(2));
     }
+    // libpq ignores sslmode on a Unix socket (nothing to encrypt); the
+    // driver would refuse it ("server does not support TLS").
+    let all_unix = !pg.get_hosts().is_empty()
+        && pg
+            .get_hosts()
+            .iter()
+            .all(|h| !matches!(h, tokio_postgres::config::Host::Tcp(_)));
+    if all_unix {
+        pg.ssl_mode(tokio_postgres::config::SslMode::Disable);
+    }
     let config = ManagerConfig {
         recycling_method: RecyclingMethod::Fast,
     };

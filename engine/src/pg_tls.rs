@@ -106,10 +106,11 @@ impl PgTls {
     /// the string, which may hold a password.
     pub fn split(url: &str) -> Result<(String, PgTls), PgTlsError> {
         let is_url = url.starts_with("postgres://") || url.starts_with("postgresql://");
-        let (rest, options) = if is_url {
-            split_url(url)
+        let (head, rest, options) = if is_url {
+            split_url(url)?
         } else {
-            split_key_values(url)?
+            let (rest, options) = split_key_values(url)?;
+            (String::new(), rest, options)
         };
         let mut tls = PgTls::default();
         for (key, value) in options {
@@ -123,12 +124,14 @@ impl PgTls {
             }
         }
         tls.check()?;
+        // The mode goes first: appended, it would be read as the value of a
+        // last key left empty (`application_name=`) or ending in `\`, and
+        // the driver would fall back to its default, `prefer`.
         let driver = tls.mode.for_driver();
-        let with_mode = if is_url {
-            let sep = if rest.contains('?') { '&' } else { '?' };
-            format!("{rest}{sep}sslmode={driver}")
-        } else {
-            format!("{rest} sslmode={driver}")
+        let with_mode = match (is_url, rest.is_empty()) {
+            (true, true) => format!("{head}?sslmode={driver}"),
+            (true, false) => format!("{head}?sslmode={driver}&{rest}"),
+            (false, _) => format!("sslmode={driver} {rest}"),
         };
         Ok((with_mode, tls))
     }
@@ -137,6 +140,16 @@ impl PgTls {
     /// while seeming to.
     fn check(&self) -> Result<(), PgTlsError> {
         let verifies = matches!(self.mode, SslMode::VerifyCa | SslMode::VerifyFull);
+        // libpq 16's rule: any public CA signs certificates for names that
+        // are not this server's, so the system's roots prove something only
+        // with the host name checked.
+        if self.root_cert == Some(RootCert::System) && self.mode != SslMode::VerifyFull {
+            return Err(PgTlsError(
+                "sslrootcert=system needs sslmode=verify-full: against the public roots, a \
+                 certificate proves something only for the host name it names"
+                    .into(),
+            ));
+        }
         if verifies && self.root_cert.is_none() {
             return Err(PgTlsError(
                 "sslmode=verify-ca and verify-full need sslrootcert: a PEM file of the CA \
@@ -167,9 +180,11 @@ impl PgTls {
 
     /// Whether the server's certificate chain is verified.
     pub fn verifies_chain(&self) -> bool {
+        // libpq verifies the chain whenever it has a root certificate, in
+        // `prefer` and `require` too.
         match self.mode {
-            SslMode::Disable | SslMode::Prefer => false,
-            SslMode::Require => self.root_cert.is_some(),
+            SslMode::Disable => false,
+            SslMode::Prefer | SslMode::Require => self.root_cert.is_some(),
             SslMode::VerifyCa | SslMode::VerifyFull => true,
         }
     }
@@ -191,6 +206,10 @@ impl PgTls {
         };
         let what = match self.mode {
             SslMode::Disable => return "PostgreSQL: plain text (no sslmode)".to_owned(),
+            SslMode::Prefer if self.verifies_chain() => format!(
+                "sslmode=prefer: TLS when the server offers it (plain text when it does not), \
+                 its certificate chain verified against {roots} (not its host name)"
+            ),
             SslMode::Prefer => {
                 "sslmode=prefer: TLS when the server offers it, the server not verified".to_owned()
             }
@@ -232,33 +251,60 @@ fn non_empty(key: &str, value: String) -> Result<PathBuf, PgTlsError> {
     Ok(PathBuf::from(value))
 }
 
+/// The TLS options taken out of a connection string, as (name, value).
+type Options = Vec<(String, String)>;
+
 /// The options this module takes out of a connection string.
 const TLS_KEYS: [&str; 4] = ["sslmode", "sslrootcert", "sslcert", "sslkey"];
 
-/// URL form: the query's TLS parameters (names and values
-/// percent-decoded, as tokio-postgres decodes them) taken out; the rest of
-/// the URL left as written.
-fn split_url(url: &str) -> (String, Vec<(String, String)>) {
-    let Some((base, query)) = url.split_once('?') else {
-        return (url.to_owned(), Vec::new());
-    };
+/// URL form, cut exactly where tokio-postgres cuts it (its `UrlParser`):
+/// the user info ends at the first `@` anywhere, the host at the next `/`
+/// or `?`, the path at the next `?`; in the query a key runs to the next
+/// `=` and a value to the next `&`. Anything looser (the first `?`, say)
+/// reads a `?` in a password as the query's start, misses the mode asked
+/// for, and tells the driver `disable`. The query's TLS parameters (names
+/// and values percent-decoded, as the driver decodes them) are taken out;
+/// every other part is kept as written.
+fn split_url(url: &str) -> Result<(String, String, Options), PgTlsError> {
+    let scheme_end = url.find("://").map_or(0, |i| i + 3);
+    let (scheme, mut rest) = url.split_at(scheme_end);
+    let mut head = scheme.to_owned();
+    if let Some(at) = rest.find('@') {
+        head.push_str(&rest[..=at]);
+        rest = &rest[at + 1..];
+    }
+    let host_end = rest.find(['/', '?']).unwrap_or(rest.len());
+    head.push_str(&rest[..host_end]);
+    rest = &rest[host_end..];
+    if rest.starts_with('/') {
+        let path_end = rest.find('?').unwrap_or(rest.len());
+        head.push_str(&rest[..path_end]);
+        rest = &rest[path_end..];
+    }
+    let mut query = rest.strip_prefix('?').unwrap_or(rest);
     let mut kept = Vec::new();
     let mut taken = Vec::new();
-    for part in query.split('&').filter(|p| !p.is_empty()) {
-        let (k, v) = part.split_once('=').unwrap_or((part, ""));
-        let key = decode(k);
-        if TLS_KEYS.contains(&key.as_str()) {
-            taken.push((key, decode(v)));
+    while !query.is_empty() {
+        let Some(eq) = query.find('=') else {
+            return Err(PgTlsError(
+                "the connection string does not parse (a parameter without '=')".into(),
+            ));
+        };
+        let key = &query[..eq];
+        let after = &query[eq + 1..];
+        let (value, next) = match after.find('&') {
+            Some(amp) => (&after[..amp], &after[amp + 1..]),
+            None => (after, ""),
+        };
+        let decoded = decode(key);
+        if TLS_KEYS.contains(&decoded.as_str()) {
+            taken.push((decoded, decode(value)));
         } else {
-            kept.push(part);
+            kept.push(&query[..eq + 1 + value.len()]);
         }
+        query = next;
     }
-    let rest = if kept.is_empty() {
-        base.to_owned()
-    } else {
-        format!("{base}?{}", kept.join("&"))
-    };
-    (rest, taken)
+    Ok((head, kept.join("&"), taken))
 }
 
 fn decode(s: &str) -> String {
@@ -270,7 +316,7 @@ fn decode(s: &str) -> String {
 /// Key=value form, read as tokio-postgres reads it (`key = value`, a value
 /// bare with `\` escapes or in single quotes): the TLS pairs taken out,
 /// every other pair kept as written.
-fn split_key_values(s: &str) -> Result<(String, Vec<(String, String)>), PgTlsError> {
+fn split_key_values(s: &str) -> Result<(String, Options), PgTlsError> {
     let bad = || PgTlsError("the connection string does not parse".into());
     let mut kept: Vec<&str> = Vec::new();
     let mut taken = Vec::new();
@@ -432,8 +478,12 @@ mod verify {
                 "{option} {shown} is not a regular file of at most 1 MiB"
             )));
         }
-        let bytes = std::fs::read(path)
-            .map_err(|e| PgTlsError(format!("{option} {shown} could not be read: {}", e.kind())))?;
+        let bytes = crate::tls::read_bounded(path).map_err(|e| match e {
+            Some(kind) => PgTlsError(format!("{option} {shown} could not be read: {kind}")),
+            None => PgTlsError(format!(
+                "{option} {shown} is not a regular file of at most 1 MiB"
+            )),
+        })?;
         parse(&bytes).ok_or_else(|| {
             PgTlsError(format!(
                 "{option} {shown} does not hold what it should (PEM certificates for \
@@ -556,7 +606,7 @@ mod tests {
         .expect("split");
         assert_eq!(
             rest,
-            "host=db.internal port=5433 user=fs password='a b\\'c' dbname=orders sslmode=require"
+            "sslmode=require host=db.internal port=5433 user=fs password='a b\\'c' dbname=orders"
         );
         assert_eq!(tls.mode, SslMode::VerifyFull);
         assert_eq!(
@@ -576,7 +626,7 @@ mod tests {
         .expect("split");
         assert_eq!(
             rest,
-            "postgres://fs:pw@db:5432/orders?application_name=fs&connect_timeout=3&sslmode=require"
+            "postgres://fs:pw@db:5432/orders?sslmode=require&application_name=fs&connect_timeout=3"
         );
         assert_eq!(tls.mode, SslMode::VerifyCa);
         assert_eq!(tls.root_cert, Some(RootCert::File("/etc/ca.crt".into())));
@@ -619,5 +669,96 @@ mod tests {
             PgTls::split("host=db sslmode=verify-full sslrootcert=system").expect("split");
         assert_eq!(full.root_cert, Some(RootCert::System));
         assert!(full.describe().contains("host name against the system's"));
+    }
+
+    /// From the attack on this module: a `?` in a URL's password (which
+    /// the driver and libpq read as part of the password: the user info
+    /// ends at the first `@`) was taken for the query's start, the asked
+    /// `sslmode=require` was not found, and the driver was told `disable`:
+    /// the password went over the wire in clear text.
+    #[test]
+    fn a_question_mark_in_a_url_password_never_turns_tls_off() {
+        for url in [
+            "postgresql://postgres:Ab?cd=ef&gh@127.0.0.1:7401/flashsale?sslmode=require",
+            "postgres://u:S3&cret?a=b@127.0.0.1/db?sslmode=require",
+        ] {
+            let (rest, tls) = PgTls::split(url).expect("split");
+            assert_eq!(tls.mode, SslMode::Require, "{url}");
+            let pg: tokio_postgres::Config = rest.parse().expect("the driver reads it");
+            assert_eq!(
+                pg.get_ssl_mode(),
+                tokio_postgres::config::SslMode::Require,
+                "{url}"
+            );
+        }
+        // And with no TLS asked for, the database stays the one named.
+        let (rest, _) =
+            PgTls::split("postgresql://postgres:Ab?cd@127.0.0.1:7402/flashsale").expect("split");
+        let pg: tokio_postgres::Config = rest.parse().expect("the driver reads it");
+        assert_eq!(pg.get_dbname(), Some("flashsale"));
+        assert_eq!(pg.get_password(), Some(&b"Ab?cd"[..]));
+    }
+
+    /// From the attack: `sslmode=require` appended to a key=value string
+    /// whose last value was empty (`application_name=`) or ended in `\`
+    /// became that value, and the driver fell back to its default,
+    /// `prefer`: plain text to a server that declines TLS, under
+    /// `verify-full`.
+    #[test]
+    fn an_empty_or_escaped_last_value_never_swallows_the_mode() {
+        for url in [
+            "host=127.0.0.1 sslmode=verify-full sslrootcert=/ca.pem application_name=",
+            "host=127.0.0.1 sslmode=verify-full sslrootcert=/ca.pem application_name=fs\\",
+        ] {
+            let (rest, tls) = PgTls::split(url).expect("split");
+            assert_eq!(tls.mode, SslMode::VerifyFull);
+            match rest.parse::<tokio_postgres::Config>() {
+                // The driver refuses an empty last value, as it did before.
+                Err(_) => {}
+                Ok(pg) => assert_eq!(
+                    pg.get_ssl_mode(),
+                    tokio_postgres::config::SslMode::Require,
+                    "{url} -> {rest}"
+                ),
+            }
+        }
+    }
+
+    /// From the attack: libpq (16) takes `sslrootcert=system` only with
+    /// `verify-full`: any public CA signs certificates for names that are
+    /// not this server's, so the chain alone proves nothing.
+    #[test]
+    fn system_roots_are_refused_without_verify_full() {
+        for mode in ["require", "verify-ca", "prefer"] {
+            let e = PgTls::split(&format!("host=db sslmode={mode} sslrootcert=system"))
+                .expect_err(mode);
+            assert!(e.0.contains("verify-full"), "{mode}: {e}");
+        }
+    }
+
+    /// From the attack: the 1 MiB bound was a `stat`, and a `/proc` file
+    /// says 0 bytes and does not end (pagemap ran a check out of memory).
+    /// The bound is on the read now.
+    #[cfg(feature = "postgres-tls")]
+    #[test]
+    fn a_file_that_never_ends_is_refused_at_the_bound() {
+        let (_, tls) = PgTls::split("host=db sslmode=verify-full sslrootcert=/proc/self/pagemap")
+            .expect("split");
+        // Refused at the bound, or by the kernel (pagemap takes reads of
+        // whole 8-byte entries only); either way without reading it whole.
+        let e = tls.connector().err().expect("refused");
+        assert!(
+            e.0.contains("at most 1 MiB") || e.0.contains("could not be read"),
+            "{e}"
+        );
+        let files = crate::TlsFiles {
+            ca_file: Some("/proc/self/pagemap".into()),
+            ..crate::TlsFiles::default()
+        };
+        let e = crate::Certificates::load(&files).expect_err("refused");
+        assert!(
+            e.problem.contains("larger than") || e.problem.contains("could not be read"),
+            "{e}"
+        );
     }
 }

@@ -121,10 +121,15 @@ impl Certificates {
                 None => None,
             };
             let client_tls = match (&files.cert_file, &files.key_file) {
-                (Some(c), Some(k)) => Some(redis::ClientTlsConfig {
-                    client_cert: read_pem("tls.cert_file", c, Pem::Certificates)?,
-                    client_key: read_pem("tls.key_file", k, Pem::PrivateKey)?,
-                }),
+                (Some(c), Some(k)) => {
+                    let client_cert = read_pem("tls.cert_file", c, Pem::Certificates)?;
+                    let client_key = read_pem("tls.key_file", k, Pem::PrivateKey)?;
+                    keys_match(&client_cert, &client_key)?;
+                    Some(redis::ClientTlsConfig {
+                        client_cert,
+                        client_key,
+                    })
+                }
                 _ => None,
             };
             Ok(Certificates {
@@ -152,9 +157,10 @@ impl Certificates {
         }
     }
 
-    /// A client for one node (a lock node): with these certificates when
-    /// the URL is `rediss://` and files were read, else from the URL alone.
-    pub(crate) fn client(&self, url: &str) -> redis::RedisResult<redis::Client> {
+    /// A client for one node (a lock node, or one node of the cluster on a
+    /// connection of its own): with these certificates when the URL is
+    /// `rediss://` and files were read, else from the URL alone.
+    pub fn client(&self, url: &str) -> redis::RedisResult<redis::Client> {
         #[cfg(feature = "tls")]
         if let (Some(certs), true) = (&self.inner, url.starts_with("rediss://")) {
             return redis::Client::build_with_tls(url, certs.clone());
@@ -188,6 +194,28 @@ pub(crate) fn install_crypto_provider() {
     });
 }
 
+/// The client key must be the certificate's: a swapped pair would
+/// otherwise pass `config check` and fail only at the first handshake, as
+/// a refusal from the server that names neither file.
+#[cfg(feature = "tls")]
+fn keys_match(cert_pem: &[u8], key_pem: &[u8]) -> Result<(), TlsFileError> {
+    use rustls::pki_types::pem::PemObject;
+    use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+    let mismatch = || {
+        TlsFileError::new(
+            "tls.key_file",
+            "is not the private key of tls.cert_file's certificate",
+        )
+    };
+    let chain: Vec<CertificateDer<'static>> = CertificateDer::pem_slice_iter(cert_pem)
+        .collect::<Result<_, _>>()
+        .map_err(|_| mismatch())?;
+    let key = PrivateKeyDer::from_pem_slice(key_pem).map_err(|_| mismatch())?;
+    rustls::sign::CertifiedKey::from_der(chain, key, &rustls::crypto::ring::default_provider())
+        .map(|_| ())
+        .map_err(|_| mismatch())
+}
+
 /// What a `[tls]` file must hold.
 #[cfg(feature = "tls")]
 #[derive(Clone, Copy)]
@@ -203,6 +231,24 @@ enum Pem {
 /// it is read whole.
 #[cfg(feature = "tls")]
 const MAX_PEM_BYTES: u64 = 1 << 20;
+
+/// At most [`MAX_PEM_BYTES`] of the file at `path`, read with the bound
+/// on the read itself: a size from `stat` proves nothing (a `/proc` file
+/// says 0 and never ends; a file can be swapped after the `stat`). `None`
+/// for a file larger than the bound.
+#[cfg(feature = "tls")]
+pub(crate) fn read_bounded(path: &std::path::Path) -> Result<Vec<u8>, Option<std::io::ErrorKind>> {
+    use std::io::Read;
+    let file = std::fs::File::open(path).map_err(|e| Some(e.kind()))?;
+    let mut bytes = Vec::new();
+    file.take(MAX_PEM_BYTES + 1)
+        .read_to_end(&mut bytes)
+        .map_err(|e| Some(e.kind()))?;
+    if bytes.len() as u64 > MAX_PEM_BYTES {
+        return Err(None);
+    }
+    Ok(bytes)
+}
 
 /// The file at `path`, which must be a regular file holding what `what`
 /// says, parsed here with rustls' own PEM types (the ones redis-rs parses
@@ -233,8 +279,12 @@ fn read_pem(
             format!("{shown} is larger than {MAX_PEM_BYTES} bytes"),
         ));
     }
-    let bytes = std::fs::read(path).map_err(|e| {
-        TlsFileError::new(field, format!("{shown} could not be read: {}", e.kind()))
+    let bytes = read_bounded(path).map_err(|e| match e {
+        Some(kind) => TlsFileError::new(field, format!("{shown} could not be read: {kind}")),
+        None => TlsFileError::new(
+            field,
+            format!("{shown} is larger than {MAX_PEM_BYTES} bytes"),
+        ),
     })?;
     let parsed = match what {
         Pem::Certificates => {

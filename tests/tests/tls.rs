@@ -296,6 +296,48 @@ fn config_check_takes_rediss_and_says_what_it_will_verify() {
     let (ok, text) = run(&dir.path().join("absent-ca.pem"));
     assert!(!ok, "{text}");
     assert!(text.contains("tls.ca_file"), "{text}");
+    // A client key that is not the certificate's: refused by the check,
+    // not at the first handshake (the CA's key beside the node's cert).
+    let ca_key = dir.path().join("ca.key");
+    for (table, names) in [
+        (
+            format!(
+                "[tls]\nca_file = {:?}\ncert_file = {:?}\nkey_file = {ca_key:?}\n",
+                pki.ca, pki.cert
+            ),
+            "tls.key_file",
+        ),
+        (
+            format!("[tls]\nca_file = {:?}\n", pki.ca),
+            "sslkey is not the key of sslcert",
+        ),
+    ] {
+        let pg = format!(
+            "host=db sslmode=verify-full sslrootcert='{}' sslcert='{}' sslkey='{}'",
+            pki.ca.display(),
+            pki.cert.display(),
+            ca_key.display()
+        );
+        std::fs::write(
+            &file,
+            format!(
+                "cluster_nodes = [\"rediss://127.0.0.1:7001\"]\nlock_nodes = []\n\
+                 postgres_url = {pg:?}\n{table}"
+            ),
+        )
+        .expect("write config");
+        let out = flashsale_tests::flashsale_cmd(None, None, &[])
+            .env_remove("FLASHSALE_LOCK_NODES")
+            .env_remove("FLASHSALE_POSTGRES_URL")
+            .arg("--config")
+            .arg(&file)
+            .args(["config", "check"])
+            .output()
+            .expect("run flashsale config check");
+        let text = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{names}: {text}");
+        assert!(text.contains(names), "{text}");
+    }
     // The [tls] files right, PostgreSQL's root certificate absent.
     std::fs::write(
         &file,
@@ -378,6 +420,14 @@ async fn a_postgres_that_requires_tls_is_reached_under_each_sslmode_and_refuses_
             &format!("sslmode=verify-full {ca} {client_cert}"),
         ),
     ];
+    // A Unix socket: libpq ignores sslmode there, and so does flashsale.
+    let socket = pg.url(
+        &pg.dir().display().to_string(),
+        "postgres",
+        &format!("sslmode=verify-full {ca}"),
+    );
+    let pool = flashsale::db::pool(&socket, 1).expect("pool");
+    assert_eq!(server_says_ssl(&pool).await, Ok(false), "{socket}");
     for url in good {
         let pool = flashsale::db::pool(&url, 1).expect("pool");
         flashsale::db::migrate(&pool)
