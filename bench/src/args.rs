@@ -47,7 +47,7 @@ pub struct Args {
     /// How long the `http` row's wrk sends, seconds.
     #[arg(long, default_value_t = 15.0)]
     pub http_seconds: f64,
-    /// Scenarios to run (comma-separated: hot1,hotB,many,door,http,refused; `none` for the lock benchmark only).
+    /// Scenarios to run (comma-separated: hot1,hotB,many,door,http,refused,engine; `engine` is hot1's engine row and its 10 % paced row alone; `none` for the lock benchmark only).
     #[arg(
         long,
         default_value = "hot1,hotB,many,door,http",

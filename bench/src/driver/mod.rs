@@ -381,6 +381,32 @@ pub async fn measure(b: &mut Bench) -> Result<(Vec<RunResult>, Vec<lockbench::Lo
                     results.extend(hot1_anchors(b).await?);
                 }
             }
+            // hot1's engine row alone, then paced at 10 % of its rate: the
+            // hot path's cost and its latency at light load, with nothing
+            // that needs plain text (the anchor's redis-benchmark) or
+            // replicas. bench/tls runs it on a TLS cluster and a plain one.
+            "engine" => {
+                let st = b.sale("engine", ops / 2, 1).await?;
+                let e = b.engine.clone();
+                let r = b
+                    .engine_run("hot1", "engine", e.clone(), vec![st.sku.clone()], None, ops)
+                    .await?;
+                let rate = r.throughput * 0.1;
+                results.push(r);
+                let paced_ops = (rate * b.args.paced_seconds).max(100.0) as u64;
+                let st = b.sale("engine-paced10", paced_ops / 2, 1).await?;
+                results.push(
+                    b.engine_run(
+                        "hot1",
+                        "engine@10%",
+                        e,
+                        vec![st.sku.clone()],
+                        Some(rate),
+                        paced_ops,
+                    )
+                    .await?,
+                );
+            }
             "hotB" => {
                 let buckets = b.args.buckets;
                 if anchor_first {
@@ -424,8 +450,8 @@ pub async fn measure(b: &mut Bench) -> Result<(Vec<RunResult>, Vec<lockbench::Lo
             "none" => {}
             other => {
                 return Err(anyhow!(
-                    "unknown scenario {other:?} (hot1, hotB, many, door, http, refused, none)"
-                ))
+                "unknown scenario {other:?} (hot1, hotB, many, door, http, refused, engine, none)"
+            ))
             }
         }
     }

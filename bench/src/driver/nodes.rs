@@ -101,7 +101,6 @@ pub(super) async fn node_connection(
     engine: &Engine,
     node: &str,
 ) -> Result<redis::aio::MultiplexedConnection> {
-    use redis::IntoConnectionInfo;
     let (host, port) = node
         .rsplit_once(':')
         .ok_or_else(|| anyhow!("node address {node:?} has no port"))?;
@@ -110,11 +109,13 @@ pub(super) async fn node_connection(
         .cluster_nodes
         .first()
         .ok_or_else(|| anyhow!("no cluster node configured"))?;
-    let info = seed
-        .as_str()
-        .into_connection_info()?
-        .set_addr(redis::ConnectionAddr::Tcp(host.to_owned(), port.parse()?));
-    let client = redis::Client::open(info)?;
+    // The seed's URL with the node's address: its scheme (rediss:// for a
+    // TLS cluster), user and password carry over.
+    let mut url = url::Url::parse(seed)?;
+    url.set_host(Some(host))?;
+    url.set_port(Some(port.parse()?))
+        .map_err(|()| anyhow!("node address {node:?}: bad port"))?;
+    let client = flashsale::Certificates::load(&engine.config().tls)?.client(url.as_str())?;
     let config = redis::AsyncConnectionConfig::new()
         .set_connection_timeout(Some(Duration::from_secs(2)))
         .set_response_timeout(Some(Duration::from_secs(5)));
