@@ -58,6 +58,7 @@ mod doc_examples {
 // secrets), `validate` and `ratelimit` (the `flashsale` binary's `serve`
 // is a crate of its own). `replies` and `lua` have no user outside.
 pub mod acl;
+pub mod admission;
 mod batch;
 mod cluster;
 pub mod config;
