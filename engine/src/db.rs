@@ -69,8 +69,11 @@ pub fn pool(url: &str, max_size: usize) -> Result<Pool, DbError> {
         pg.connect_timeout(std::time::Duration::from_secs(2));
     }
     // libpq ignores sslmode on a Unix socket (nothing to encrypt); the
-    // driver would refuse it ("server does not support TLS").
+    // driver would refuse it ("server does not support TLS"). Not when a
+    // hostaddr is given: the driver then connects over TCP to it, whatever
+    // the host says.
     let all_unix = !pg.get_hosts().is_empty()
+        && pg.get_hostaddrs().is_empty()
         && pg
             .get_hosts()
             .iter()

@@ -94,11 +94,18 @@ impl Engine {
                 .map_err(ConnectError::Lock)?,
             )
         };
-        let map = cluster.slot_map().await.map_err(ConnectError::redis)?;
+        // The seeds answered; the slot map's nodes are reached now, and a
+        // TLS name they fail on is told apart here.
+        let tls_cluster = config
+            .cluster_nodes
+            .iter()
+            .any(|n| n.starts_with("rediss://"));
+        let at_connect = |e| ConnectError::at_connect(e, tls_cluster);
+        let map = cluster.slot_map().await.map_err(at_connect)?;
         if !map.covers_all_slots() {
             return Err(ConnectError::SlotsUncovered);
         }
-        cluster.load_scripts().await.map_err(ConnectError::redis)?;
+        cluster.load_scripts().await.map_err(at_connect)?;
         let batches = PurchaseBatches::new(cluster.clone(), stats.clone(), &config);
         Ok(Engine {
             inner: Arc::new(Inner {

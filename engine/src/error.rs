@@ -319,6 +319,17 @@ pub enum ConnectError {
          TLS-only, use rediss://)"
     )]
     PlainTextRefused(RedisError),
+    /// Over TLS, the seeds answered and the nodes of the slot map could
+    /// not be reached ("No connections found"): most often their
+    /// certificates name the seeds' host names but not the addresses the
+    /// cluster announces.
+    #[error(
+        "redis cluster: {0} (over TLS the seed nodes answered and the nodes of the \
+         cluster's slot map did not: their certificates must name the addresses the \
+         cluster announces (CLUSTER SHARDS), as IP subject alternative names or with \
+         cluster-announce-hostname; see docs/configuration.md, TLS to Redis)"
+    )]
+    TlsNodeNames(RedisError),
     /// The cluster answers but some slot has no master.
     #[error("redis cluster: not every slot is served")]
     SlotsUncovered,
@@ -343,6 +354,8 @@ impl ConnectError {
         let text = e.to_string();
         if tls && text.contains("invalid peer certificate") {
             ConnectError::Certificate(e)
+        } else if tls && e.kind() == redis::ErrorKind::ClusterConnectionNotFound {
+            ConnectError::TlsNodeNames(e)
         } else if !tls
             && (text.contains("Connection reset") || text.contains("unexpected end of file"))
         {

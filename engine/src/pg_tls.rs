@@ -100,40 +100,36 @@ pub struct PgTls {
 }
 
 impl PgTls {
-    /// Splits `url` (libpq key=value or URL form) into the string
-    /// tokio-postgres reads (the four options taken out, `sslmode` told as
-    /// the driver understands it) and what TLS will do. Errors never carry
-    /// the string, which may hold a password.
+    /// Reads `url` (libpq key=value or URL form) into its parameters, once,
+    /// here, and gives the string tokio-postgres is handed (every other
+    /// parameter as key='value', quoted and escaped, after `sslmode` as
+    /// the driver understands it) and what TLS will do. The driver never
+    /// reads the user's text: two readers of one string disagreed three
+    /// times (a `?` in a password, a last value left empty, an `@` after
+    /// the host), and each time the mode asked for was lost; the driver
+    /// reads a string with one reading only. Errors never carry the
+    /// string, which may hold a password.
     pub fn split(url: &str) -> Result<(String, PgTls), PgTlsError> {
         let is_url = url.starts_with("postgres://") || url.starts_with("postgresql://");
-        let (head, rest, options) = if is_url {
-            split_url(url)?
+        let pairs = if is_url {
+            url_pairs(url)?
         } else {
-            let (rest, options) = split_key_values(url)?;
-            (String::new(), rest, options)
+            key_value_pairs(url)?
         };
         let mut tls = PgTls::default();
-        for (key, value) in options {
+        let mut kept = Vec::with_capacity(pairs.len());
+        for (key, value) in pairs {
             match key.as_str() {
                 "sslmode" => tls.mode = SslMode::parse(&value)?,
                 "sslrootcert" if value == "system" => tls.root_cert = Some(RootCert::System),
                 "sslrootcert" => tls.root_cert = Some(RootCert::File(non_empty(&key, value)?)),
                 "sslcert" => tls.cert_file = Some(non_empty(&key, value)?),
                 "sslkey" => tls.key_file = Some(non_empty(&key, value)?),
-                _ => {}
+                _ => kept.push((key, value)),
             }
         }
         tls.check()?;
-        // The mode goes first: appended, it would be read as the value of a
-        // last key left empty (`application_name=`) or ending in `\`, and
-        // the driver would fall back to its default, `prefer`.
-        let driver = tls.mode.for_driver();
-        let with_mode = match (is_url, rest.is_empty()) {
-            (true, true) => format!("{head}?sslmode={driver}"),
-            (true, false) => format!("{head}?sslmode={driver}&{rest}"),
-            (false, _) => format!("sslmode={driver} {rest}"),
-        };
-        Ok((with_mode, tls))
+        Ok((canonical(tls.mode.for_driver(), &kept), tls))
     }
 
     /// The combinations libpq refuses, or that could only verify nothing
@@ -251,75 +247,136 @@ fn non_empty(key: &str, value: String) -> Result<PathBuf, PgTlsError> {
     Ok(PathBuf::from(value))
 }
 
-/// The TLS options taken out of a connection string, as (name, value).
-type Options = Vec<(String, String)>;
+/// A connection string's parameters, in order, as (name, value).
+type Pairs = Vec<(String, String)>;
 
-/// The options this module takes out of a connection string.
-const TLS_KEYS: [&str; 4] = ["sslmode", "sslrootcert", "sslcert", "sslkey"];
+/// The driver's string: `sslmode` first, then every other parameter in
+/// order as `key='value'` with `\` and `'` escaped, so the driver's reading
+/// of it is the only one there is (repeated keys keep their order, and the
+/// driver adds up hosts and ports as it would have).
+fn canonical(mode: &str, pairs: &[(String, String)]) -> String {
+    let mut out = format!("sslmode={mode}");
+    for (key, value) in pairs {
+        out.push(' ');
+        out.push_str(key);
+        out.push_str("='");
+        for c in value.chars() {
+            if c == '\\' || c == '\'' {
+                out.push('\\');
+            }
+            out.push(c);
+        }
+        out.push('\'');
+    }
+    out
+}
 
-/// URL form, cut exactly where tokio-postgres cuts it (its `UrlParser`):
-/// the user info ends at the first `@` anywhere, the host at the next `/`
-/// or `?`, the path at the next `?`; in the query a key runs to the next
-/// `=` and a value to the next `&`. Anything looser (the first `?`, say)
-/// reads a `?` in a password as the query's start, misses the mode asked
-/// for, and tells the driver `disable`. The query's TLS parameters (names
-/// and values percent-decoded, as the driver decodes them) are taken out;
-/// every other part is kept as written.
-fn split_url(url: &str) -> Result<(String, String, Options), PgTlsError> {
+/// A parameter name as libpq spells them; anything else (a name the URL
+/// decoded to something with a space or a quote) could not be written
+/// back unambiguously, and the driver would refuse it anyway.
+fn name(key: String) -> Result<String, PgTlsError> {
+    if !key.is_empty()
+        && key
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_')
+    {
+        Ok(key)
+    } else {
+        Err(PgTlsError(
+            "a parameter name is not one of libpq's (lower-case letters, digits, '_')".into(),
+        ))
+    }
+}
+
+/// URL form, read where tokio-postgres's own `UrlParser` reads it: the
+/// user info to the first `@`, the hosts (`host:port,...`, `[v6]:port`) to
+/// the next `/` or `?`, the database to the next `?`; in the query a key
+/// to the next `=` and a value to the next `&`; every part percent-decoded.
+/// A URL the driver and libpq read differently is refused: libpq looks for
+/// the user info's `@` before the first `/` only.
+fn url_pairs(url: &str) -> Result<Pairs, PgTlsError> {
     let scheme_end = url.find("://").map_or(0, |i| i + 3);
-    let (scheme, mut rest) = url.split_at(scheme_end);
-    let mut head = scheme.to_owned();
+    let mut rest = &url[scheme_end..];
+    if let (Some(at), Some(slash)) = (rest.find('@'), rest.find('/')) {
+        if at > slash {
+            return Err(PgTlsError(
+                "an '@' after the host (in the path or a query parameter) must be \
+                 written %40: the driver would take everything before it for the user \
+                 name and password"
+                    .into(),
+            ));
+        }
+    }
+    let mut pairs = Pairs::new();
     if let Some(at) = rest.find('@') {
-        head.push_str(&rest[..=at]);
+        let (user, password) = match rest[..at].split_once(':') {
+            Some((u, p)) => (u, Some(p)),
+            None => (&rest[..at], None),
+        };
+        pairs.push(("user".into(), decode(user)?));
+        if let Some(p) = password {
+            pairs.push(("password".into(), decode(p)?));
+        }
         rest = &rest[at + 1..];
     }
     let host_end = rest.find(['/', '?']).unwrap_or(rest.len());
-    head.push_str(&rest[..host_end]);
+    let hosts = &rest[..host_end];
     rest = &rest[host_end..];
-    if rest.starts_with('/') {
-        let path_end = rest.find('?').unwrap_or(rest.len());
-        head.push_str(&rest[..path_end]);
-        rest = &rest[path_end..];
+    if !hosts.is_empty() {
+        for chunk in hosts.split(',') {
+            let (host, port) = if let Some(v6) = chunk.strip_prefix('[') {
+                let (host, after) = v6.split_once(']').ok_or_else(bad_url)?;
+                let port = match after {
+                    "" => None,
+                    a => Some(a.strip_prefix(':').ok_or_else(bad_url)?),
+                };
+                (host, port)
+            } else {
+                match chunk.split_once(':') {
+                    Some((h, p)) => (h, Some(p)),
+                    None => (chunk, None),
+                }
+            };
+            pairs.push(("host".into(), decode(host)?));
+            pairs.push(("port".into(), decode(port.unwrap_or("5432"))?));
+        }
+    }
+    if let Some(path) = rest.strip_prefix('/') {
+        let end = path.find('?').unwrap_or(path.len());
+        if end > 0 {
+            pairs.push(("dbname".into(), decode(&path[..end])?));
+        }
+        rest = &path[end..];
     }
     let mut query = rest.strip_prefix('?').unwrap_or(rest);
-    let mut kept = Vec::new();
-    let mut taken = Vec::new();
     while !query.is_empty() {
-        let Some(eq) = query.find('=') else {
-            return Err(PgTlsError(
-                "the connection string does not parse (a parameter without '=')".into(),
-            ));
-        };
-        let key = &query[..eq];
-        let after = &query[eq + 1..];
-        let (value, next) = match after.find('&') {
-            Some(amp) => (&after[..amp], &after[amp + 1..]),
-            None => (after, ""),
-        };
-        let decoded = decode(key);
-        if TLS_KEYS.contains(&decoded.as_str()) {
-            taken.push((decoded, decode(value)));
-        } else {
-            kept.push(&query[..eq + 1 + value.len()]);
-        }
+        let (key, after) = query.split_once('=').ok_or_else(bad_url)?;
+        let (value, next) = after.split_once('&').unwrap_or((after, ""));
+        pairs.push((name(decode(key)?)?, decode(value)?));
         query = next;
     }
-    Ok((head, kept.join("&"), taken))
+    Ok(pairs)
 }
 
-fn decode(s: &str) -> String {
+fn bad_url() -> PgTlsError {
+    PgTlsError("the connection string does not parse".into())
+}
+
+/// Percent-decoded, as the driver decodes; a part that is not UTF-8 once
+/// decoded is refused (the driver reads the string back as text).
+fn decode(s: &str) -> Result<String, PgTlsError> {
     percent_encoding::percent_decode_str(s)
-        .decode_utf8_lossy()
-        .into_owned()
+        .decode_utf8()
+        .map(|c| c.into_owned())
+        .map_err(|_| PgTlsError("a part of the URL is not UTF-8 once percent-decoded".into()))
 }
 
 /// Key=value form, read as tokio-postgres reads it (`key = value`, a value
-/// bare with `\` escapes or in single quotes): the TLS pairs taken out,
-/// every other pair kept as written.
-fn split_key_values(s: &str) -> Result<(String, Options), PgTlsError> {
+/// bare with `\` escapes or in single quotes; an empty last value refused,
+/// as the driver refuses it).
+fn key_value_pairs(s: &str) -> Result<Pairs, PgTlsError> {
     let bad = || PgTlsError("the connection string does not parse".into());
-    let mut kept: Vec<&str> = Vec::new();
-    let mut taken = Vec::new();
+    let mut pairs = Pairs::new();
     let mut it = s.char_indices().peekable();
     loop {
         while it.next_if(|&(_, c)| c.is_whitespace()).is_some() {}
@@ -362,15 +419,13 @@ fn split_key_values(s: &str) -> Result<(String, Options), PgTlsError> {
                     value.push(c);
                 }
             }
+            if value.is_empty() {
+                return Err(bad());
+            }
         }
-        let end = it.peek().map_or(s.len(), |&(i, _)| i);
-        if TLS_KEYS.contains(&key) {
-            taken.push((key.to_owned(), value));
-        } else {
-            kept.push(&s[start..end]);
-        }
+        pairs.push((name(key.to_owned())?, value));
     }
-    Ok((kept.join(" "), taken))
+    Ok(pairs)
 }
 
 /// The rustls side: the verifiers each mode needs and the files read.
@@ -606,7 +661,8 @@ mod tests {
         .expect("split");
         assert_eq!(
             rest,
-            "sslmode=require host=db.internal port=5433 user=fs password='a b\\'c' dbname=orders"
+            "sslmode=require host='db.internal' port='5433' user='fs' password='a b\\'c' \
+             dbname='orders'"
         );
         assert_eq!(tls.mode, SslMode::VerifyFull);
         assert_eq!(
@@ -626,14 +682,18 @@ mod tests {
         .expect("split");
         assert_eq!(
             rest,
-            "postgres://fs:pw@db:5432/orders?sslmode=require&application_name=fs&connect_timeout=3"
+            "sslmode=require user='fs' password='pw' host='db' port='5432' dbname='orders' \
+             application_name='fs' connect_timeout='3'"
         );
         assert_eq!(tls.mode, SslMode::VerifyCa);
         assert_eq!(tls.root_cert, Some(RootCert::File("/etc/ca.crt".into())));
         rest.parse::<tokio_postgres::Config>()
             .expect("the driver reads what is left");
         let (rest, tls) = PgTls::split("postgresql://db/orders").expect("split");
-        assert_eq!(rest, "postgresql://db/orders?sslmode=disable");
+        assert_eq!(
+            rest,
+            "sslmode=disable host='db' port='5432' dbname='orders'"
+        );
         assert_eq!(tls, PgTls::default());
     }
 
@@ -710,16 +770,18 @@ mod tests {
             "host=127.0.0.1 sslmode=verify-full sslrootcert=/ca.pem application_name=",
             "host=127.0.0.1 sslmode=verify-full sslrootcert=/ca.pem application_name=fs\\",
         ] {
-            let (rest, tls) = PgTls::split(url).expect("split");
-            assert_eq!(tls.mode, SslMode::VerifyFull);
-            match rest.parse::<tokio_postgres::Config>() {
-                // The driver refuses an empty last value, as it did before.
-                Err(_) => {}
-                Ok(pg) => assert_eq!(
-                    pg.get_ssl_mode(),
-                    tokio_postgres::config::SslMode::Require,
-                    "{url} -> {rest}"
-                ),
+            match PgTls::split(url) {
+                // An empty last value is refused, as the driver refuses it.
+                Err(e) => assert!(url.ends_with('='), "{url}: {e}"),
+                Ok((rest, tls)) => {
+                    assert_eq!(tls.mode, SslMode::VerifyFull);
+                    let pg: tokio_postgres::Config = rest.parse().expect("the driver reads it");
+                    assert_eq!(
+                        pg.get_ssl_mode(),
+                        tokio_postgres::config::SslMode::Require,
+                        "{url} -> {rest}"
+                    );
+                }
             }
         }
     }
@@ -760,5 +822,59 @@ mod tests {
             e.problem.contains("larger than") || e.problem.contains("could not be read"),
             "{e}"
         );
+    }
+
+    /// From the second attack: libpq ends a URL's user info before the
+    /// first `/`; tokio-postgres at the first `@` anywhere. An unescaped
+    /// `@` after the host (in `application_name`, a password given in the
+    /// query, a path) made the whole query a "password" here, the mode
+    /// asked for was lost, and plain text went to a server libpq reached
+    /// over TLS. Such a URL is refused.
+    #[test]
+    fn an_unescaped_at_sign_after_the_host_is_refused_not_read_as_user_info() {
+        for url in [
+            "postgresql://127.0.0.1:7500/flashsale?user=postgres&password=Secr3t&sslmode=verify-full&sslrootcert=/ca.pem&application_name=fs@127.0.0.1:7500",
+            "postgres://127.0.0.1:7500/flashsale?user=postgres&password=p@ssw0rd&sslmode=verify-full&sslrootcert=/ca.pem",
+            "postgres://db/orders@x",
+            "postgres://127.0.0.1/db?application_name=a@b&sslmode=require",
+        ] {
+            let e = PgTls::split(url).expect_err(url);
+            assert!(e.0.contains("%40"), "{e}");
+            assert!(!e.0.contains("ssw0rd") && !e.0.contains("Secr3t"), "{e}");
+        }
+        // An '@' before the host, and an encoded one after it, are fine.
+        PgTls::split("postgres://u:p@db/orders?application_name=fs%40x&sslmode=require")
+            .expect("user info before the host");
+    }
+
+    /// The driver's reading of what it is handed equals ours of the
+    /// user's string, whatever the quoting: every URL part and every
+    /// key=value form below gives the same hosts, ports, user, password
+    /// and database as the driver's own reading of the original.
+    #[test]
+    fn the_driver_reads_what_we_read() {
+        for url in [
+            "host=h1,h2 port=5432,5433 user=u password='a b\\'c\\\\' dbname=d application_name=x\\ y",
+            "host = h  user=u password=p=q dbname='' options='-c x=y'",
+            "postgres://u:p%40ss%3Aw@h1:5432,[::1]:5433/d%20b?application_name=a%26b&connect_timeout=3",
+            "postgresql://u:Ab?cd=ef&gh@127.0.0.1:7401/flashsale",
+            "postgresql://%2Fvar%2Frun%2Fpostgresql/db",
+            "postgres://h/?host=other&port=6000",
+        ] {
+            let (rest, _) = PgTls::split(url).expect(url);
+            let ours: tokio_postgres::Config = rest.parse().expect(url);
+            let theirs: tokio_postgres::Config = url.parse().expect(url);
+            assert_eq!(ours.get_hosts(), theirs.get_hosts(), "{url}");
+            assert_eq!(ours.get_ports(), theirs.get_ports(), "{url}");
+            assert_eq!(ours.get_user(), theirs.get_user(), "{url}");
+            assert_eq!(ours.get_password(), theirs.get_password(), "{url}");
+            assert_eq!(ours.get_dbname(), theirs.get_dbname(), "{url}");
+            assert_eq!(ours.get_options(), theirs.get_options(), "{url}");
+            assert_eq!(
+                ours.get_application_name(),
+                theirs.get_application_name(),
+                "{url}"
+            );
+        }
     }
 }

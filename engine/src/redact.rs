@@ -256,6 +256,7 @@ mod tests {
             "host=db password=PgPw-S3cret sslmode=verify-full sslrootcert=/ca.crt",
             "postgres://u:PgPw-S3cret@db/x?sslmode=verify-ca&sslrootcert=%2Fca.crt",
             "host=db password=PgPw-S3cret sslmode=verify-full",
+            "postgres://127.0.0.1:7500/x?user=postgres&password=p@PgPw-S3cret&sslmode=verify-full",
         ] {
             let shown = postgres_url(pg);
             assert!(!shown.contains("S3cret"), "{pg}: {shown}");

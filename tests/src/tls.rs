@@ -26,6 +26,9 @@ pub struct Pki {
     pub key: PathBuf,
     /// A certificate for the same key and names, expired yesterday.
     pub expired: PathBuf,
+    /// A certificate for the same key naming `localhost` only: a seed
+    /// reached as localhost verifies, the slot map's 127.0.0.1 does not.
+    pub localhost_only: PathBuf,
     /// Another CA, which signed none of the above.
     pub other_ca: PathBuf,
 }
@@ -103,7 +106,32 @@ impl Pki {
                 out,
             ]);
         }
+        std::fs::write(
+            p("ext-localhost.cnf"),
+            "subjectAltName=DNS:localhost\nbasicConstraints=CA:FALSE\n\
+             keyUsage=digitalSignature,keyEncipherment\nextendedKeyUsage=serverAuth,clientAuth\n",
+        )
+        .expect("write ext-localhost.cnf");
+        openssl(&[
+            "x509",
+            "-req",
+            "-in",
+            "node.csr",
+            "-CA",
+            "ca.crt",
+            "-CAkey",
+            "ca.key",
+            "-CAcreateserial",
+            "-days",
+            "2",
+            "-sha256",
+            "-extfile",
+            "ext-localhost.cnf",
+            "-out",
+            "localhost-only.crt",
+        ]);
         Pki {
+            localhost_only: p("localhost-only.crt"),
             ca: p("ca.crt"),
             cert: p("node.crt"),
             key: p("node.key"),
@@ -119,6 +147,17 @@ impl Pki {
             ..flashsale::TlsFiles::default()
         }
     }
+}
+
+/// Which of the PKI's certificates the servers show.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ServerCert {
+    /// For 127.0.0.1 and localhost.
+    Good,
+    /// Expired yesterday.
+    Expired,
+    /// For localhost only (the slot map says 127.0.0.1).
+    LocalhostOnly,
 }
 
 /// One TLS-only `redis-server`, killed on drop.
@@ -155,10 +194,25 @@ impl TlsRedis {
     /// expired certificate, with `expired`: then with no cluster, whose
     /// nodes could not verify each other).
     pub fn start(masters: usize, replicas: usize, locks: usize, expired: bool) -> TlsRedis {
+        let cert = if expired {
+            ServerCert::Expired
+        } else {
+            ServerCert::Good
+        };
+        TlsRedis::start_with(masters, replicas, locks, cert)
+    }
+
+    /// As [`TlsRedis::start`], the servers showing `cert`.
+    pub fn start_with(masters: usize, replicas: usize, locks: usize, cert: ServerCert) -> TlsRedis {
+        let expired = cert == ServerCert::Expired;
         assert!(!expired || masters == 0, "an expired cluster cannot form");
         let dir = TempDir::new().expect("temp dir");
         let pki = Pki::make(dir.path());
-        let cert = if expired { &pki.expired } else { &pki.cert };
+        let cert = match cert {
+            ServerCert::Good => &pki.cert,
+            ServerCert::Expired => &pki.expired,
+            ServerCert::LocalhostOnly => &pki.localhost_only,
+        };
         let spawn = |cluster: bool| -> TlsNode {
             // A port whose cluster bus port (+10000) is free too.
             let port = loop {

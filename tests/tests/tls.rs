@@ -13,7 +13,7 @@ use flashsale::lock::{LockClient, LockConfig, LockOptions};
 use flashsale::{Certificates, Config, ConnectError, Engine, PurchaseRequest, SaleSpec};
 use flashsale_tests::pg_tls::TlsPostgres;
 use flashsale_tests::serve::{create_sale, http_client, ServeProcess};
-use flashsale_tests::tls::TlsRedis;
+use flashsale_tests::tls::{ServerCert, TlsRedis};
 use flashsale_tests::{db_order_ids, fast_writer, wait_for_db_orders};
 
 fn config(redis: &TlsRedis, ca: &std::path::Path) -> Config {
@@ -428,6 +428,22 @@ async fn a_postgres_that_requires_tls_is_reached_under_each_sslmode_and_refuses_
     );
     let pool = flashsale::db::pool(&socket, 1).expect("pool");
     assert_eq!(server_says_ssl(&pool).await, Ok(false), "{socket}");
+    // From the second attack: a socket path as host with a TCP hostaddr
+    // is a TCP connection (the driver goes to hostaddr); sslmode holds
+    // there, and nothing is sent in plain text.
+    let tcp_by_hostaddr = format!(
+        "host=/nonexistent hostaddr=127.0.0.1 port={} user=postgres dbname=postgres \
+         sslmode=verify-full {ca}",
+        pg.port
+    );
+    let pool = flashsale::db::pool(&tcp_by_hostaddr, 1).expect("pool");
+    match server_says_ssl(&pool).await {
+        Ok(ssl) => assert!(ssl, "{tcp_by_hostaddr}: connected in plain text"),
+        Err(e) => assert!(
+            !e.contains("no encryption"),
+            "{tcp_by_hostaddr}: tried plain text: {e}"
+        ),
+    }
     for url in good {
         let pool = flashsale::db::pool(&url, 1).expect("pool");
         flashsale::db::migrate(&pool)
@@ -617,4 +633,40 @@ fn wait_for_event<T>(limit: Duration, mut f: impl FnMut() -> Option<T>) -> Optio
         }
         std::thread::sleep(Duration::from_millis(100));
     }
+}
+
+/// Seeds reached by a name their certificate holds (localhost), nodes
+/// announced in the slot map at an address it does not (127.0.0.1): the
+/// seeds connect, the rest cannot, and redis-rs says only "No connections
+/// found". The error says what to check instead, at connect, in seconds.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nodes_whose_certificates_miss_the_slot_map_addresses_say_so_at_connect() {
+    let redis = TlsRedis::start_with(3, 0, 0, ServerCert::LocalhostOnly);
+    let seeds = redis
+        .seeds()
+        .iter()
+        .map(|s| s.replace("127.0.0.1", "localhost"))
+        .collect();
+    let started = Instant::now();
+    let result = tokio::time::timeout(
+        Duration::from_secs(60),
+        Engine::connect(Config {
+            cluster_nodes: seeds,
+            lock_nodes: Vec::new(),
+            tls: redis.pki.trusting(&redis.pki.ca),
+            ..Config::default()
+        }),
+    )
+    .await
+    .expect("no hang");
+    let e = match result {
+        Ok(_) => panic!("connected to nodes whose certificates do not name them"),
+        Err(e) => e,
+    };
+    eprintln!("({:?}) {e}", started.elapsed());
+    assert!(
+        matches!(e, ConnectError::TlsNodeNames(_)),
+        "a typed error, not a bare ClusterConnectionNotFound: {e:?}"
+    );
+    assert!(e.to_string().contains("slot map"), "{e}");
 }
