@@ -320,14 +320,14 @@ pub enum ConnectError {
     )]
     PlainTextRefused(RedisError),
     /// Over TLS, the seeds answered and the nodes of the slot map could
-    /// not be reached ("No connections found"): most often their
-    /// certificates name the seeds' host names but not the addresses the
-    /// cluster announces.
+    /// not be reached ("No connections found"): nodes down, or, most often
+    /// when they are up, certificates that name the seeds' host names but
+    /// not the addresses the cluster announces.
     #[error(
         "redis cluster: {0} (over TLS the seed nodes answered and the nodes of the \
-         cluster's slot map did not: their certificates must name the addresses the \
-         cluster announces (CLUSTER SHARDS), as IP subject alternative names or with \
-         cluster-announce-hostname; see docs/configuration.md, TLS to Redis)"
+         cluster's slot map did not: if they are up, their certificates must name the \
+         addresses the cluster announces (CLUSTER SHARDS), as IP subject alternative \
+         names or with cluster-announce-hostname; see docs/configuration.md, TLS to Redis)"
     )]
     TlsNodeNames(RedisError),
     /// The cluster answers but some slot has no master.

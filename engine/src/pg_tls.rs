@@ -129,6 +129,16 @@ impl PgTls {
             }
         }
         tls.check()?;
+        // libpq 17 refuses direct negotiation unless TLS is required: with
+        // it the driver would speak plain text when told `disable`.
+        let direct = kept
+            .iter()
+            .any(|(k, v)| k == "sslnegotiation" && v == "direct");
+        if direct && matches!(tls.mode, SslMode::Disable | SslMode::Prefer) {
+            return Err(PgTlsError(
+                "sslnegotiation=direct needs sslmode=require, verify-ca or verify-full".into(),
+            ));
+        }
         Ok((canonical(tls.mode.for_driver(), &kept), tls))
     }
 
@@ -297,12 +307,15 @@ fn name(key: String) -> Result<String, PgTlsError> {
 fn url_pairs(url: &str) -> Result<Pairs, PgTlsError> {
     let scheme_end = url.find("://").map_or(0, |i| i + 3);
     let mut rest = &url[scheme_end..];
-    if let (Some(at), Some(slash)) = (rest.find('@'), rest.find('/')) {
-        if at > slash {
+    // The user info ends at the first '@' for the driver and for libpq;
+    // one after a '/' or '?' is in the path or the query, and whoever wrote
+    // it meant the query to be read: refused, with how to write it.
+    if let (Some(at), Some(end)) = (rest.find('@'), rest.find(['/', '?'])) {
+        if at > end {
             return Err(PgTlsError(
-                "an '@' after the host (in the path or a query parameter) must be \
-                 written %40: the driver would take everything before it for the user \
-                 name and password"
+                "an '@' after the host, or a '/' or '?' in the user name or password, \
+                 must be percent-encoded (%40, %2F, %3F): read as written, the query \
+                 would be taken for the user name and password"
                     .into(),
             ));
         }
@@ -376,6 +389,15 @@ fn decode(s: &str) -> Result<String, PgTlsError> {
 /// as the driver refuses it).
 fn key_value_pairs(s: &str) -> Result<Pairs, PgTlsError> {
     let bad = || PgTlsError("the connection string does not parse".into());
+    // libpq separates at ASCII white space only, the driver at any; a
+    // non-ASCII space outside quotes would be read two ways.
+    if outside_quotes_has_unicode_space(s) {
+        return Err(PgTlsError(
+            "a non-ASCII space (U+00A0, U+3000, ...) outside quotes: libpq reads it as \
+             part of the value, the driver as a separator; quote the value"
+                .into(),
+        ));
+    }
     let mut pairs = Pairs::new();
     let mut it = s.char_indices().peekable();
     loop {
@@ -426,6 +448,24 @@ fn key_value_pairs(s: &str) -> Result<Pairs, PgTlsError> {
         pairs.push((name(key.to_owned())?, value));
     }
     Ok(pairs)
+}
+
+/// Whether `s` has white space that is not ASCII outside a quoted value
+/// (a backslash escapes the next character, as both readers take it).
+fn outside_quotes_has_unicode_space(s: &str) -> bool {
+    let mut quoted = false;
+    let mut chars = s.chars();
+    while let Some(c) = chars.next() {
+        match c {
+            '\\' => {
+                chars.next();
+            }
+            '\'' => quoted = !quoted,
+            c if !quoted && c.is_whitespace() && !c.is_ascii() => return true,
+            _ => {}
+        }
+    }
+    false
 }
 
 /// The rustls side: the verifiers each mode needs and the files read.
@@ -731,32 +771,65 @@ mod tests {
         assert!(full.describe().contains("host name against the system's"));
     }
 
-    /// From the attack on this module: a `?` in a URL's password (which
-    /// the driver and libpq read as part of the password: the user info
-    /// ends at the first `@`) was taken for the query's start, the asked
-    /// `sslmode=require` was not found, and the driver was told `disable`:
-    /// the password went over the wire in clear text.
+    /// From the first attack: a `?` in a URL's password was taken for the
+    /// query's start and `sslmode=require` went plain text. From the third:
+    /// an `@` after a `?` (no `/` before it) made the whole query the user
+    /// name, and the mode asked for was lost (libpq reads it so too). A
+    /// `/`, `?` or `@` in the user info must be percent-encoded: such a URL
+    /// is refused, never read without its mode.
     #[test]
     fn a_question_mark_in_a_url_password_never_turns_tls_off() {
         for url in [
             "postgresql://postgres:Ab?cd=ef&gh@127.0.0.1:7401/flashsale?sslmode=require",
             "postgres://u:S3&cret?a=b@127.0.0.1/db?sslmode=require",
+            "postgresql://localhost?port=7710&password=S3cretPW&sslmode=require&dbname=f&application_name=fs@localhost:7710",
+            "postgres://localhost?sslmode=verify-full&sslrootcert=system&user=postgres&application_name=fs@localhost",
         ] {
-            let (rest, tls) = PgTls::split(url).expect("split");
-            assert_eq!(tls.mode, SslMode::Require, "{url}");
-            let pg: tokio_postgres::Config = rest.parse().expect("the driver reads it");
-            assert_eq!(
-                pg.get_ssl_mode(),
-                tokio_postgres::config::SslMode::Require,
-                "{url}"
-            );
+            let e = PgTls::split(url).expect_err(url);
+            assert!(e.0.contains("%40") && e.0.contains("%3F"), "{e}");
+            assert!(!e.0.contains("S3cret"), "{e}");
         }
-        // And with no TLS asked for, the database stays the one named.
-        let (rest, _) =
-            PgTls::split("postgresql://postgres:Ab?cd@127.0.0.1:7402/flashsale").expect("split");
+        // Encoded, the same password is read, and the mode with it.
+        let (rest, tls) = PgTls::split(
+            "postgresql://postgres:Ab%3Fcd%3Def%26gh@127.0.0.1:7401/flashsale?sslmode=require",
+        )
+        .expect("split");
+        assert_eq!(tls.mode, SslMode::Require);
         let pg: tokio_postgres::Config = rest.parse().expect("the driver reads it");
+        assert_eq!(pg.get_password(), Some(&b"Ab?cd=ef&gh"[..]));
         assert_eq!(pg.get_dbname(), Some("flashsale"));
-        assert_eq!(pg.get_password(), Some(&b"Ab?cd"[..]));
+    }
+
+    /// From the third attack: libpq ends a bare value at ASCII white space
+    /// only; tokio-postgres (and this reader, which followed it) at any
+    /// Unicode space. `application_name=fs\u{a0}sslmode=disable` was one
+    /// value to libpq, over TLS, and plain text here. A non-ASCII space
+    /// outside quotes is refused.
+    #[test]
+    fn a_unicode_space_outside_quotes_is_refused_not_read_as_a_separator() {
+        for url in [
+            "host=localhost sslmode=require application_name=fs\u{a0}sslmode=disable",
+            "host=localhost sslmode=verify-full sslrootcert=/ca.pem application_name=fs\u{3000}sslmode=prefer",
+        ] {
+            let e = PgTls::split(url).expect_err(url);
+            assert!(e.0.contains("space"), "{e}");
+        }
+        // Quoted, it is part of the value.
+        let (_, tls) = PgTls::split("host=localhost sslmode=require application_name='fs\u{a0}x'")
+            .expect("quoted");
+        assert_eq!(tls.mode, SslMode::Require);
+    }
+
+    /// From the third attack: `sslnegotiation=direct` with no TLS mode
+    /// connected in plain text where libpq 17 refuses it.
+    #[test]
+    fn direct_negotiation_needs_a_mode_that_requires_tls() {
+        for mode in ["", "sslmode=disable", "sslmode=prefer"] {
+            let url = format!("host=db sslnegotiation=direct {mode}");
+            let e = PgTls::split(&url).expect_err(&url);
+            assert!(e.0.contains("sslnegotiation"), "{e}");
+        }
+        PgTls::split("host=db sslnegotiation=direct sslmode=require").expect("with require");
     }
 
     /// From the attack: `sslmode=require` appended to a key=value string
@@ -857,7 +930,7 @@ mod tests {
             "host=h1,h2 port=5432,5433 user=u password='a b\\'c\\\\' dbname=d application_name=x\\ y",
             "host = h  user=u password=p=q dbname='' options='-c x=y'",
             "postgres://u:p%40ss%3Aw@h1:5432,[::1]:5433/d%20b?application_name=a%26b&connect_timeout=3",
-            "postgresql://u:Ab?cd=ef&gh@127.0.0.1:7401/flashsale",
+            "postgresql://u:Ab%3Fcd=ef&gh@127.0.0.1:7401/flashsale",
             "postgresql://%2Fvar%2Frun%2Fpostgresql/db",
             "postgres://h/?host=other&port=6000",
         ] {

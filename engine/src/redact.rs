@@ -94,6 +94,12 @@ pub fn postgres_url(url: &str) -> String {
     if !hosts.is_empty() {
         shown.push(format!("host={}", quoted(&hosts.join(","))));
     }
+    // The addresses connected to when given (the host is then only the
+    // name the certificate is checked against).
+    let addrs: Vec<String> = c.get_hostaddrs().iter().map(|a| a.to_string()).collect();
+    if !addrs.is_empty() {
+        shown.push(format!("hostaddr={}", addrs.join(",")));
+    }
     let ports: Vec<String> = c.get_ports().iter().map(u16::to_string).collect();
     if !ports.is_empty() {
         shown.push(format!("port={}", ports.join(",")));
@@ -268,6 +274,10 @@ mod tests {
         assert_eq!(
             postgres_url("host=db.internal user=fs password=S3cret sslmode=verify-full sslrootcert='/etc/ca.crt'"),
             "host=db.internal user=fs password=<redacted> sslmode=verify-full"
+        );
+        assert_eq!(
+            postgres_url("host=wrong.example hostaddr=127.0.0.1 port=5433 sslmode=require"),
+            "host=wrong.example hostaddr=127.0.0.1 port=5433 sslmode=require"
         );
         assert_eq!(
             postgres_url("host=127.0.0.1 user=postgres dbname='my db'"),
