@@ -110,6 +110,17 @@ impl PgTls {
     /// reads a string with one reading only. Errors never carry the
     /// string, which may hold a password.
     pub fn split(url: &str) -> Result<(String, PgTls), PgTlsError> {
+        // C readers of the string (libpq) stop at a NUL; other controls
+        // are no part of any parameter. Refused, so nothing after one is
+        // read here and not there.
+        if url
+            .chars()
+            .any(|c| c.is_control() && !matches!(c, '\t' | '\n' | '\r' | '\u{c}'))
+        {
+            return Err(PgTlsError(
+                "a control character (NUL, ...) in the connection string".into(),
+            ));
+        }
         let is_url = url.starts_with("postgres://") || url.starts_with("postgresql://");
         let pairs = if is_url {
             url_pairs(url)?
@@ -266,7 +277,16 @@ type Pairs = Vec<(String, String)>;
 /// driver adds up hosts and ports as it would have).
 fn canonical(mode: &str, pairs: &[(String, String)]) -> String {
     let mut out = format!("sslmode={mode}");
-    for (key, value) in pairs {
+    // libpq keeps the last of a repeated key (a URL's query `host`
+    // replaces the one before its path); the driver would add repeated
+    // hosts and ports up and try the one the user overrode first.
+    let last: Vec<&(String, String)> = pairs
+        .iter()
+        .enumerate()
+        .filter(|(i, (k, _))| !pairs[i + 1..].iter().any(|(later, _)| later == k))
+        .map(|(_, p)| p)
+        .collect();
+    for (key, value) in last {
         out.push(' ');
         out.push_str(key);
         out.push_str("='");
@@ -310,6 +330,13 @@ fn url_pairs(url: &str) -> Result<Pairs, PgTlsError> {
     // The user info ends at the first '@' for the driver and for libpq;
     // one after a '/' or '?' is in the path or the query, and whoever wrote
     // it meant the query to be read: refused, with how to write it.
+    if rest.matches('@').count() > 1 {
+        return Err(PgTlsError(
+            "more than one '@' in the URL: an '@' in the user name or password must be \
+             written %40"
+                .into(),
+        ));
+    }
     if let (Some(at), Some(end)) = (rest.find('@'), rest.find(['/', '?'])) {
         if at > end {
             return Err(PgTlsError(
@@ -336,6 +363,9 @@ fn url_pairs(url: &str) -> Result<Pairs, PgTlsError> {
     let hosts = &rest[..host_end];
     rest = &rest[host_end..];
     if !hosts.is_empty() {
+        // One host value and one port value, comma-separated, as libpq
+        // keeps them: a query `host` or `port` later replaces them whole.
+        let (mut host_list, mut port_list) = (Vec::new(), Vec::new());
         for chunk in hosts.split(',') {
             let (host, port) = if let Some(v6) = chunk.strip_prefix('[') {
                 let (host, after) = v6.split_once(']').ok_or_else(bad_url)?;
@@ -350,9 +380,11 @@ fn url_pairs(url: &str) -> Result<Pairs, PgTlsError> {
                     None => (chunk, None),
                 }
             };
-            pairs.push(("host".into(), decode(host)?));
-            pairs.push(("port".into(), decode(port.unwrap_or("5432"))?));
+            host_list.push(decode(host)?);
+            port_list.push(decode(port.unwrap_or("5432"))?);
         }
+        pairs.push(("host".into(), host_list.join(",")));
+        pairs.push(("port".into(), port_list.join(",")));
     }
     if let Some(path) = rest.strip_prefix('/') {
         let end = path.find('?').unwrap_or(path.len());
@@ -389,34 +421,56 @@ fn decode(s: &str) -> Result<String, PgTlsError> {
 /// as the driver refuses it).
 fn key_value_pairs(s: &str) -> Result<Pairs, PgTlsError> {
     let bad = || PgTlsError("the connection string does not parse".into());
-    // libpq separates at ASCII white space only, the driver at any; a
-    // non-ASCII space outside quotes would be read two ways.
-    if outside_quotes_has_unicode_space(s) {
-        return Err(PgTlsError(
+    // libpq separates at ASCII white space only, the driver at any: a
+    // non-ASCII space outside quotes would be read two ways, refused.
+    let unicode_space = || {
+        PgTlsError(
             "a non-ASCII space (U+00A0, U+3000, ...) outside quotes: libpq reads it as \
              part of the value, the driver as a separator; quote the value"
                 .into(),
-        ));
-    }
+        )
+    };
+    let is_space = |c: char| -> Result<bool, PgTlsError> {
+        match c {
+            c if c.is_ascii_whitespace() => Ok(true),
+            c if c.is_whitespace() => Err(unicode_space()),
+            _ => Ok(false),
+        }
+    };
     let mut pairs = Pairs::new();
     let mut it = s.char_indices().peekable();
     loop {
-        while it.next_if(|&(_, c)| c.is_whitespace()).is_some() {}
+        while let Some(&(_, c)) = it.peek() {
+            if !is_space(c)? {
+                break;
+            }
+            it.next();
+        }
         let Some(&(start, _)) = it.peek() else { break };
         let mut key_end = s.len();
         while let Some(&(i, c)) = it.peek() {
-            if c.is_whitespace() || c == '=' {
+            if is_space(c)? || c == '=' {
                 key_end = i;
                 break;
             }
             it.next();
         }
         let key = &s[start..key_end];
-        while it.next_if(|&(_, c)| c.is_whitespace()).is_some() {}
+        while let Some(&(_, c)) = it.peek() {
+            if !is_space(c)? {
+                break;
+            }
+            it.next();
+        }
         if it.next().map(|(_, c)| c) != Some('=') || key.is_empty() {
             return Err(bad());
         }
-        while it.next_if(|&(_, c)| c.is_whitespace()).is_some() {}
+        while let Some(&(_, c)) = it.peek() {
+            if !is_space(c)? {
+                break;
+            }
+            it.next();
+        }
         let mut value = String::new();
         if it.next_if(|&(_, c)| c == '\'').is_some() {
             loop {
@@ -429,7 +483,7 @@ fn key_value_pairs(s: &str) -> Result<Pairs, PgTlsError> {
             }
         } else {
             while let Some(&(_, c)) = it.peek() {
-                if c.is_whitespace() {
+                if is_space(c)? {
                     break;
                 }
                 it.next();
@@ -448,24 +502,6 @@ fn key_value_pairs(s: &str) -> Result<Pairs, PgTlsError> {
         pairs.push((name(key.to_owned())?, value));
     }
     Ok(pairs)
-}
-
-/// Whether `s` has white space that is not ASCII outside a quoted value
-/// (a backslash escapes the next character, as both readers take it).
-fn outside_quotes_has_unicode_space(s: &str) -> bool {
-    let mut quoted = false;
-    let mut chars = s.chars();
-    while let Some(c) = chars.next() {
-        match c {
-            '\\' => {
-                chars.next();
-            }
-            '\'' => quoted = !quoted,
-            c if !quoted && c.is_whitespace() && !c.is_ascii() => return true,
-            _ => {}
-        }
-    }
-    false
 }
 
 /// The rustls side: the verifiers each mode needs and the files read.
@@ -920,10 +956,10 @@ mod tests {
             .expect("user info before the host");
     }
 
-    /// The driver's reading of what it is handed equals ours of the
-    /// user's string, whatever the quoting: every URL part and every
-    /// key=value form below gives the same hosts, ports, user, password
-    /// and database as the driver's own reading of the original.
+    /// The driver's reading of what it is handed equals its own reading of
+    /// the user's string, whatever the quoting, where the two have no
+    /// repeated key (there libpq's last-one-wins is kept, not the
+    /// driver's adding up: `a_repeated_host_or_port_replaces_...`).
     #[test]
     fn the_driver_reads_what_we_read() {
         for url in [
@@ -932,7 +968,6 @@ mod tests {
             "postgres://u:p%40ss%3Aw@h1:5432,[::1]:5433/d%20b?application_name=a%26b&connect_timeout=3",
             "postgresql://u:Ab%3Fcd=ef&gh@127.0.0.1:7401/flashsale",
             "postgresql://%2Fvar%2Frun%2Fpostgresql/db",
-            "postgres://h/?host=other&port=6000",
         ] {
             let (rest, _) = PgTls::split(url).expect(url);
             let ours: tokio_postgres::Config = rest.parse().expect(url);
@@ -948,6 +983,60 @@ mod tests {
                 theirs.get_application_name(),
                 "{url}"
             );
+        }
+    }
+
+    /// From the fourth attack: an apostrophe inside a bare value flipped a
+    /// separate scan's idea of "quoted", the non-ASCII space after it went
+    /// through, and a second `sslmode` won (plain text; verify-full read
+    /// as require). The reader itself now refuses such a space.
+    #[test]
+    fn an_apostrophe_in_a_bare_value_does_not_hide_a_unicode_space() {
+        for url in [
+            "host=127.0.0.1 sslmode=require application_name=fs'x\u{a0}sslmode=disable",
+            "host=h sslmode=verify-full sslrootcert=/ca.crt application_name=fs'x\u{3000}sslmode=require",
+        ] {
+            let e = PgTls::split(url).expect_err(url);
+            assert!(e.0.contains("space"), "{e}");
+        }
+    }
+
+    /// From the fourth attack: libpq keeps the last of a repeated key (a
+    /// URL's query `host` replaces the one before the path); the driver
+    /// adds repeated hosts and ports up, and connected first to the host
+    /// the user had overridden.
+    #[test]
+    fn a_repeated_host_or_port_replaces_the_earlier_one_as_in_libpq() {
+        for url in [
+            "postgres://127.0.0.1:7899/flashsale?host=127.0.0.1&port=7810&sslmode=require",
+            "host=127.0.0.1 port=7899 dbname=flashsale sslmode=require host=127.0.0.1 port=7810",
+        ] {
+            let (rest, _) = PgTls::split(url).expect(url);
+            let pg: tokio_postgres::Config = rest.parse().expect(url);
+            assert_eq!(pg.get_ports(), &[7810], "{url} -> {rest}");
+            assert_eq!(pg.get_hosts().len(), 1, "{url} -> {rest}");
+        }
+        // Several hosts in one value stay several, as in libpq.
+        let (rest, _) = PgTls::split("postgres://h1:5432,h2:5433/d").expect("two hosts");
+        let pg: tokio_postgres::Config = rest.parse().expect("parse");
+        assert_eq!(pg.get_ports(), &[5432, 5433]);
+    }
+
+    /// From the fourth attack: a second unescaped `@` (a password with `@`
+    /// and `/`) put the password's tail in the host and database, shown by
+    /// config check and sent to the server; a NUL, where C readers of the
+    /// string stop, let a later `sslmode=disable` be read here.
+    #[test]
+    fn a_second_at_sign_or_a_control_character_is_refused() {
+        for url in [
+            "postgres://fs:Pa@ssW0rd/Secr3t@db.internal/orders?sslmode=require",
+            "postgres://fs:Pa@ssW0rd,Secr3t@db.internal/orders?sslmode=require",
+            "postgres://postgres:Pa@127.0.0.1:7810/Secr3t@db.internal?sslmode=require",
+            "host=127.0.0.1 sslmode=require password=pw\u{0} sslmode=disable",
+            "postgres://u@h/db?sslmode=require&application_name=a\u{0}",
+        ] {
+            let e = PgTls::split(url).expect_err(url);
+            assert!(!e.0.contains("Secr3t") && !e.0.contains("ssW0rd"), "{e}");
         }
     }
 }
