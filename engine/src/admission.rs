@@ -134,6 +134,9 @@ pub enum PassKeyError {
     /// which signed it.
     #[error("the previous signing key has the current key's id")]
     SameId,
+    /// Only one of the previous key's id and secret is set.
+    #[error("room.previous_key_id and room.previous_secret go together")]
+    HalfPrevious,
 }
 
 impl PassKey {
@@ -264,6 +267,22 @@ impl PassKeys {
         decode(&payload).ok_or(PassError::Malformed)
     }
 
+    /// A place in `[0, 2^40)` for `user` in `sale`'s line, the same in
+    /// every process with this key and unknowable without it: before a
+    /// shuffled start, everyone's place is this, so arriving early or
+    /// rejoining buys nothing and nobody can pick a user id for a low one.
+    pub fn shuffled_place(&self, sale: &str, user: &str) -> u64 {
+        let mut mac = self.current.mac();
+        mac.update(b"shuffle\0");
+        mac.update(&(sale.len() as u64).to_be_bytes());
+        mac.update(sale.as_bytes());
+        mac.update(user.as_bytes());
+        let out = mac.finalize().into_bytes();
+        let mut first = [0u8; 8];
+        first[3..].copy_from_slice(&out[..5]);
+        u64::from_be_bytes(first)
+    }
+
     /// The admission `text` for `sale` and `user` at `now_ms`: signed by
     /// these keys, an admission (not a ticket), for this sale and user,
     /// and not past its deadline.
@@ -289,6 +308,72 @@ impl PassKeys {
             return Err(PassError::Expired);
         }
         Ok(pass)
+    }
+}
+
+/// The `[room]` table: the keys that sign the waiting room's tickets and
+/// admission tokens. Every process that serves a room's sale needs the same
+/// keys (an edge that checks tokens too). To rotate: move the current key
+/// to `previous_*`, set `previous_retired_at_ms` to now, and put a new one
+/// in `key_id`/`secret`; the previous key verifies for one admission window
+/// more. Secrets are never printed (`Debug` and the redacted config say
+/// `<set>`).
+#[derive(Clone, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct RoomKeysConfig {
+    /// The current key's id (1-16 of `A-Z a-z 0-9 _ -`); default `k1`.
+    pub key_id: Option<String>,
+    /// The current key's secret, at least 32 bytes (or
+    /// `FLASHSALE_ROOM_SECRET`). Without it, no sale's room can be joined.
+    pub secret: Option<String>,
+    /// The previous key's id, during a rotation.
+    pub previous_key_id: Option<String>,
+    /// The previous key's secret.
+    pub previous_secret: Option<String>,
+    /// When the previous key was retired, ms since the Unix epoch.
+    pub previous_retired_at_ms: u64,
+}
+
+impl std::fmt::Debug for RoomKeysConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let set = |s: &Option<String>| if s.is_some() { "<set>" } else { "<unset>" };
+        f.debug_struct("RoomKeysConfig")
+            .field("key_id", &self.key_id)
+            .field("secret", &set(&self.secret))
+            .field("previous_key_id", &self.previous_key_id)
+            .field("previous_secret", &set(&self.previous_secret))
+            .field("previous_retired_at_ms", &self.previous_retired_at_ms)
+            .finish()
+    }
+}
+
+impl RoomKeysConfig {
+    /// The keys, checked; `None` when no secret is set.
+    pub fn keys(&self) -> Result<Option<PassKeys>, PassKeyError> {
+        let Some(secret) = &self.secret else {
+            return Ok(None);
+        };
+        let current = PassKey::new(self.key_id.as_deref().unwrap_or("k1"), secret.as_bytes())?;
+        match (&self.previous_key_id, &self.previous_secret) {
+            (Some(id), Some(prev)) => PassKeys::with_previous(
+                current,
+                PassKey::new(id, prev.as_bytes())?,
+                self.previous_retired_at_ms,
+            )
+            .map(Some),
+            (None, None) => Ok(Some(PassKeys::new(current))),
+            _ => Err(PassKeyError::HalfPrevious),
+        }
+    }
+
+    /// These settings with each secret replaced by `<set>`.
+    pub fn redacted(&self) -> RoomKeysConfig {
+        let set = |s: &Option<String>| s.as_ref().map(|_| "<set>".to_owned());
+        RoomKeysConfig {
+            secret: set(&self.secret),
+            previous_secret: set(&self.previous_secret),
+            ..self.clone()
+        }
     }
 }
 

@@ -71,6 +71,8 @@ pub struct Config {
     /// The files of TLS to `rediss://` nodes, cluster and lock nodes alike
     /// (the `[tls]` table; needs the `tls` feature).
     pub tls: crate::tls::TlsFiles,
+    /// The waiting room's signing keys (the `[room]` table).
+    pub room: crate::admission::RoomKeysConfig,
 }
 
 /// How the purchase scripts write a new order on its stream.
@@ -116,6 +118,7 @@ impl Default for Config {
             order_record: OrderRecord::Compact,
             retry: Backoff::default(),
             tls: crate::tls::TlsFiles::default(),
+            room: crate::admission::RoomKeysConfig::default(),
         }
     }
 }
@@ -136,6 +139,7 @@ impl Config {
             .map(|u| crate::redact::redis_url(u))
             .collect();
         c.postgres_url = crate::redact::postgres_url(&c.postgres_url);
+        c.room = c.room.redacted();
         c
     }
 
@@ -202,6 +206,9 @@ impl Config {
             ));
         }
         self.tls.validate().map_err(ConfigError::from)?;
+        if let Err(e) = self.room.keys() {
+            return Err(ConfigError::new("room", e.to_string()));
+        }
         if self.lock_nodes.len() == 2 {
             return Err(ConfigError::new(
                 "lock_nodes",

@@ -22,6 +22,7 @@
 //! | `sweepers/fall_through.rs` | `settle_abandoned` |
 //! | `sweepers/expiry.rs` | `expire_due`, `spawn_hold_sweeper` |
 //! | `orders/writer.rs` | `spawn_order_writer` |
+//! | `room/ops.rs` | `join_queue`, `queue_status`, `room_status`, `admit_round`, `spawn_room_admitter` (and the purchase's admission check) |
 //!
 //! (`ledger::reconcile` takes an engine; it is not a method.)
 //! It never talks to PostgreSQL (the order writer and the ledger do).
@@ -32,6 +33,7 @@ use std::time::Instant;
 use redis::cluster_async::ClusterConnection;
 use redis::RedisError;
 
+use crate::admission::PassKeys;
 use crate::batch::PurchaseBatches;
 use crate::cluster::Cluster;
 use crate::config::Config;
@@ -56,6 +58,8 @@ struct Inner {
     batches: PurchaseBatches,
     waits: WaitBatches,
     locks: Option<LockClient>,
+    /// The waiting room's signing keys (`[room]`), when set.
+    passes: Option<PassKeys>,
     config: Config,
     stats: Arc<Stats>,
     epoch: Instant,
@@ -107,6 +111,11 @@ impl Engine {
         }
         cluster.load_scripts().await.map_err(at_connect)?;
         let batches = PurchaseBatches::new(cluster.clone(), stats.clone(), &config);
+        // Checked by validate: a bad key never gets this far.
+        let passes = config
+            .room
+            .keys()
+            .map_err(|e| crate::config::ConfigError::new("room", e.to_string()))?;
         Ok(Engine {
             inner: Arc::new(Inner {
                 batches,
@@ -114,6 +123,7 @@ impl Engine {
                 cluster,
                 sales: SaleCache::default(),
                 locks,
+                passes,
                 config,
                 stats,
                 epoch: Instant::now(),
@@ -129,6 +139,11 @@ impl Engine {
     /// The lock client over `lock_nodes`, when any are configured.
     pub fn locks(&self) -> Option<&LockClient> {
         self.inner.locks.as_ref()
+    }
+
+    /// The waiting room's signing keys, when `[room]` sets them.
+    pub fn pass_keys(&self) -> Option<&PassKeys> {
+        self.inner.passes.as_ref()
     }
 
     /// Counters of retries, reloads and local sold-out answers.

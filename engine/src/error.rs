@@ -61,6 +61,15 @@ pub enum PurchaseError {
     /// request id is always safe.
     #[error("inventory unavailable: {0}")]
     Unavailable(Unavailable),
+    /// The sale has a waiting room and this purchase brought no admission
+    /// for its user that is valid now (none, a ticket instead, or one past
+    /// its window); nothing was changed.
+    #[error("not admitted: buy with an admission token from the sale's queue")]
+    NotAdmitted,
+    /// The admission token does not verify (forged, altered, another
+    /// sale's or user's, or signed with a retired key); nothing was changed.
+    #[error("invalid admission token: {0}")]
+    InvalidTicket(crate::admission::PassError),
 }
 
 /// Why the inventory could not answer. The error itself is kept, not its
@@ -202,6 +211,8 @@ impl PurchaseError {
             PurchaseError::RequestMismatch => "request_mismatch",
             PurchaseError::OrderLost { .. } => "order_lost",
             PurchaseError::Unavailable(_) => "unavailable",
+            PurchaseError::NotAdmitted => "not_admitted",
+            PurchaseError::InvalidTicket(_) => "invalid_ticket",
         }
     }
 }

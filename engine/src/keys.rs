@@ -131,6 +131,38 @@ pub fn dead_letter_stream(tag: &str) -> String {
     format!("{{{tag}}}:orders:dead")
 }
 
+/// `{fs:<sku>}:room`, the waiting room's gate (cursor, counts, rounds), in
+/// the slot of the sale's metadata (`room/`, `lua/admit.lua`).
+pub fn room_gate(sku: &str) -> String {
+    format!("{{{NS}:{sku}}}:room")
+}
+
+/// `{fs:<sku>}:rounds`, the admission rounds not yet past their window.
+pub fn room_rounds(sku: &str) -> String {
+    format!("{{{NS}:{sku}}}:rounds")
+}
+
+/// `{fs:<sku>}:done`, the users whose admission was used.
+pub fn room_done(sku: &str) -> String {
+    format!("{{{NS}:{sku}}}:done")
+}
+
+/// The channel a room's sold-out flips are published on.
+pub fn room_channel(sku: &str) -> String {
+    format!("{NS}:room:{sku}")
+}
+
+/// `{tag}:line`, one shard of a sale's waiting line (member user, score
+/// place), in its bucket's slot.
+pub fn line(tag: &str) -> String {
+    format!("{{{tag}}}:line")
+}
+
+/// `{tag}:lineh`, that shard's floor and histogram of places.
+pub fn line_hist(tag: &str) -> String {
+    format!("{{{tag}}}:lineh")
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -86,6 +86,7 @@ pub mod planted;
 pub mod ratelimit;
 pub mod redact;
 mod replication;
+pub mod room;
 pub mod sale;
 pub mod scripts;
 #[cfg(feature = "settings")]
@@ -108,6 +109,7 @@ pub use order_state::{OrderView, Transition};
 #[cfg(feature = "postgres")]
 pub use orders::{OrderWriter, WriterConfig, WriterHandle, WriterReport};
 pub use purchase::{CheckedPurchase, Confirmed, PurchaseRequest};
+pub use room::{QueueError, QueueOrder, QueueRate, QueueSpec, QueueState, QueueStatus, RoomStatus};
 pub use sale::{LatePayment, SaleSpec};
 #[cfg(feature = "settings")]
 pub use settings::{ServerConfig, Settings, SettingsError};

@@ -42,6 +42,9 @@ enum Command {
     /// Create, inspect, restock and close sales.
     #[command(subcommand)]
     Sale(cli::sale::SaleCommand),
+    /// A sale's waiting room.
+    #[command(subcommand)]
+    Queue(cli::queue::QueueCommand),
     /// Inspect the configuration.
     #[command(subcommand)]
     Config(cli::config_check::ConfigCommand),
@@ -103,6 +106,7 @@ async fn dispatch(cli: Cli) -> Result<ExitCode> {
         Command::Demo(args) => cli::demo::command(settings, args).await,
         Command::Sale(cmd) => cli::sale::run(settings, cmd).await,
         Command::Orders(cmd) => cli::orders::run(settings, cmd).await,
+        Command::Queue(cmd) => cli::queue::run(settings, cmd).await,
         Command::Serve(args) => cli::serve::command(settings, args, cli::shutdown_signal()).await,
         Command::Lock(cmd) => {
             let certificates = tls_files(&settings)?;

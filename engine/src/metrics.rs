@@ -85,11 +85,48 @@ pub const HTTP_REQUESTS: &str = "flashsale_http_requests_total";
 /// HTTP request latency by `route`, seconds.
 pub const HTTP_SECONDS: &str = "flashsale_http_request_duration_seconds";
 
+/// Waiting-room joins, by `result` (`joined`, `again`).
+pub const ROOM_JOINS: &str = "flashsale_room_joins_total";
+/// People in a room's line not yet admitted, by `sku` (from the admitter).
+pub const ROOM_WAITING: &str = "flashsale_room_waiting";
+/// Admissions given, by `sku`.
+pub const ROOM_ADMITTED: &str = "flashsale_room_admitted_total";
+/// Admitted and not yet done (bought, refused or past the window), by `sku`.
+pub const ROOM_ADMITTED_NOT_DONE: &str = "flashsale_room_admitted_not_done";
+/// Admissions per second over the last 10 s of rounds, by `sku`.
+pub const ROOM_ADMISSION_RATE: &str = "flashsale_room_admission_rate";
+/// The estimated wait of the last in line, seconds, by `sku`.
+pub const ROOM_ESTIMATED_WAIT_SECONDS: &str = "flashsale_room_estimated_wait_seconds";
+/// Times a room's state flipped (open <-> sold_out: one write each, read by
+/// every ticket), by `sku`.
+pub const ROOM_SOLD_OUT_BROADCASTS: &str = "flashsale_room_state_flips_total";
+/// Purchases refused for want of an admission, by `reason`
+/// (`not_admitted`, `invalid_ticket`).
+pub const ROOM_REFUSED: &str = "flashsale_room_refused_total";
+
 /// Registers the description of every metric above with whatever recorder
 /// is installed. Cheap, and safe to call more than once.
 pub fn describe() {
     use metrics::{describe_counter, describe_gauge, describe_histogram, Unit};
     describe_counter!(PURCHASES, "Purchases answered, by result");
+    describe_counter!(ROOM_JOINS, "Waiting-room joins, by result");
+    describe_gauge!(ROOM_WAITING, "People in a room's line not yet admitted");
+    describe_counter!(ROOM_ADMITTED, "Admissions given by a room");
+    describe_gauge!(
+        ROOM_ADMITTED_NOT_DONE,
+        "Admitted to a room and not yet done (bought, refused, window passed)"
+    );
+    describe_gauge!(ROOM_ADMISSION_RATE, "Admissions per second, last 10 s");
+    describe_gauge!(
+        ROOM_ESTIMATED_WAIT_SECONDS,
+        Unit::Seconds,
+        "Estimated wait of the last in a room's line"
+    );
+    describe_counter!(
+        ROOM_SOLD_OUT_BROADCASTS,
+        "Room state flips between open and sold_out (one write each)"
+    );
+    describe_counter!(ROOM_REFUSED, "Purchases refused by a room, by reason");
     describe_histogram!(
         PURCHASE_SECONDS,
         Unit::Seconds,

@@ -56,7 +56,7 @@ impl LatePayment {
 }
 
 /// What [`Engine::create_sale`](crate::Engine::create_sale) creates.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct SaleSpec {
     /// The item on sale; 1-64 bytes of `A-Z a-z 0-9 . _ - :`.
     pub sku: String,
@@ -78,6 +78,10 @@ pub struct SaleSpec {
     pub hold_ms: u64,
     /// What a payment after the hold ended gets.
     pub late_payment: LatePayment,
+    /// A waiting room in front of the sale (`None`: anyone may buy). With
+    /// one, a purchase needs an admission token from the room, and the
+    /// sale needs a per-user limit (what one admission buys at most).
+    pub queue: Option<crate::room::QueueSpec>,
 }
 
 impl SaleSpec {
@@ -92,6 +96,7 @@ impl SaleSpec {
             ends_at: None,
             hold_ms: 0,
             late_payment: LatePayment::Refuse,
+            queue: None,
         }
     }
 }
@@ -125,6 +130,8 @@ pub struct SaleHandle {
     pub hold_ms: u64,
     /// Engine time (ms) when every bucket was seen empty; 0 = not sold out.
     pub(crate) sold_out_at: AtomicU64,
+    /// The sale's waiting room, if it has one.
+    pub(crate) room: Option<crate::room::Room>,
 }
 
 impl SaleHandle {
@@ -191,7 +198,9 @@ async fn load(cluster: &Cluster, sku: &str) -> Result<Option<Arc<SaleHandle>>, R
                 .arg("tags")
                 .arg("limit")
                 .arg("created")
-                .arg("hold_ms"),
+                .arg("hold_ms")
+                .arg("room")
+                .arg("starts_ms"),
         )
         .await?;
     let (Some(Some(tags)), Some(limit)) = (fields.first(), fields.get(1)) else {
@@ -210,6 +219,22 @@ async fn load(cluster: &Cluster, sku: &str) -> Result<Option<Arc<SaleHandle>>, R
         .flatten()
         .and_then(|h| h.parse().ok())
         .unwrap_or(0);
+    let field = |i: usize| fields.get(i).cloned().flatten();
+    let room = match field(4) {
+        None => None,
+        Some(text) => {
+            // A room this build cannot read must not sell without it.
+            let spec = crate::room::QueueSpec::decode(&text).ok_or_else(|| {
+                RedisError::from((
+                    redis::ErrorKind::Parse,
+                    "sale's queue settings unreadable",
+                    sku.to_owned(),
+                ))
+            })?;
+            let starts_ms = field(5).and_then(|s| s.parse().ok()).unwrap_or(0);
+            Some(crate::room::Room::new(spec, starts_ms))
+        }
+    };
     let buckets = tags
         .split(',')
         .enumerate()
@@ -230,5 +255,6 @@ async fn load(cluster: &Cluster, sku: &str) -> Result<Option<Arc<SaleHandle>>, R
         per_user_limit,
         hold_ms,
         sold_out_at: AtomicU64::new(0),
+        room,
     })))
 }

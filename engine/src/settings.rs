@@ -109,7 +109,7 @@ impl Settings {
         // (`server = ["0.0.0.0:1", "token"]`): only a table is a table here.
         for (key, value) in doc.get_ref().iter() {
             let key = key.get_ref().as_ref();
-            if matches!(key, "server" | "retry" | "tls")
+            if matches!(key, "server" | "retry" | "tls" | "room")
                 && !matches!(value.get_ref(), toml::de::DeValue::Table(_))
             {
                 return Err(ParseFailure::NotATable {
@@ -161,6 +161,9 @@ impl Settings {
         }
         if let Some(v) = get("FLASHSALE_LISTEN") {
             self.server.listen = v;
+        }
+        if let Some(v) = get("FLASHSALE_ROOM_SECRET") {
+            self.engine.room.secret = Some(v).filter(|t| !t.is_empty());
         }
         if let Some(v) = get("FLASHSALE_ADMIN_TOKEN") {
             self.server.admin_token = Some(v).filter(|t| !t.is_empty());
@@ -457,10 +460,19 @@ fn is_setting_name(key: &str) -> bool {
     };
     let named = |name: &str| {
         // Unset by default, so absent from the defaults' table.
-        matches!(name, "admin_token" | "ca_file" | "cert_file" | "key_file")
-            || all.iter().any(|(k, v)| {
-                k == name || matches!(v, toml::Value::Table(inner) if inner.contains_key(name))
-            })
+        matches!(
+            name,
+            "admin_token"
+                | "ca_file"
+                | "cert_file"
+                | "key_file"
+                | "secret"
+                | "previous_secret"
+                | "key_id"
+                | "previous_key_id"
+        ) || all.iter().any(|(k, v)| {
+            k == name || matches!(v, toml::Value::Table(inner) if inner.contains_key(name))
+        })
     };
     let mut parts = key.split('.');
     match (parts.next(), parts.next(), parts.next()) {
@@ -559,6 +571,10 @@ mod tests {
         full.engine.tls.ca_file = Some("ca.pem".into());
         full.engine.tls.cert_file = Some("client.pem".into());
         full.engine.tls.key_file = Some("client.key".into());
+        full.engine.room.key_id = Some("k1".into());
+        full.engine.room.secret = Some("s".repeat(32));
+        full.engine.room.previous_key_id = Some("k0".into());
+        full.engine.room.previous_secret = Some("p".repeat(32));
         let code: toml::Table =
             toml::from_str(&toml::to_string(&full).expect("serialize")).expect("TOML");
         let mut code_keys = Vec::new();

@@ -64,6 +64,7 @@ pub mod demo;
 pub mod lock_exec;
 pub mod orders;
 pub mod own_proc;
+pub mod queue;
 pub mod reconcile;
 pub mod sale;
 pub mod semaphore_exec;

@@ -43,6 +43,23 @@ pub enum SaleCommand {
         /// failing with "already exists". Default: a fresh one.
         #[arg(long)]
         op_id: Option<String>,
+        /// Put a waiting room in front of the sale (needs
+        /// --per-user-limit >= 1); the --queue-* flags set it.
+        #[arg(long)]
+        queue: bool,
+        /// Admissions per second, or "auto" (as fast as places free up).
+        #[arg(long, default_value = "auto", requires = "queue")]
+        queue_rate: String,
+        /// How long an admitted user may buy, ms.
+        #[arg(long, default_value_t = 120_000, requires = "queue")]
+        queue_window_ms: u64,
+        /// fifo, or shuffle-at-start (everyone who joined before the start
+        /// gets a random place).
+        #[arg(long, value_enum, default_value = "fifo", requires = "queue")]
+        queue_order: QueueOrderArg,
+        /// Admitted and not yet done never exceed this x (remaining + held).
+        #[arg(long, default_value_t = 1.0, requires = "queue")]
+        queue_overbook: f64,
         /// Print JSON.
         #[arg(long)]
         json: bool,
@@ -100,8 +117,33 @@ pub async fn run(settings: Settings, cmd: SaleCommand) -> Result<ExitCode> {
             hold_ms,
             late_payment,
             op_id,
+            queue,
+            queue_rate,
+            queue_window_ms,
+            queue_order,
+            queue_overbook,
             json,
         } => {
+            let queue = if queue {
+                let rate = if queue_rate == "auto" {
+                    flashsale::QueueRate::Auto
+                } else {
+                    flashsale::QueueRate::PerSecond(queue_rate.parse().map_err(|_| {
+                        anyhow::anyhow!("--queue-rate: a number or \"auto\", got {queue_rate:?}")
+                    })?)
+                };
+                Some(flashsale::QueueSpec {
+                    rate,
+                    window_ms: queue_window_ms,
+                    order: match queue_order {
+                        QueueOrderArg::Fifo => flashsale::QueueOrder::Fifo,
+                        QueueOrderArg::ShuffleAtStart => flashsale::QueueOrder::ShuffleAtStart,
+                    },
+                    overbook: queue_overbook,
+                })
+            } else {
+                None
+            };
             let at = |field: &str, s: Option<u64>| -> Result<Option<SystemTime>> {
                 s.map(|s| {
                     SystemTime::now()
@@ -120,6 +162,7 @@ pub async fn run(settings: Settings, cmd: SaleCommand) -> Result<ExitCode> {
                     LatePaymentArg::Refuse => flashsale::LatePayment::Refuse,
                     LatePaymentArg::Retake => flashsale::LatePayment::Retake,
                 },
+                queue,
                 ..SaleSpec::new(sku, stock)
             };
             let op = op_id.unwrap_or_else(flashsale::admin::new_operation_id);
@@ -174,4 +217,13 @@ pub enum LatePaymentArg {
     Refuse,
     /// Take a unit again if one is left.
     Retake,
+}
+
+/// `--queue-order`.
+#[derive(Debug, Clone, Copy, clap::ValueEnum)]
+pub enum QueueOrderArg {
+    /// Arrival order.
+    Fifo,
+    /// A random place for everyone who joined before the start.
+    ShuffleAtStart,
 }

@@ -119,6 +119,10 @@ fn check_spec(spec: &SaleSpec) -> Result<(u64, u64), AdminError> {
             spec.stock
         )));
     }
+    if let Some(q) = &spec.queue {
+        q.check_with(spec.per_user_limit)
+            .map_err(|e| spec_error(e.to_string()))?;
+    }
     let now = SystemTime::now();
     let starts_ms = spec.starts_at.map(unix_ms).unwrap_or(0);
     let ends_ms = spec.ends_at.map(unix_ms).unwrap_or(0);
@@ -185,6 +189,7 @@ impl Engine {
         let tags = pick_tags(&spec.sku, spec.buckets, &map)
             .ok_or_else(|| unconfirmed("cluster has no masters"))?;
         let meta = keys::sale_meta(&spec.sku);
+        let room = spec.queue.map(|q| q.encode()).unwrap_or_default();
         let plan = SalePlan {
             sku: &spec.sku,
             tags: &tags,
@@ -195,6 +200,7 @@ impl Engine {
             late: spec.late_payment.as_str(),
             starts_ms,
             ends_ms,
+            room: &room,
         };
         let call = plan.call(
             &self.scripts().create_meta,

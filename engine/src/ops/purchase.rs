@@ -48,12 +48,23 @@ pub struct PurchaseRequest<'a> {
 pub struct CheckedPurchase<'a> {
     req: PurchaseRequest<'a>,
     qty: u32,
+    /// The waiting room's admission token, for a sale that has a room.
+    admission: Option<&'a str>,
 }
 
 impl<'a> CheckedPurchase<'a> {
     /// The request as it was given.
     pub fn request(&self) -> PurchaseRequest<'a> {
         self.req
+    }
+
+    /// The same request, carrying the admission token a sale with a
+    /// waiting room asks for (from [`Engine::queue_status`]).
+    pub fn with_admission(self, token: &'a str) -> Self {
+        CheckedPurchase {
+            admission: Some(token),
+            ..self
+        }
     }
 }
 
@@ -74,6 +85,22 @@ pub struct Confirmed {
     /// When the hold ends (ms since the Unix epoch, Redis time); `None` when
     /// the sale holds no orders.
     pub expires_at_ms: Option<u64>,
+}
+
+/// True when a purchase's answer is final for its admission: confirmed, or
+/// refused by the sale (not an error the buyer should retry).
+fn decided(result: &Result<Confirmed, PurchaseError>) -> bool {
+    match result {
+        Ok(_) => true,
+        Err(e) => matches!(
+            e,
+            PurchaseError::SoldOut
+                | PurchaseError::LimitExceeded { .. }
+                | PurchaseError::Ended
+                | PurchaseError::Closed
+                | PurchaseError::OrderLost { .. }
+        ),
+    }
 }
 
 /// An answer the engine cannot give safely; the buyer retries.
@@ -168,7 +195,35 @@ impl Engine {
         validate::id("user", req.user).map_err(PurchaseError::Invalid)?;
         validate::id("request_id", req.request_id).map_err(PurchaseError::Invalid)?;
         let qty = validate::qty(req.qty, self.config().max_qty).map_err(PurchaseError::Invalid)?;
-        Ok(CheckedPurchase { req, qty })
+        Ok(CheckedPurchase {
+            req,
+            qty,
+            admission: None,
+        })
+    }
+
+    /// [`Engine::purchase`] on a sale with a waiting room: `admission_token`
+    /// is what the user's ticket read once admitted. Without a valid one
+    /// the answer is [`PurchaseError::NotAdmitted`] (none, a ticket, one
+    /// past its window) or [`PurchaseError::InvalidTicket`] (forged,
+    /// another sale's or user's); a retry of a request already decided
+    /// still gets its first answer. On a sale without a room the token is
+    /// not looked at.
+    pub async fn purchase_admitted(
+        &self,
+        req: PurchaseRequest<'_>,
+        admission_token: &str,
+    ) -> Result<Confirmed, PurchaseError> {
+        let started = Instant::now();
+        let result = match self.check(req) {
+            Ok(checked) => {
+                self.purchase_inner(checked.with_admission(admission_token))
+                    .await
+            }
+            Err(e) => Err(e),
+        };
+        self.count_purchase(&result, started);
+        result
     }
 
     /// [`Engine::purchase`] of a request already checked by
@@ -195,7 +250,37 @@ impl Engine {
 
     async fn purchase_inner(
         &self,
-        CheckedPurchase { req, qty }: CheckedPurchase<'_>,
+        checked: CheckedPurchase<'_>,
+    ) -> Result<Confirmed, PurchaseError> {
+        let sale = self.sale(checked.req.sku).await?;
+        let admitted = match self.check_admission(&sale, checked.req.user, checked.admission) {
+            Ok(place) => place,
+            Err(refused) => {
+                // A retry of a request Redis already decided gets its answer
+                // (the guarantee holds after the admission ends); a new
+                // request stops here, having changed nothing.
+                let home = &sale.buckets[sale.home_bucket(checked.req.user)];
+                let record = home.keys.request(checked.req.user, checked.req.request_id);
+                if !self.request_seen(&record).await? {
+                    return Err(refused);
+                }
+                None
+            }
+        };
+        let result = self.purchase_in_sale(checked, &sale).await;
+        if let Some(place) = admitted {
+            if decided(&result) {
+                self.admission_used(&sale.sku, checked.req.user, place)
+                    .await;
+            }
+        }
+        result
+    }
+
+    async fn purchase_in_sale(
+        &self,
+        CheckedPurchase { req, qty, .. }: CheckedPurchase<'_>,
+        sale: &std::sync::Arc<crate::sale::SaleHandle>,
     ) -> Result<Confirmed, PurchaseError> {
         let cfg = self.config();
         let planted_id;
@@ -209,7 +294,6 @@ impl Engine {
             req
         };
 
-        let sale = self.sale(req.sku).await?;
         if sale.per_user_limit > 0 && qty > sale.per_user_limit {
             return Err(PurchaseError::Invalid(InvalidInput::QtyTooLarge {
                 qty: req.qty,
@@ -270,9 +354,9 @@ impl Engine {
             }
             PurchaseReply::Replayed { order_id, bucket } => {
                 let (order_id, bucket) = self
-                    .confirm_replay(&sale, home, request, order_id, bucket, replicated)
+                    .confirm_replay(sale, home, request, order_id, bucket, replicated)
                     .await?;
-                self.replayed(&sale, order_id, bucket).await
+                self.replayed(sale, order_id, bucket).await
             }
             PurchaseReply::FallThrough {
                 home_stock,
@@ -292,7 +376,7 @@ impl Engine {
                 if !replicated {
                     self.ack(home, request, Expect::Pending).await?;
                 }
-                self.fall_through(&sale, home, request, &nonce, home_stock, since_ms)
+                self.fall_through(sale, home, request, &nonce, home_stock, since_ms)
                     .await
             }
             PurchaseReply::Refused { why, home_stock } => {

@@ -67,6 +67,9 @@ pub(crate) struct SalePlan<'a> {
     pub(crate) late: &'a str,
     pub(crate) starts_ms: u64,
     pub(crate) ends_ms: u64,
+    /// The waiting room's settings (`QueueSpec::encode`); "" = no room, and
+    /// then no field is written (plans made before rooms compare equal).
+    pub(crate) room: &'a str,
 }
 
 impl SalePlan<'_> {
@@ -99,6 +102,9 @@ impl SalePlan<'_> {
             .arg(self.starts_ms)
             .arg("ends_ms")
             .arg(self.ends_ms);
+        if !self.room.is_empty() {
+            call.arg("room").arg(self.room);
+        }
         call
     }
 }

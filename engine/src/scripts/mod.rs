@@ -22,6 +22,7 @@ pub(crate) mod quota_return;
 pub(crate) mod record;
 pub(crate) mod refusal;
 pub(crate) mod restock;
+pub(crate) mod room;
 pub(crate) mod settle;
 pub(crate) mod take;
 pub(crate) mod transition;
@@ -68,6 +69,14 @@ pub struct Scripts {
     pub dead_letter: LuaScript,
     /// `lua/forget_consumers.lua`.
     pub forget_consumers: LuaScript,
+    /// `lua/join.lua`: a user joins a sale's waiting line, once.
+    pub join: LuaScript,
+    /// `lua/line_fence.lua`: a line shard's floor raised before a round.
+    pub line_fence: LuaScript,
+    /// `lua/admit.lua`: one admission round on the room's gate.
+    pub admit: LuaScript,
+    /// `lua/room_done.lua`: an admission used, its place freed.
+    pub room_done: LuaScript,
 }
 
 impl Scripts {
@@ -87,12 +96,20 @@ impl Scripts {
             trim: LuaScript::new("trim", TRIM_LUA),
             dead_letter: LuaScript::new("dead_letter", DEAD_LETTER_LUA),
             forget_consumers: LuaScript::new("forget_consumers", FORGET_CONSUMERS_LUA),
+            join: LuaScript::new("join", room::JOIN),
+            line_fence: LuaScript::new("line_fence", room::LINE_FENCE),
+            admit: LuaScript::new("admit", room::ADMIT),
+            room_done: LuaScript::new("room_done", room::ROOM_DONE),
         }
     }
 
     /// All scripts, for loading them on a node.
-    pub fn all(&self) -> [&LuaScript; 13] {
+    pub fn all(&self) -> [&LuaScript; 17] {
         [
+            &self.join,
+            &self.line_fence,
+            &self.admit,
+            &self.room_done,
             &self.trim,
             &self.dead_letter,
             &self.forget_consumers,

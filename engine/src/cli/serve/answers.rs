@@ -144,6 +144,24 @@ impl From<PurchaseError> for ApiError {
             }
             PurchaseError::OrderLost { .. } => StatusCode::GONE,
             PurchaseError::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
+            PurchaseError::NotAdmitted | PurchaseError::InvalidTicket(_) => StatusCode::FORBIDDEN,
+            _ => StatusCode::INTERNAL_SERVER_ERROR,
+        };
+        ApiError::new(status, e.code(), e.to_string())
+    }
+}
+
+impl From<flashsale::QueueError> for ApiError {
+    /// The code is [`flashsale::QueueError::code`]; only the status is
+    /// chosen here.
+    fn from(e: flashsale::QueueError) -> Self {
+        use flashsale::QueueError as Q;
+        let status = match &e {
+            Q::Invalid(_) => StatusCode::UNPROCESSABLE_ENTITY,
+            Q::UnknownSale(_) => StatusCode::NOT_FOUND,
+            Q::NoQueue(_) => StatusCode::CONFLICT,
+            Q::InvalidTicket(_) => StatusCode::FORBIDDEN,
+            Q::NoKeys | Q::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
             _ => StatusCode::INTERNAL_SERVER_ERROR,
         };
         ApiError::new(status, e.code(), e.to_string())

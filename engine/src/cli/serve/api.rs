@@ -101,10 +101,84 @@ pub struct CreateSale {
     #[serde(default)]
     #[schema(value_type = Option<flashsale::LatePayment>)]
     late_payment: flashsale::LatePayment,
+    /// A waiting room in front of the sale (absent: none). Needs
+    /// `per_user_limit` >= 1: one admission buys at most the limit.
+    queue: Option<QueueSettings>,
 }
 
 fn one() -> u32 {
     1
+}
+
+/// A sale's waiting room, on create.
+#[derive(Debug, Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct QueueSettings {
+    /// Admissions per second (a number in (0, 1000000]), or "auto" (absent:
+    /// as fast as places free up, bounded by the stock).
+    #[serde(default)]
+    #[schema(value_type = Option<RateSetting>)]
+    rate_per_s: RateSetting,
+    /// How long an admitted user may buy, ms, 1000..=86400000 (absent:
+    /// 120000).
+    #[serde(default = "default_window")]
+    #[schema(value_type = Option<u64>, minimum = 1000, maximum = 86400000_u64)]
+    window_ms: u64,
+    /// "fifo" (absent) or "shuffle_at_start".
+    #[serde(default)]
+    #[schema(value_type = Option<flashsale::QueueOrder>)]
+    order: flashsale::QueueOrder,
+    /// Admitted and not yet done never exceed overbook x (remaining +
+    /// held); 1..=100 (absent: 1).
+    #[serde(default = "default_overbook")]
+    #[schema(value_type = Option<f64>, minimum = 1, maximum = 100)]
+    overbook: f64,
+}
+
+/// `rate_per_s`: a number, or the word "auto".
+#[derive(Debug, Deserialize, utoipa::ToSchema)]
+#[serde(untagged)]
+pub enum RateSetting {
+    /// Admissions per second.
+    PerSecond(f64),
+    /// "auto".
+    Auto(AutoWord),
+}
+
+impl Default for RateSetting {
+    fn default() -> Self {
+        RateSetting::Auto(AutoWord::Auto)
+    }
+}
+
+/// The word "auto".
+#[derive(Debug, Deserialize, utoipa::ToSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum AutoWord {
+    /// As fast as places free up.
+    Auto,
+}
+
+fn default_window() -> u64 {
+    120_000
+}
+
+fn default_overbook() -> f64 {
+    1.0
+}
+
+impl QueueSettings {
+    fn spec(&self) -> flashsale::QueueSpec {
+        flashsale::QueueSpec {
+            rate: match self.rate_per_s {
+                RateSetting::PerSecond(r) => flashsale::QueueRate::PerSecond(r),
+                RateSetting::Auto(_) => flashsale::QueueRate::Auto,
+            },
+            window_ms: self.window_ms,
+            order: self.order,
+            overbook: self.overbook,
+        }
+    }
 }
 
 fn at(field: &str, ms: Option<u64>) -> Result<Option<SystemTime>, ApiError> {
@@ -165,6 +239,7 @@ pub async fn create_sale(
         ends_at: at("ends_at_ms", c.ends_at_ms)?,
         hold_ms: c.hold_ms,
         late_payment: c.late_payment,
+        queue: c.queue.as_ref().map(QueueSettings::spec),
     };
     let status = state.engine.create_sale_op(spec, &op).await?;
     Ok((StatusCode::CREATED, Json(status)).into_response())
@@ -253,6 +328,10 @@ pub struct Purchase {
     /// same answer. Rules as for `user`.
     #[schema(pattern = "^\\S+$", min_length = 1, max_length = 128)]
     request_id: String,
+    /// On a sale with a waiting room: the admission token the user's
+    /// ticket read once admitted (`GET /v1/queue/{ticket}`).
+    #[schema(max_length = 4096)]
+    admission_token: Option<String>,
 }
 
 /// A confirmed purchase, as the buyer's client sees it.
@@ -280,6 +359,7 @@ pub struct PurchaseAnswer {
         (status = 409, description = "`sold_out`, `not_started`, `ended` or `closed`", body = ErrorBody),
         (status = 410, description = "`order_lost`: a failover under ack = leader took this request's order back", body = ErrorBody),
         (status = 422, description = "`invalid`, or `request_mismatch` (this request_id was used with another qty)", body = ErrorBody),
+        (status = 403, description = "a sale with a waiting room: `not_admitted` (no admission token valid now) or `invalid_ticket` (the token does not verify)", body = ErrorBody),
         (status = 429, description = "`limit_exceeded` (the per-user limit) or `rate_limited`", body = ErrorBody),
         CommonErrors,
         BodyErrors,
@@ -305,6 +385,10 @@ pub async fn purchase(
             "too many requests; slow down",
         ));
     }
+    let checked = match p.admission_token.as_deref() {
+        Some(token) => checked.with_admission(token),
+        None => checked,
+    };
     let c = state.engine.purchase_checked(checked).await?;
     Ok(Json(PurchaseAnswer {
         order_id: c.order_id,

@@ -10,6 +10,7 @@
 mod answers;
 mod api;
 mod openapi;
+mod queue;
 
 use std::future::Future;
 use std::io;
@@ -135,6 +136,8 @@ fn router(state: AppState, probes_here: bool) -> Router {
         .merge(admin)
         .route("/v1/sales/{sku}", get(api::sale_status))
         .route("/v1/sales/{sku}/purchase", post(api::purchase))
+        .route("/v1/sales/{sku}/queue", post(queue::join))
+        .route("/v1/queue/{ticket}", get(queue::status))
         .route("/v1/orders/{order_id}", get(api::order))
         .route("/openapi.json", get(openapi::openapi_json))
         .route("/healthz", get(api::healthz));
@@ -469,6 +472,9 @@ pub async fn command(
     // Expires due holds of every sale with holds; safe beside other
     // processes' sweepers (each expiry is a compare-and-set).
     let hold_sweeper = engine.spawn_hold_sweeper();
+    // Waiting rooms: admission rounds every 100 ms (any number of serve
+    // processes may run them; the gate serialises the rounds).
+    let admitter = engine.spawn_room_admitter(Duration::from_millis(100));
     let background = spawn_background(
         engine.clone(),
         pool.clone(),
@@ -530,6 +536,7 @@ pub async fn command(
 
     background.abort();
     hold_sweeper.abort();
+    admitter.abort();
     if let Some(w) = writer {
         let report = w.drain(Duration::from_secs(30)).await?;
         eprintln!("order writer drained: {} written", report.written);

@@ -8,7 +8,7 @@
 use utoipa::openapi::security::{Http, HttpAuthScheme, SecurityScheme};
 use utoipa::{Modify, OpenApi};
 
-use super::{answers, api};
+use super::{answers, api, queue};
 
 #[derive(OpenApi)]
 #[openapi(
@@ -24,6 +24,8 @@ use super::{answers, api};
         api::restock,
         api::close,
         api::purchase,
+        queue::join,
+        queue::status,
         api::pay,
         api::cancel,
         api::order,
@@ -35,6 +37,7 @@ use super::{answers, api};
     modifiers(&AdminToken),
     tags(
         (name = "sales", description = "What buyers' clients call: purchases and reads"),
+        (name = "queue", description = "The waiting room: join a sale's line, read a ticket"),
         (name = "admin", description = "The shop's backend: `Authorization: Bearer <server.admin_token>`"),
         (name = "probes", description = "Liveness, readiness and the Prometheus scrape"),
     )
@@ -82,10 +85,12 @@ mod tests {
                 "/v1/orders/{order_id}",
                 "/v1/orders/{order_id}/cancel",
                 "/v1/orders/{order_id}/pay",
+                "/v1/queue/{ticket}",
                 "/v1/sales",
                 "/v1/sales/{sku}",
                 "/v1/sales/{sku}/close",
                 "/v1/sales/{sku}/purchase",
+                "/v1/sales/{sku}/queue",
                 "/v1/sales/{sku}/restock",
             ]
         );

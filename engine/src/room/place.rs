@@ -1,0 +1,77 @@
+//! Places in a waiting line: a number, lower is earlier, exact in a double
+//! (a sorted-set score and a Lua number) because every place is below
+//! 2^53. Places below [`SHUFFLED_BELOW`] are the shuffled early joiners'
+//! (a keyed hash of the user); places above are arrival stamps: this
+//! process's clock in 1/1024 ms, made strictly increasing per process, so
+//! one process never admits its joiners out of order. Across processes,
+//! order follows their clocks; a place a round has already counted is never
+//! handed out again (`lua/join.lua` lifts it above the shard's floor).
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{SystemTime, UNIX_EPOCH};
+
+/// Shuffled places are `0..SHUFFLED_BELOW` (40 bits of a keyed hash).
+pub(crate) const SHUFFLED_BELOW: u64 = 1 << 40;
+
+/// Arrival stamps count from here (2023-11-14): a stamp of 2^40 + ms * 1024
+/// stays below 2^53 until about the year 2300.
+const STAMP_EPOCH_MS: u64 = 1_700_000_000_000;
+
+/// Stamps per millisecond.
+const PER_MS: u64 = 1024;
+
+/// Arrival stamps are counted in histogram cells of 100 ms.
+const CELL_STAMPS: u64 = 100 * PER_MS;
+
+/// Shuffled places are counted in 1,024 cells of 2^30.
+const SHUFFLED_CELL_SHIFT: u32 = 30;
+
+/// The last stamp this process gave.
+static LAST_STAMP: AtomicU64 = AtomicU64::new(0);
+
+/// Milliseconds since the Unix epoch by this host's clock.
+pub(crate) fn unix_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
+}
+
+/// A new arrival place, above every one this process gave before.
+pub(crate) fn arrival() -> u64 {
+    let now = SHUFFLED_BELOW + unix_ms().saturating_sub(STAMP_EPOCH_MS) * PER_MS;
+    let mut last = LAST_STAMP.load(Ordering::Relaxed);
+    loop {
+        let next = now.max(last + 1);
+        match LAST_STAMP.compare_exchange_weak(last, next, Ordering::Relaxed, Ordering::Relaxed) {
+            Ok(_) => return next,
+            Err(seen) => last = seen,
+        }
+    }
+}
+
+/// The histogram cell of a place (`lua/join.lua` computes the same).
+pub(crate) fn cell(place: u64) -> u64 {
+    if place < SHUFFLED_BELOW {
+        place >> SHUFFLED_CELL_SHIFT
+    } else {
+        (SHUFFLED_BELOW >> SHUFFLED_CELL_SHIFT) + (place - SHUFFLED_BELOW) / CELL_STAMPS
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn arrivals_increase_and_cells_follow_places() {
+        let a = arrival();
+        let b = arrival();
+        assert!(b > a && a > SHUFFLED_BELOW && b < (1 << 53));
+        assert_eq!(cell(0), 0);
+        assert_eq!(cell(SHUFFLED_BELOW - 1), 1023);
+        assert_eq!(cell(SHUFFLED_BELOW), 1024);
+        assert_eq!(cell(SHUFFLED_BELOW + CELL_STAMPS), 1025);
+        assert!(cell(a) <= cell(b));
+    }
+}
