@@ -103,7 +103,8 @@ local state = 'open'
 if remaining == 0 then
   state = 'sold_out'
 end
-if redis.call('HGET', KEYS[1], 'state') ~= state then
+-- A room starts open: only a change from what readers saw is a flip.
+if (redis.call('HGET', KEYS[1], 'state') or 'open') ~= state then
   redis.call('HSET', KEYS[1], 'state', state)
   redis.call('HINCRBY', KEYS[1], 'flips', 1)
   redis.call('PUBLISH', ARGV[9], state)

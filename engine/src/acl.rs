@@ -11,12 +11,12 @@
 /// of its scripts, of the order writer and of reconcile, and the cluster's
 /// own introspection. No `KEYS`, `FLUSH*`, `CONFIG`, `DEBUG`, or any
 /// command on keys outside `{...}`.
-pub const INVENTORY_RULE: &str = "resetkeys ~{* resetchannels -@all \
+pub const INVENTORY_RULE: &str = "resetkeys ~{* resetchannels &fs:room:* -@all \
      +evalsha +script|load +script|exists +ping +wait +asking \
      +cluster|slots +cluster|shards +cluster|nodes +cluster|myid +client|setname +hello \
      +get +set +del +exists +incr +incrby +decrby +pttl +pexpire +pexpireat +time \
-     +hget +hmget +hset +hsetnx +hdel +hincrby +hgetall +sadd +smembers \
-     +zadd +zrem +zscore +zrange +zrangebyscore +zcard \
+     +hget +hmget +hset +hsetnx +hdel +hincrby +hgetall +sadd +smembers +sismember \
+     +zadd +zrem +zscore +zrange +zrangebyscore +zcard +zcount +publish \
      +xadd +xlen +xrange +xdel +xtrim +xreadgroup +xack +xautoclaim +xpending \
      +xgroup|create +xgroup|delconsumer +xinfo|groups +xinfo|stream +xinfo|consumers";
 

@@ -47,6 +47,8 @@ mod doc_examples {
     struct Testing;
     #[doc = include_str!("../../docs/benchmarks.md")]
     struct Benchmarks;
+    #[doc = include_str!("../../docs/waiting-room.md")]
+    struct WaitingRoom;
 }
 
 // What an embedder needs is public: the `Engine` and its requests and

@@ -47,6 +47,10 @@ async fn the_engine_the_writer_and_the_locks_run_under_the_least_privilege_rules
         lock_nodes: vec![as_user(lock_node.url(), "locks")],
         ack: Ack::Replicated,
         pending_timeout: Duration::from_millis(500),
+        room: flashsale::admission::RoomKeysConfig {
+            secret: Some("acl-test-room-secret-of-32-bytes-or-more".into()),
+            ..Default::default()
+        },
         ..Config::default()
     };
     let engine = Engine::connect(config)
@@ -82,6 +86,53 @@ async fn the_engine_the_writer_and_the_locks_run_under_the_least_privilege_rules
         .settle_abandoned()
         .await
         .expect("the fall-through sweeper");
+
+    // A waiting room: join, an admission round (fence, read, gate, the
+    // sold-out flip's PUBLISH), a ticket read, an admitted purchase and
+    // its room_done.
+    engine
+        .create_sale(SaleSpec {
+            buckets: 2,
+            per_user_limit: 1,
+            queue: Some(flashsale::QueueSpec {
+                rate: flashsale::QueueRate::Auto,
+                window_ms: 60_000,
+                order: flashsale::QueueOrder::Fifo,
+                overbook: 1.0,
+            }),
+            ..SaleSpec::new("acl-room", 1)
+        })
+        .await
+        .expect("create a room sale");
+    let ticket = engine
+        .join_queue("acl-room", "w")
+        .await
+        .expect("join")
+        .ticket;
+    engine
+        .admit_round("acl-room")
+        .await
+        .expect("admission round");
+    tokio::time::sleep(Duration::from_millis(150)).await;
+    let token = engine
+        .queue_status(&ticket)
+        .await
+        .expect("ticket read")
+        .admission_token
+        .expect("admitted");
+    engine
+        .purchase_admitted(buy("acl-room", "w", 1, "r"), &token)
+        .await
+        .expect("admitted purchase");
+    engine
+        .admit_round("acl-room")
+        .await
+        .expect("the sold-out flip");
+    let room = engine.room_status("acl-room").await.expect("room");
+    assert_eq!(
+        (room.state.as_str(), room.admitted_not_done),
+        ("sold_out", 0)
+    );
 
     // Holds: pay, cancel, expiry.
     let held = engine

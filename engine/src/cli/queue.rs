@@ -34,8 +34,10 @@ pub async fn run(settings: Settings, cmd: QueueCommand) -> Result<ExitCode> {
             println!("sku                {}", s.sku);
             println!("state              {}", s.state);
             println!(
-                "settings           rate {rate}, window {} ms, order {:?}, overbook {}",
-                s.window_ms, s.order, s.overbook
+                "settings           rate {rate}, window {} ms, order {}, overbook {}",
+                s.window_ms,
+                serde_json::to_value(s.order)?.as_str().unwrap_or("?"),
+                s.overbook
             );
             println!("joined             {}", s.joined);
             println!("waiting            {}", s.waiting);

@@ -90,8 +90,9 @@ pub struct QueueStatus {
     pub ticket: String,
     /// `waiting`, `admitted`, `sold_out` or `expired`.
     pub state: QueueState,
-    /// Place in the line, 1 first (counted to within half a histogram
-    /// cell: 1/2048 of the shuffled early joiners, or 50 ms of arrivals).
+    /// Place in the line, 1 first: estimated from the line's histogram, to
+    /// within the joins of one cell (1/1024 of the shuffled early joiners,
+    /// or 100 ms of arrivals).
     pub position: u64,
     /// People still waiting ahead.
     pub ahead: u64,
@@ -257,11 +258,7 @@ impl Engine {
 
     /// The room's snapshot, read again when older than 100 ms by one caller
     /// while the others wait for it.
-    async fn room_view(
-        &self,
-        sale: &SaleHandle,
-        room: &Room,
-    ) -> Result<Arc<RoomView>, QueueError> {
+    async fn room_view(&self, sale: &SaleHandle, room: &Room) -> Result<Arc<RoomView>, QueueError> {
         if let Some(v) = room.fresh(unix_ms()) {
             return Ok(v);
         }
@@ -552,7 +549,7 @@ impl Engine {
             .set(status.admitted_not_done as f64);
         let rate = status.admission_rate.or(status.rate_per_s).unwrap_or(0.0);
         metrics::gauge!(m::ROOM_ADMISSION_RATE, "sku" => label()).set(rate);
-        let wait = if rate > 0.0 {
+        let wait = if rate > 0.0 && status.state == "open" {
             status.waiting as f64 / rate
         } else {
             0.0

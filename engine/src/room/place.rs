@@ -59,6 +59,18 @@ pub(crate) fn cell(place: u64) -> u64 {
     }
 }
 
+/// Where `place` lies inside its cell, in [0, 1): status reads count that
+/// share of the cell's joins as ahead (joins spread over a cell: uniformly
+/// for shuffled places, by arrival time for the others).
+pub(crate) fn within_cell(place: u64) -> f64 {
+    if place < SHUFFLED_BELOW {
+        let width = 1u64 << SHUFFLED_CELL_SHIFT;
+        (place % width) as f64 / width as f64
+    } else {
+        ((place - SHUFFLED_BELOW) % CELL_STAMPS) as f64 / CELL_STAMPS as f64
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -73,5 +85,7 @@ mod tests {
         assert_eq!(cell(SHUFFLED_BELOW), 1024);
         assert_eq!(cell(SHUFFLED_BELOW + CELL_STAMPS), 1025);
         assert!(cell(a) <= cell(b));
+        assert_eq!(within_cell(SHUFFLED_BELOW + CELL_STAMPS / 2), 0.5);
+        assert_eq!(within_cell(3 << 30), 0.0);
     }
 }

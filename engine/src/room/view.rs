@@ -104,7 +104,7 @@ pub(crate) struct RoomView {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Reading {
     pub(crate) state: QueueState,
-    /// 1 is first; counted to within half a histogram cell.
+    /// 1 is first; counted to within the joins of one histogram cell.
     pub(crate) position: u64,
     /// Still waiting before this place.
     pub(crate) ahead: u64,
@@ -160,26 +160,25 @@ impl RoomView {
     }
 
     /// Admissions per second over the rounds of the last 10 s (Redis
-    /// time), or `None` before any.
+    /// time): those after the first such round, over the time since it;
+    /// `None` with fewer than two rounds.
     pub(crate) fn measured_rate(&self) -> Option<f64> {
         let last = self.rounds.last()?.1;
         let since = last.saturating_sub(RATE_SPAN_MS);
-        let recent: u64 = self
-            .rounds
-            .iter()
-            .filter(|r| r.1 > since)
-            .map(|r| r.2)
-            .sum();
-        let first = self.rounds.iter().find(|r| r.1 > since)?.1;
-        let span = last.saturating_sub(first).max(1000);
-        (recent > 0).then(|| recent as f64 * 1000.0 / span as f64)
+        let mut recent = self.rounds.iter().filter(|r| r.1 > since);
+        let first = recent.next()?.1;
+        let later: u64 = recent.map(|r| r.2).sum();
+        let span = last.saturating_sub(first);
+        (span > 0 && later > 0).then(|| later as f64 * 1000.0 / span as f64)
     }
 
-    /// Joins before `place` (half of its own cell counted).
+    /// Joins before `place`: every earlier cell's, and of its own cell
+    /// the share that lies before it.
     fn before(&self, place: u64) -> u64 {
         let cell = place::cell(place);
         let below: u64 = self.cells.range(..cell).map(|(_, n)| n).sum();
-        below + self.cells.get(&cell).copied().unwrap_or(0) / 2
+        let own = self.cells.get(&cell).copied().unwrap_or(0);
+        below + (own as f64 * place::within_cell(place)) as u64
     }
 
     /// Still waiting in the line.
@@ -278,10 +277,18 @@ mod tests {
             view.read(p(2), 11_000, 1_000, None).state,
             QueueState::Expired
         );
-        let w = view.read(p(7), 10_500, 1_000, Some(2.0));
+        // Half-way through cell 7, whose two joins are one before, one after.
+        let w = view.read((7 << 30) + (1 << 29), 10_500, 1_000, Some(2.0));
         assert_eq!(w.state, QueueState::Waiting);
         assert_eq!((w.position, w.ahead), (6, 1));
-        assert_eq!(w.eta_ms, Some(250), "measured: 4 a second, 1 ahead");
+        assert_eq!(w.eta_ms, Some(500), "one round: the configured 2 a second");
+        let mut two = view.clone();
+        two.rounds.push((p(4), 12_000, 8));
+        assert_eq!(
+            two.measured_rate(),
+            Some(4.0),
+            "8 admitted in the 2 s after the first round"
+        );
         let mut sold = view.clone();
         sold.sold_out = true;
         assert_eq!(
