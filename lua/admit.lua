@@ -3,8 +3,10 @@
 -- The gate (in the sale's own slot) holds the line's cursor: every place at
 -- or below it is admitted. A round moves the cursor over the next `count`
 -- places the engine read from the fenced shards (line_fence.lua), so the
--- count is exact, and only if that keeps the admitted who are not yet done
--- within overbook x (remaining + held) and within the admission rate.
+-- count is exact (places are unique, join.lua), and only if the admitted who
+-- are not yet done, each counted at the units one admission may buy (the
+-- per-user limit), stay within overbook x (remaining + held), and within
+-- the admission rate.
 -- Each round is recorded (its cursor and time) so a status read knows when
 -- a place was admitted, and an admission window that passes frees its
 -- places: a round past its window gives back what its users left undone.
@@ -24,6 +26,10 @@
 -- ARGV[7] admissions per second; 0 = auto (only the stock bounds it)
 -- ARGV[8] admission window, ms
 -- ARGV[9] channel a sold-out flip is published on
+-- ARGV[10] units one admission may buy (the sale's per-user limit, >= 1)
+-- ARGV[11] the gate's done_total as the engine read it before the stock:
+--          purchases done since took units the stock read still shows, so
+--          the limit's worth of each is taken off the remaining
 --
 -- Returns {code, a, b}:
 --   {1, admitted, now_ms}   the cursor moved (admitted may be 0)
@@ -44,9 +50,10 @@ end
 local from, to, count = int(ARGV[1]), int(ARGV[2]), int(ARGV[3])
 local remaining, held = int(ARGV[4]), int(ARGV[5])
 local overbook, rate, window = tonumber(ARGV[6]), tonumber(ARGV[7]), int(ARGV[8])
+local limit, done_read = int(ARGV[10]), int(ARGV[11])
 if not from or not to or not count or not remaining or not held or to < from
    or not overbook or overbook < 1 or not rate or rate < 0 or not window
-   or window < 1 then
+   or window < 1 or not limit or limit < 1 or not done_read then
   return {-7, 0, 0}
 end
 local cursor = tonumber(redis.call('HGET', KEYS[1], 'cursor') or '0')
@@ -74,19 +81,27 @@ if open < 0 then
   open = 0
 end
 
-local capacity = math.floor(overbook * (remaining + held)) - open
+local done_now = tonumber(redis.call('HGET', KEYS[1], 'done_total') or '0')
+local units = remaining + held - limit * math.max(0, done_now - done_read)
+if units < 0 then
+  units = 0
+end
+local capacity = math.floor(overbook * units / limit) - open
 if capacity < 0 then
   capacity = 0
 end
 local allow = capacity
+-- The rate is a token bucket: credit accrues from last_ms, at most one
+-- admission's worth or one second's, whichever is longer (a rate below
+-- 1/s still admits); each admission spends 1000 / rate ms of it.
+local last = tonumber(redis.call('HGET', KEYS[1], 'last_ms') or '0')
+local depth = 1000
 if rate > 0 then
-  local last = tonumber(redis.call('HGET', KEYS[1], 'last_ms') or '0')
-  local since = now - last
-  if since > 1000 then
-    since = 1000
+  depth = math.max(1000, math.ceil(1000 / rate))
+  if now - last > depth then
+    last = now - depth
   end
-  -- At most one second's worth piles up while nobody is admitted.
-  allow = math.floor(rate * since / 1000)
+  allow = math.floor(rate * (now - last) / 1000)
 end
 if count > capacity or count > allow then
   return {3, capacity, allow}
@@ -111,7 +126,11 @@ if (redis.call('HGET', KEYS[1], 'state') or 'open') ~= state then
 end
 if count > 0 or to > from then
   local id = string.format('%d', to)
-  redis.call('HSET', KEYS[1], 'cursor', id, 'last_ms', string.format('%d', now),
+  local spent = now
+  if rate > 0 then
+    spent = math.floor(last + count * 1000 / rate)
+  end
+  redis.call('HSET', KEYS[1], 'cursor', id, 'last_ms', string.format('%d', spent),
     'c:' .. id, string.format('%d', count), 'd:' .. id, '0',
     't:' .. id, string.format('%d', now))
   redis.call('HINCRBY', KEYS[1], 'admitted', count)

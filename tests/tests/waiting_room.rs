@@ -319,7 +319,7 @@ async fn a_purchase_without_a_valid_admission_is_refused_and_changes_nothing() {
         matches!(again, Err(PurchaseError::LimitExceeded { .. })),
         "{again:?}"
     );
-    let retry = buy(&engine, sku, "alice", "first", None)
+    let retry = buy(&engine, sku, "alice", "first", Some(&token))
         .await
         .expect("a retry of a decided request");
     assert!(retry.replayed);
@@ -509,4 +509,170 @@ async fn serve_speaks_the_waiting_room_contract() {
         text.starts_with("data: {") && text.contains("\"state\""),
         "{text}"
     );
+}
+
+/// Admits until `users` all read admitted, or `rounds` rounds pass;
+/// answers how many did.
+async fn admit_until(engine: &Engine, sku: &str, tickets: &[String], rounds: usize) -> usize {
+    let mut admitted = 0;
+    for _ in 0..rounds {
+        engine.admit_round(sku).await.expect("round");
+        tokio::time::sleep(Duration::from_millis(120)).await;
+        admitted = 0;
+        for t in tickets {
+            if engine.queue_status(t).await.expect("read").state == QueueState::Admitted {
+                admitted += 1;
+            }
+        }
+        if admitted == tickets.len() {
+            break;
+        }
+    }
+    admitted
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn joins_lifted_above_a_fence_from_a_clock_ahead_do_not_freeze_the_line() {
+    let cluster = RedisCluster::start(3, 0);
+    let engine = room_engine(&cluster).await;
+    let sku = "wr-tie";
+    let status = engine
+        .create_sale(spec(
+            sku,
+            100,
+            1,
+            room(QueueRate::PerSecond(1.0), QueueOrder::Fifo, 1.0),
+        ))
+        .await
+        .expect("create");
+    // A process whose clock runs 2 s ahead fenced the shard: every join
+    // from here is lifted above its floor (to the same place, before the
+    // fix).
+    let b = &status.buckets[0];
+    let node = cluster.node(cluster.master_of_slot(b.slot));
+    let unix_ms = SystemTime::now()
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .expect("clock")
+        .as_millis() as u64;
+    let ahead = flashsale::room::arrival_place(unix_ms + 2_000);
+    let _: i64 = node.cmd(&[
+        "HSET",
+        &format!("{{{}}}:lineh", b.tag),
+        "f",
+        &ahead.to_string(),
+    ]);
+    let mut tickets = Vec::new();
+    for u in ["t0", "t1", "t2"] {
+        tickets.push(engine.join_queue(sku, u).await.expect("join").ticket);
+    }
+    let admitted = admit_until(&engine, sku, &tickets, 60).await;
+    assert_eq!(
+        admitted, 3,
+        "the line froze on places lifted to the same floor"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_per_user_limit_above_one_admits_only_whom_the_units_can_serve() {
+    let cluster = RedisCluster::start(3, 0);
+    let engine = room_engine(&cluster).await;
+    let sku = "wr-limit2";
+    engine
+        .create_sale(SaleSpec {
+            per_user_limit: 2,
+            ..spec(sku, 4, 1, room(QueueRate::Auto, QueueOrder::Fifo, 1.0))
+        })
+        .await
+        .expect("create");
+    let mut tickets = Vec::new();
+    for i in 0..6 {
+        tickets.push(
+            engine
+                .join_queue(sku, &format!("l{i}"))
+                .await
+                .expect("join")
+                .ticket,
+        );
+    }
+    let admitted = admit_until(&engine, sku, &tickets, 5).await;
+    assert_eq!(
+        admitted, 2,
+        "4 units, up to 2 each, overbook 1: two people, not {admitted}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rate_below_one_a_second_still_admits() {
+    let cluster = RedisCluster::start(3, 0);
+    let engine = room_engine(&cluster).await;
+    let sku = "wr-slow";
+    engine
+        .create_sale(spec(
+            sku,
+            10,
+            1,
+            room(QueueRate::PerSecond(0.5), QueueOrder::Fifo, 1.0),
+        ))
+        .await
+        .expect("create");
+    let tickets = vec![engine.join_queue(sku, "s0").await.expect("join").ticket];
+    assert_eq!(
+        admit_until(&engine, sku, &tickets, 60).await,
+        1,
+        "0.5/s admitted nobody"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stock_past_two_to_the_53_over_all_buckets_does_not_stop_the_room() {
+    let cluster = RedisCluster::start(3, 0);
+    let engine = room_engine(&cluster).await;
+    let sku = "wr-huge";
+    engine
+        .create_sale(spec(
+            sku,
+            (1 << 53) - 1,
+            2,
+            room(QueueRate::Auto, QueueOrder::Fifo, 1.0),
+        ))
+        .await
+        .expect("create");
+    engine.restock(sku, 1 << 52).await.expect("restock");
+    let tickets = vec![engine.join_queue(sku, "h0").await.expect("join").ticket];
+    assert_eq!(admit_until(&engine, sku, &tickets, 5).await, 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_purchase_without_a_token_costs_no_redis_trip() {
+    let cluster = RedisCluster::start(3, 0);
+    let engine = room_engine(&cluster).await;
+    let sku = "wr-trip";
+    let status = engine
+        .create_sale(spec(
+            sku,
+            10,
+            1,
+            room(QueueRate::Auto, QueueOrder::Fifo, 1.0),
+        ))
+        .await
+        .expect("create");
+    // Warm the sale's handle, then count the bucket master's commands.
+    let _ = buy(&engine, sku, "warm", "w", None).await;
+    let node = cluster.node(cluster.master_of_slot(status.buckets[0].slot));
+    let calls = || -> u64 {
+        let info: String = node.cmd(&["INFO", "commandstats"]);
+        info.lines()
+            .filter_map(|l| l.split("calls=").nth(1))
+            .filter_map(|c| c.split(',').next()?.parse::<u64>().ok())
+            .sum()
+    };
+    let before = calls();
+    for i in 0..20 {
+        let r = buy(&engine, sku, &format!("bot{i}"), "r", Some("k1.AAAA.BBBB")).await;
+        assert!(matches!(r, Err(PurchaseError::InvalidTicket(_))), "{r:?}");
+        let r = buy(&engine, sku, &format!("bot{i}"), "r", None).await;
+        assert_eq!(r, Err(PurchaseError::NotAdmitted));
+    }
+    // INFO itself is the one call counted.
+    assert!(calls() - before <= 1, "refused purchases reached Redis");
 }

@@ -206,9 +206,10 @@ impl Engine {
     /// is what the user's ticket read once admitted. Without a valid one
     /// the answer is [`PurchaseError::NotAdmitted`] (none, a ticket, one
     /// past its window) or [`PurchaseError::InvalidTicket`] (forged,
-    /// another sale's or user's); a retry of a request already decided
-    /// still gets its first answer. On a sale without a room the token is
-    /// not looked at.
+    /// another sale's or user's), with no Redis trip; a retry of a request
+    /// already decided, with the user's own token even past its window,
+    /// gets its first answer. On a sale without a room the token is not
+    /// looked at.
     pub async fn purchase_admitted(
         &self,
         req: PurchaseRequest<'_>,
@@ -256,13 +257,17 @@ impl Engine {
         let admitted = match self.check_admission(&sale, checked.req.user, checked.admission) {
             Ok(place) => place,
             Err(refused) => {
-                // A retry of a request Redis already decided gets its answer
-                // (the guarantee holds after the admission ends); a new
-                // request stops here, having changed nothing.
+                // A retry, with its own admission past its window, of a
+                // request Redis already decided gets its answer; anything
+                // else stops here, having changed nothing and cost no
+                // Redis trip.
+                if !refused.expired {
+                    return Err(refused.why);
+                }
                 let home = &sale.buckets[sale.home_bucket(checked.req.user)];
                 let record = home.keys.request(checked.req.user, checked.req.request_id);
                 if !self.request_seen(&record).await? {
-                    return Err(refused);
+                    return Err(refused.why);
                 }
                 None
             }

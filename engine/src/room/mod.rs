@@ -21,6 +21,7 @@ mod spec;
 mod view;
 
 pub use ops::{QueueError, QueueStatus, RoomStatus};
+pub use place::arrival_place;
 pub use spec::{QueueOrder, QueueRate, QueueSpec, QueueSpecError};
 pub use view::QueueState;
 

@@ -80,6 +80,15 @@ impl From<crate::cluster::CallError> for QueueError {
     }
 }
 
+/// A purchase the room refused, and whether its token was this user's own
+/// admission, only past its window: only then may the request be a retry
+/// of one already decided, worth a Redis trip to find out. Anything else is
+/// refused with no trip at all.
+pub(crate) struct Refused {
+    pub(crate) why: PurchaseError,
+    pub(crate) expired: bool,
+}
+
 /// What a ticket reads now (the join's answer too).
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -185,6 +194,7 @@ impl Engine {
             &hist,
             user,
             proposed,
+            shard.index,
         );
         let (place, result) = match self.cluster().call(&call, script::decode_join).await? {
             JoinReply::Joined(p) => (p, "joined"),
@@ -320,24 +330,25 @@ impl Engine {
         sale: &SaleHandle,
         user: &str,
         token: Option<&str>,
-    ) -> Result<Option<u64>, PurchaseError> {
+    ) -> Result<Option<u64>, Refused> {
         let Some(room) = &sale.room else {
             return Ok(None);
         };
-        let refused = |e: PurchaseError| {
-            metrics::counter!(m::ROOM_REFUSED, "reason" => e.code()).increment(1);
-            Err(e)
+        let refused = |why: PurchaseError, expired: bool| {
+            metrics::counter!(m::ROOM_REFUSED, "reason" => why.code()).increment(1);
+            Err(Refused { why, expired })
         };
         let Some(token) = token else {
-            return refused(PurchaseError::NotAdmitted);
+            return refused(PurchaseError::NotAdmitted, false);
         };
         let Some(passes) = self.pass_keys() else {
-            return refused(PurchaseError::InvalidTicket(PassError::UnknownKey));
+            return refused(PurchaseError::InvalidTicket(PassError::UnknownKey), false);
         };
         match passes.admission(token, &sale.sku, user, unix_ms(), room.spec.window_ms) {
             Ok(pass) => Ok(Some(pass.place)),
-            Err(PassError::Expired | PassError::WrongKind) => refused(PurchaseError::NotAdmitted),
-            Err(e) => refused(PurchaseError::InvalidTicket(e)),
+            Err(PassError::Expired) => refused(PurchaseError::NotAdmitted, true),
+            Err(PassError::WrongKind) => refused(PurchaseError::NotAdmitted, false),
+            Err(e) => refused(PurchaseError::InvalidTicket(e), false),
         }
     }
 
@@ -375,7 +386,8 @@ impl Engine {
         }
         let (gate, rounds) = (keys::room_gate(sku), keys::room_rounds(sku));
         let gate_slot = tag_slot(&format!("fs:{sku}"));
-        let (remaining, held) = self.stock_and_held(&sale).await?;
+        // The gate first, then the stock: purchases done in between are
+        // counted by done_total, which admit.lua takes off the stock read.
         let fields: Vec<Option<u64>> = self
             .cluster()
             .run_cmd(
@@ -383,12 +395,14 @@ impl Engine {
                     .arg(&gate)
                     .arg("cursor")
                     .arg("open")
-                    .arg("last_ms"),
+                    .arg("last_ms")
+                    .arg("done_total"),
             )
             .await?;
         let field = |i: usize| fields.get(i).copied().flatten().unwrap_or(0);
-        let (from, open, last_ms) = (field(0), field(1), field(2));
-
+        let (from, open, last_ms, done_read) = (field(0), field(1), field(2), field(3));
+        let (remaining, held) = self.stock_and_held(&sale).await?;
+        let limit = sale.per_user_limit.max(1);
         // How many to read: what the stock and the rate seem to allow (the
         // gate decides; this only bounds the read).
         let capacity =
@@ -448,6 +462,8 @@ impl Engine {
                 rate_per_s: room.spec.rate_arg(),
                 window_ms: room.spec.window_ms,
                 channel: &keys::room_channel(sku),
+                limit,
+                done_read,
             };
             let call = args.call(&self.scripts().admit, gate_slot);
             match self.cluster().call(&call, script::decode_admit).await? {
@@ -472,7 +488,8 @@ impl Engine {
 
     /// Units left over all buckets, and held orders (each holds at least a
     /// unit, so this undercounts held units: the bound errs toward
-    /// admitting fewer).
+    /// admitting fewer); each at most 2^53 - 1 (what admit.lua takes), so a
+    /// sale past that over all its buckets still admits.
     async fn stock_and_held(&self, sale: &SaleHandle) -> Result<(u64, u64), RedisError> {
         let (mut remaining, mut held) = (0u64, 0u64);
         for b in &sale.buckets {
@@ -481,10 +498,11 @@ impl Engine {
             pipe.cmd("ZCARD").arg(&b.keys.holds);
             let (stock, holds): (Option<i64>, u64) =
                 pipe.query_async(&mut self.cluster().conn()).await?;
-            remaining += stock.unwrap_or(0).max(0) as u64;
-            held += holds;
+            remaining = remaining.saturating_add(stock.unwrap_or(0).max(0) as u64);
+            held = held.saturating_add(holds);
         }
-        Ok((remaining, held))
+        const MAX: u64 = crate::sale::MAX_UNITS;
+        Ok((remaining.min(MAX), held.min(MAX - remaining.min(MAX))))
     }
 
     /// Places in `(from, to]` over every shard: exact, the shards are fenced
@@ -519,24 +537,46 @@ impl Engine {
         tokio::spawn(async move {
             let mut tick = tokio::time::interval(every);
             tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            let mut last_metrics = std::time::Instant::now();
             loop {
                 tick.tick().await;
                 let Ok(skus) = engine.list_sales().await else {
                     continue;
                 };
+                // The gauges once a second, not every round: each reads
+                // every shard's histogram.
+                let metrics_now = last_metrics.elapsed() >= Duration::from_secs(1);
+                if metrics_now {
+                    last_metrics = std::time::Instant::now();
+                }
                 for sku in skus {
                     match engine.sale(&sku).await {
                         Ok(sale) if sale.room.is_some() => {}
                         _ => continue,
                     }
+                    // A closed sale admits nobody: its purchases answer
+                    // `closed` whatever the room says.
+                    if engine.sale_closed(&sku).await.unwrap_or(false) {
+                        continue;
+                    }
                     if let Err(e) = engine.admit_round(&sku).await {
                         tracing::warn!(sku, error = %e, "room: admission round failed");
                         continue;
                     }
-                    engine.room_metrics(&sku).await;
+                    if metrics_now {
+                        engine.room_metrics(&sku).await;
+                    }
                 }
             }
         })
+    }
+
+    async fn sale_closed(&self, sku: &str) -> Result<bool, RedisError> {
+        let state: Option<String> = self
+            .cluster()
+            .run_cmd(redis::cmd("HGET").arg(keys::sale_meta(sku)).arg("state"))
+            .await?;
+        Ok(state.as_deref() == Some("closed"))
     }
 
     async fn room_metrics(&self, sku: &str) {

@@ -13,12 +13,17 @@ use std::time::{SystemTime, UNIX_EPOCH};
 /// Shuffled places are `0..SHUFFLED_BELOW` (40 bits of a keyed hash).
 pub(crate) const SHUFFLED_BELOW: u64 = 1 << 40;
 
-/// Arrival stamps count from here (2023-11-14): a stamp of 2^40 + ms * 1024
-/// stays below 2^53 until about the year 2300.
+/// Arrival stamps count from here (2023-11-14): a stamp of 2^40 + ms * 4096
+/// stays below 2^53 until about the year 2090.
 const STAMP_EPOCH_MS: u64 = 1_700_000_000_000;
 
 /// Stamps per millisecond.
-const PER_MS: u64 = 1024;
+const PER_MS: u64 = 4096;
+
+/// A place's last 6 bits name its line shard (`lua/join.lua` sets them),
+/// so no two shards hand out the same place: a process steps its stamps by
+/// this much (64 arrivals a millisecond before it runs ahead of its clock).
+pub(crate) const SHARD_SLOTS: u64 = 64;
 
 /// Arrival stamps are counted in histogram cells of 100 ms.
 const CELL_STAMPS: u64 = 100 * PER_MS;
@@ -37,12 +42,17 @@ pub(crate) fn unix_ms() -> u64 {
         .unwrap_or(0)
 }
 
+/// The arrival place of an instant (ms since the epoch), its shard bits 0.
+pub fn arrival_place(unix_ms: u64) -> u64 {
+    SHUFFLED_BELOW + unix_ms.saturating_sub(STAMP_EPOCH_MS) * PER_MS
+}
+
 /// A new arrival place, above every one this process gave before.
 pub(crate) fn arrival() -> u64 {
-    let now = SHUFFLED_BELOW + unix_ms().saturating_sub(STAMP_EPOCH_MS) * PER_MS;
+    let now = arrival_place(unix_ms());
     let mut last = LAST_STAMP.load(Ordering::Relaxed);
     loop {
-        let next = now.max(last + 1);
+        let next = now.max(last + SHARD_SLOTS);
         match LAST_STAMP.compare_exchange_weak(last, next, Ordering::Relaxed, Ordering::Relaxed) {
             Ok(_) => return next,
             Err(seen) => last = seen,
@@ -80,6 +90,11 @@ mod tests {
         let a = arrival();
         let b = arrival();
         assert!(b > a && a > SHUFFLED_BELOW && b < (1 << 53));
+        assert_eq!(
+            (a % SHARD_SLOTS, b % SHARD_SLOTS),
+            (0, 0),
+            "the shard's bits free"
+        );
         assert_eq!(cell(0), 0);
         assert_eq!(cell(SHUFFLED_BELOW - 1), 1023);
         assert_eq!(cell(SHUFFLED_BELOW), 1024);

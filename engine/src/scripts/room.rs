@@ -53,9 +53,10 @@ pub(crate) fn join<'s>(
     hist: &str,
     user: &str,
     proposed: u64,
+    shard: u32,
 ) -> ScriptCall<'s> {
     let mut call = ScriptCall::new(script, slot, &[line, hist]);
-    call.arg(user).arg(proposed);
+    call.arg(user).arg(proposed).arg(shard);
     call
 }
 
@@ -120,6 +121,10 @@ pub(crate) struct AdmitArgs<'a> {
     pub(crate) rate_per_s: f64,
     pub(crate) window_ms: u64,
     pub(crate) channel: &'a str,
+    /// Units one admission may buy (the sale's per-user limit).
+    pub(crate) limit: u32,
+    /// The gate's `done_total` read before the stock was.
+    pub(crate) done_read: u64,
 }
 
 impl AdmitArgs<'_> {
@@ -133,7 +138,9 @@ impl AdmitArgs<'_> {
             .arg(self.overbook)
             .arg(self.rate_per_s)
             .arg(self.window_ms)
-            .arg(self.channel);
+            .arg(self.channel)
+            .arg(self.limit)
+            .arg(self.done_read);
         call
     }
 }

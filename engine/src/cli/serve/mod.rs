@@ -48,6 +48,10 @@ pub struct AppState {
     limiter: Arc<RateLimiter>,
     prometheus: PrometheusHandle,
     in_flight: Arc<Semaphore>,
+    /// Waiting-room event streams open at once: a stream holds a
+    /// connection for minutes, so they may take at most a quarter of
+    /// `max_connections` and buyers keep the rest.
+    streams: Arc<Semaphore>,
     limits: Limits,
 }
 
@@ -494,6 +498,9 @@ pub async fn command(
         )),
         prometheus,
         in_flight: Arc::new(Semaphore::new(server.max_in_flight)),
+        streams: Arc::new(Semaphore::new(
+            (connections_within_file_limit(server.max_connections) / 4).max(1),
+        )),
         limits: Limits {
             max_connections: connections_within_file_limit(server.max_connections),
             ..Limits::from_config(&server)

@@ -89,6 +89,8 @@ pub struct TicketPath {
         (status = 409, description = "`no_queue`", body = ErrorBody),
         CommonErrors,
     ))]
+/// (503 `too_many_streams` when a quarter of `server.max_connections` are
+/// event streams already.)
 pub async fn status(
     State(state): State<AppState>,
     Path(ticket): Path<String>,
@@ -102,7 +104,14 @@ pub async fn status(
     if !wants_stream {
         return Ok(Json(first).into_response());
     }
-    Ok(stream(state, first).into_response())
+    let Ok(permit) = state.streams.clone().try_acquire_owned() else {
+        return Err(ApiError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "too_many_streams",
+            "too many event streams open: read the ticket as JSON, or try again later",
+        ));
+    };
+    Ok(stream(state, first, permit).into_response())
 }
 
 /// The ticket's readings, one event each time one differs from the last
@@ -110,7 +119,9 @@ pub async fn status(
 fn stream(
     state: AppState,
     first: QueueStatus,
+    permit: tokio::sync::OwnedSemaphorePermit,
 ) -> Sse<impl futures_util::Stream<Item = Result<Event, Infallible>>> {
+    use futures_util::StreamExt as _;
     let deadline = tokio::time::Instant::now() + STREAM_FOR;
     let start = (Some(first), None::<QueueStatus>, false);
     let events = futures_util::stream::unfold(start, move |(next, last, done)| {
@@ -144,6 +155,11 @@ fn stream(
                 }
             }
         }
+    });
+    // The permit lives as long as the stream.
+    let events = events.map(move |e| {
+        let _held = &permit;
+        e
     });
     Sse::new(events).keep_alive(KeepAlive::new().interval(Duration::from_secs(15)))
 }
