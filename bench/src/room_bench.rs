@@ -138,7 +138,7 @@ async fn main() -> Result<()> {
     // Joins.
     let cpu0 = masters_cpu(&masters).await?;
     let started = Instant::now();
-    let joined: Vec<(u64, String, u64)> = stream::iter(0..args.joiners)
+    let mut joined: Vec<(u64, String, u64)> = stream::iter(0..args.joiners)
         .map(|i| {
             let (engine, sku) = (engine.clone(), sku.clone());
             async move {
@@ -165,7 +165,8 @@ async fn main() -> Result<()> {
         r.joins_per_s, r.master_cpu_us_per_join, r.fifo_inversions_vs_call_start
     );
 
-    // Ticket reads, all waiting (no admitter yet).
+    // Ticket reads, all waiting (no admitter yet). tickets[i] is user j{i}'s.
+    joined.sort_unstable_by_key(|(i, _, _)| *i);
     let tickets: Vec<String> = joined.iter().map(|(_, t, _)| t.clone()).collect();
     let started = Instant::now();
     let reads = stream::iter(tickets.iter().cloned())
@@ -227,7 +228,11 @@ async fn main() -> Result<()> {
                         Err(PurchaseError::SoldOut) | Err(PurchaseError::LimitExceeded { .. }) => {
                             (i, Some(QueueState::SoldOut), true)
                         }
-                        Err(_) => (i, Some(QueueState::Admitted), false),
+                        Err(e) => {
+                            static SHOWN: std::sync::Once = std::sync::Once::new();
+                            SHOWN.call_once(|| eprintln!("a purchase failed: {e}"));
+                            (i, Some(QueueState::Admitted), false)
+                        }
                     }
                 }
             })

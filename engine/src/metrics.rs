@@ -100,6 +100,8 @@ pub const ROOM_ESTIMATED_WAIT_SECONDS: &str = "flashsale_room_estimated_wait_sec
 /// Times a room's state flipped (open <-> sold_out: one write each, read by
 /// every ticket), by `sku`.
 pub const ROOM_SOLD_OUT_BROADCASTS: &str = "flashsale_room_state_flips_total";
+/// 1 while a room reads sold_out, else 0, by `sku`.
+pub const ROOM_SOLD_OUT: &str = "flashsale_room_sold_out";
 /// Purchases refused for want of an admission, by `reason`
 /// (`not_admitted`, `invalid_ticket`).
 pub const ROOM_REFUSED: &str = "flashsale_room_refused_total";
@@ -126,6 +128,7 @@ pub fn describe() {
         ROOM_SOLD_OUT_BROADCASTS,
         "Room state flips between open and sold_out (one write each)"
     );
+    describe_gauge!(ROOM_SOLD_OUT, "1 while a room reads sold_out");
     describe_counter!(ROOM_REFUSED, "Purchases refused by a room, by reason");
     describe_histogram!(
         PURCHASE_SECONDS,

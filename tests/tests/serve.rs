@@ -439,7 +439,7 @@ fn promtool_accepts_the_shipped_rules_and_config() {
         "{}",
         String::from_utf8_lossy(&rules.stdout)
     );
-    assert!(String::from_utf8_lossy(&rules.stdout).contains("10 rules found"));
+    assert!(String::from_utf8_lossy(&rules.stdout).contains("11 rules found"));
     let config = Command::new("promtool")
         .arg("check")
         .arg("config")
@@ -462,6 +462,8 @@ fn promtool_accepts_the_shipped_rules_and_config() {
         "flashsale_stock_remaining_units",
         "flashsale_order_backlog_entries",
         "flashsale_lock_lost_total",
+        "flashsale_room_waiting",
+        "flashsale_room_admission_rate",
     ] {
         assert!(text.contains(metric), "dashboard shows {metric}");
     }

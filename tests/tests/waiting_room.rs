@@ -676,3 +676,126 @@ async fn a_purchase_without_a_token_costs_no_redis_trip() {
     // INFO itself is the one call counted.
     assert!(calls() - before <= 1, "refused purchases reached Redis");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_admission_with_a_limit_above_one_stays_counted_until_spent() {
+    let cluster = RedisCluster::start(3, 0);
+    let engine = room_engine(&cluster).await;
+    let sku = "wr-spent";
+    engine
+        .create_sale(SaleSpec {
+            per_user_limit: 2,
+            ..spec(sku, 4, 1, room(QueueRate::Auto, QueueOrder::Fifo, 1.0))
+        })
+        .await
+        .expect("create");
+    let mut tickets = Vec::new();
+    for u in ["a", "b", "c"] {
+        tickets.push(engine.join_queue(sku, u).await.expect("join").ticket);
+    }
+    assert_eq!(admit_until(&engine, sku, &tickets, 3).await, 2);
+    let token = |i: usize| {
+        let (engine, t) = (engine.clone(), tickets[i].clone());
+        async move {
+            engine
+                .queue_status(&t)
+                .await
+                .expect("read")
+                .admission_token
+                .expect("admitted")
+        }
+    };
+    let (ta, tb) = (token(0).await, token(1).await);
+    buy(&engine, sku, "a", "a1", Some(&ta))
+        .await
+        .expect("a buys 1");
+    buy(&engine, sku, "b", "b1", Some(&tb))
+        .await
+        .expect("b buys 1");
+    engine.admit_round(sku).await.expect("round");
+    tokio::time::sleep(Duration::from_millis(120)).await;
+    let c = engine.queue_status(&tickets[2]).await.expect("read");
+    assert_eq!(
+        c.state,
+        QueueState::Waiting,
+        "c admitted while a and b may still take the 2 units left"
+    );
+    buy(&engine, sku, "a", "a2", Some(&ta))
+        .await
+        .expect("a buys a 2nd");
+    buy(&engine, sku, "b", "b2", Some(&tb))
+        .await
+        .expect("b buys a 2nd");
+    engine.admit_round(sku).await.expect("round");
+    tokio::time::sleep(Duration::from_millis(120)).await;
+    let c = engine.queue_status(&tickets[2]).await.expect("read");
+    assert_eq!(c.state, QueueState::SoldOut);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_closed_sale_tells_its_line_sold_out() {
+    let cluster = RedisCluster::start(3, 0);
+    let engine = room_engine(&cluster).await;
+    let sku = "wr-closed";
+    engine
+        .create_sale(spec(
+            sku,
+            5,
+            1,
+            room(QueueRate::Auto, QueueOrder::Fifo, 1.0),
+        ))
+        .await
+        .expect("create");
+    let a = engine.join_queue(sku, "a").await.expect("join").ticket;
+    engine.admit_round(sku).await.expect("round");
+    let b = engine.join_queue(sku, "b").await.expect("join").ticket;
+    engine.close_sale(sku).await.expect("close");
+    engine.admit_round(sku).await.expect("round");
+    tokio::time::sleep(Duration::from_millis(120)).await;
+    for t in [&a, &b] {
+        let s = engine.queue_status(t).await.expect("read");
+        assert_eq!(s.state, QueueState::SoldOut, "a closed sale's line");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn joins_lifted_above_a_fence_keep_their_order_across_shards() {
+    let cluster = RedisCluster::start(3, 0);
+    let engine = room_engine(&cluster).await;
+    let sku = "wr-lifted";
+    let status = engine
+        .create_sale(spec(
+            sku,
+            100,
+            3,
+            room(QueueRate::Auto, QueueOrder::Fifo, 1.0),
+        ))
+        .await
+        .expect("create");
+    let unix_ms = SystemTime::now()
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .expect("clock")
+        .as_millis() as u64;
+    let ahead = flashsale::room::arrival_place(unix_ms + 10_000);
+    for b in &status.buckets {
+        let node = cluster.node(cluster.master_of_slot(b.slot));
+        let _: i64 = node.cmd(&[
+            "HSET",
+            &format!("{{{}}}:lineh", b.tag),
+            "f",
+            &ahead.to_string(),
+        ]);
+    }
+    let keys = engine.pass_keys().expect("keys");
+    let mut places = Vec::new();
+    for i in 0..30 {
+        let t = engine
+            .join_queue(sku, &format!("o{i}"))
+            .await
+            .expect("join")
+            .ticket;
+        places.push(keys.verify(&t, 0, 0).expect("ticket").place);
+    }
+    let inversions = places.windows(2).filter(|w| w[0] > w[1]).count();
+    assert_eq!(inversions, 0, "lifted joins out of join order: {places:?}");
+}

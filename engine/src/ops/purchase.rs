@@ -87,6 +87,33 @@ pub struct Confirmed {
     pub expires_at_ms: Option<u64>,
 }
 
+impl Engine {
+    /// Whether an admission is used up by this decided purchase: a refusal
+    /// ends it; a confirmation ends it once the user holds the per-user
+    /// limit (with a limit above 1, a first purchase of 1 leaves them
+    /// entitled to more, so their place stays counted). A failed read
+    /// counts it used: the place frees when the window passes anyway.
+    async fn admission_spent(
+        &self,
+        sale: &crate::sale::SaleHandle,
+        user: &str,
+        result: &Result<Confirmed, PurchaseError>,
+    ) -> bool {
+        if result.is_err() || sale.per_user_limit <= 1 {
+            return true;
+        }
+        let home = &sale.buckets[sale.home_bucket(user)];
+        let held: Result<Option<u64>, _> = self
+            .cluster()
+            .run_cmd(redis::cmd("GET").arg(home.keys.quota(user)))
+            .await;
+        match held {
+            Ok(units) => units.unwrap_or(0) >= u64::from(sale.per_user_limit),
+            Err(_) => true,
+        }
+    }
+}
+
 /// True when a purchase's answer is final for its admission: confirmed, or
 /// refused by the sale (not an error the buyer should retry).
 fn decided(result: &Result<Confirmed, PurchaseError>) -> bool {
@@ -274,7 +301,7 @@ impl Engine {
         };
         let result = self.purchase_in_sale(checked, &sale).await;
         if let Some(place) = admitted {
-            if decided(&result) {
+            if decided(&result) && self.admission_spent(&sale, checked.req.user, &result).await {
                 self.admission_used(&sale.sku, checked.req.user, place)
                     .await;
             }

@@ -200,6 +200,7 @@ impl Engine {
             JoinReply::Joined(p) => (p, "joined"),
             JoinReply::Rejoined(p) => (p, "again"),
         };
+        place::observe(place);
         metrics::counter!(m::ROOM_JOINS, "result" => result).increment(1);
         self.reading(&sale, passes, user, place).await
     }
@@ -401,7 +402,12 @@ impl Engine {
             .await?;
         let field = |i: usize| fields.get(i).copied().flatten().unwrap_or(0);
         let (from, open, last_ms, done_read) = (field(0), field(1), field(2), field(3));
-        let (remaining, held) = self.stock_and_held(&sale).await?;
+        // A closed sale sells nothing: its line reads sold_out.
+        let (remaining, held) = if self.sale_closed(sku).await? {
+            (0, 0)
+        } else {
+            self.stock_and_held(&sale).await?
+        };
         let limit = sale.per_user_limit.max(1);
         // How many to read: what the stock and the rate seem to allow (the
         // gate decides; this only bounds the read).
@@ -538,6 +544,9 @@ impl Engine {
             let mut tick = tokio::time::interval(every);
             tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
             let mut last_metrics = std::time::Instant::now();
+            // Closed sales whose line this admitter has seen flipped to
+            // sold_out: nothing more to do for them.
+            let mut finished = std::collections::HashSet::new();
             loop {
                 tick.tick().await;
                 let Ok(skus) = engine.list_sales().await else {
@@ -550,13 +559,22 @@ impl Engine {
                     last_metrics = std::time::Instant::now();
                 }
                 for sku in skus {
+                    if finished.contains(&sku) {
+                        continue;
+                    }
                     match engine.sale(&sku).await {
                         Ok(sale) if sale.room.is_some() => {}
                         _ => continue,
                     }
-                    // A closed sale admits nobody: its purchases answer
-                    // `closed` whatever the room says.
-                    if engine.sale_closed(&sku).await.unwrap_or(false) {
+                    // A closed sale admits nobody (admit_round reads its
+                    // stock as 0); once its line reads sold_out, it is done.
+                    if engine.sale_closed(&sku).await.unwrap_or(false)
+                        && engine
+                            .room_status(&sku)
+                            .await
+                            .is_ok_and(|s| s.state == "sold_out")
+                    {
+                        finished.insert(sku);
                         continue;
                     }
                     if let Err(e) = engine.admit_round(&sku).await {
@@ -595,6 +613,8 @@ impl Engine {
             0.0
         };
         metrics::gauge!(m::ROOM_ESTIMATED_WAIT_SECONDS, "sku" => label()).set(wait);
+        let sold_out = if status.state == "sold_out" { 1.0 } else { 0.0 };
+        metrics::gauge!(m::ROOM_SOLD_OUT, "sku" => label()).set(sold_out);
         metrics::counter!(m::ROOM_SOLD_OUT_BROADCASTS, "sku" => label())
             .absolute(status.state_flips);
     }

@@ -60,6 +60,15 @@ pub(crate) fn arrival() -> u64 {
     }
 }
 
+/// A place a join got, maybe lifted above a fence another process set
+/// with a clock ahead of ours: later stamps of this process start above it,
+/// so this process's next joins keep their order across shards (only joins
+/// in flight together can still cross).
+pub(crate) fn observe(place: u64) {
+    let at = place - place % SHARD_SLOTS;
+    LAST_STAMP.fetch_max(at, Ordering::Relaxed);
+}
+
 /// The histogram cell of a place (`lua/join.lua` computes the same).
 pub(crate) fn cell(place: u64) -> u64 {
     if place < SHUFFLED_BELOW {

@@ -11,6 +11,10 @@ pub const MAX_WINDOW_MS: u64 = 24 * 3600 * 1000;
 pub const MAX_OVERBOOK: f64 = 100.0;
 /// Fastest fixed admission rate.
 pub const MAX_RATE_PER_S: f64 = 1_000_000.0;
+/// Slowest fixed admission rate: one an hour (slower would wait past any
+/// window anyone keeps a tab open for, and the gate's clock arithmetic
+/// needs the credit of one admission to fit in its time).
+pub const MIN_RATE_PER_S: f64 = 1.0 / 3600.0;
 
 /// How fast people are let in.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -57,7 +61,7 @@ pub struct QueueSpec {
 #[non_exhaustive]
 pub enum QueueSpecError {
     /// The rate is not a number in (0, 1,000,000].
-    #[error("queue.rate_per_s must be \"auto\" or a number in (0, {MAX_RATE_PER_S}]")]
+    #[error("queue.rate_per_s must be \"auto\" or a number in [1/3600, {MAX_RATE_PER_S}]")]
     Rate,
     /// The window is out of range.
     #[error("queue.window_ms must be {MIN_WINDOW_MS}..={MAX_WINDOW_MS}")]
@@ -76,7 +80,7 @@ impl QueueSpec {
     /// Checks the ranges (not the sale's limit: [`QueueSpec::check_with`]).
     pub fn check(&self) -> Result<(), QueueSpecError> {
         if let QueueRate::PerSecond(r) = self.rate {
-            if !(r.is_finite() && r > 0.0 && r <= MAX_RATE_PER_S) {
+            if !(r.is_finite() && (MIN_RATE_PER_S..=MAX_RATE_PER_S).contains(&r)) {
                 return Err(QueueSpecError::Rate);
             }
         }

@@ -17,6 +17,9 @@ use super::spec::{QueueRate, QueueSpec};
 /// How old a snapshot may be before a status read refreshes it.
 pub(crate) const VIEW_MAX_AGE_MS: u64 = 100;
 
+/// Longest estimate given: a year.
+const MAX_ETA_MS: f64 = 365.0 * 24.0 * 3600.0 * 1000.0;
+
 /// Admissions counted for the measured rate: the rounds of the last 10 s.
 const RATE_SPAN_MS: u64 = 10_000;
 
@@ -230,7 +233,7 @@ impl RoomView {
             .measured_rate()
             .or(rate)
             .filter(|r| *r > 0.0)
-            .map(|r| (ahead as f64 * 1000.0 / r) as u64);
+            .map(|r| (ahead as f64 * 1000.0 / r).min(MAX_ETA_MS) as u64);
         Reading {
             ahead,
             eta_ms,

@@ -114,7 +114,7 @@ fn one() -> u32 {
 #[derive(Debug, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct QueueSettings {
-    /// Admissions per second (a number in (0, 1000000]), or "auto" (absent:
+    /// Admissions per second (a number in [1/3600, 1000000]), or "auto" (absent:
     /// as fast as places free up, bounded by the stock).
     #[serde(default)]
     #[schema(value_type = Option<RateSetting>)]
