@@ -329,8 +329,8 @@ pub struct Purchase {
     #[schema(pattern = "^\\S+$", min_length = 1, max_length = 128)]
     request_id: String,
     /// On a sale with a waiting room: the admission token the user's
-    /// ticket read once admitted (`GET /v1/queue/{ticket}`).
-    #[schema(max_length = 4096)]
+    /// ticket read once admitted (`GET /v1/queue/{ticket}`). Not looked
+    /// at on a sale without a room.
     admission_token: Option<String>,
 }
 

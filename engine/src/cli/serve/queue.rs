@@ -71,8 +71,8 @@ pub async fn join(
 #[into_params(parameter_in = Path)]
 #[allow(dead_code)]
 pub struct TicketPath {
-    /// The ticket a join (or an earlier read) answered.
-    #[param(max_length = 4096)]
+    /// The ticket a join (or an earlier read) answered (no length is
+    /// described: any text is read, and one that is not a ticket is 403).
     ticket: String,
 }
 
